@@ -1,0 +1,6 @@
+"""FedAvg client: plain local SGD, all of it in the base class (see servers/serveravg.py)."""
+from flcore.clients.clientbase import Client
+
+
+class FedAvgClient(Client):
+    pass

@@ -1,0 +1,144 @@
+"""Client: one participant's data, model, optimizer, local training and evaluation.
+
+Subclasses override small hooks, never the loop: ``loss`` (extra terms such as FedProx's proximal term),
+``after_backward`` (gradient corrections), ``receive_global`` / ``initialize_local`` (local initialisation;
+ALA lives here), ``upload`` (what crosses the wire) and ``eval_model`` (which model is evaluated).
+"""
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+from torch import nn
+
+from utils.data_utils import ClientData
+from utils.errors import FLError
+from utils.metrics import auc_ovr, predict
+from utils.seeding import torch_gen
+
+
+class Client:
+    def __init__(self, cfg, cid: int, data: ClientData, model: nn.Module, run: int = 0):
+        self.cfg, self.id, self.run = cfg, cid, run
+        self.device = torch.device(cfg.device)
+        self.x_train, self.y_train = data.x_train, data.y_train
+        self.x_test, self.y_test = data.x_test, data.y_test
+        self.train_samples, self.test_samples = len(self.y_train), len(self.y_test)
+        self.num_classes = cfg.num_classes
+        self.model = copy.deepcopy(model)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.optimizer = self.make_optimizer()
+        # Batch order is this client's own stream: the same seed gives the same batches on any executor.
+        self.batch_gen = torch_gen(cfg.seed, run, "batches", cid)
+        self.ala = None
+        if getattr(cfg, "ala", False):
+            from utils.ALA import ALA
+
+            self.ala = ALA.from_config(cfg, cid, run, self.model)
+        self.train_time: list[float] = []
+
+    # ---- hooks -------------------------------------------------------------------------------------
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.model.parameters(), lr=self.cfg.local_learning_rate)
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(self.model(x), y)
+
+    def after_backward(self) -> None:
+        """Called between ``backward`` and ``optimizer.step`` (gradient corrections)."""
+
+    def receive_global(self, global_model: nn.Module, participating: bool = True) -> None:
+        """The server's broadcast. By default the client's model becomes the global model (or, with ALA, is
+        initialised from it by adaptive local aggregation when the client takes part in the round)."""
+        self.initialize_local(self.model, global_model, participating)
+
+    def initialize_local(self, target: nn.Module, global_model: nn.Module, participating: bool = True) -> None:
+        """The one place where a local model is initialised from the global model: a plain copy, or ALA
+        (``-ala``) for the round's participants. Algorithms that receive into another model (Ditto's,
+        FedRep's body) call this with their own ``target``, which is how they all get "+ALA"."""
+        if self.ala is None:
+            copy_state(target, global_model)
+        elif participating:
+            self.ala.adaptive_local_aggregation(global_model, target, self.x_train, self.y_train)
+
+    def upload(self) -> dict:
+        """What crosses the wire to the server: the model state and its aggregation weight."""
+        return {"id": self.id, "weight": self.train_samples, "state": self.model.state_dict()}
+
+    def eval_model(self) -> nn.Module:
+        """The client's personalised model, the one evaluated on its own test split."""
+        return self.model
+
+    # ---- training ----------------------------------------------------------------------------------
+    def learning_rate(self, round_idx: int) -> float:
+        """Per-round rate: lr * gamma^round with ``-ld`` (a function of the round, not of how often this
+        client happened to train, unlike a per-client scheduler)."""
+        lr = self.cfg.local_learning_rate
+        return lr * self.cfg.learning_rate_decay_gamma ** round_idx if self.cfg.learning_rate_decay else lr
+
+    def batches(self, epochs: int, batch_size: int | None = None):
+        """Index batches for ``epochs`` passes over the training data, shuffled from this client's stream.
+        The last batch of an epoch may be smaller (every sample is used; PFLlib drops it)."""
+        bs = batch_size or self.cfg.batch_size
+        for _ in range(epochs):
+            perm = torch.randperm(self.train_samples, generator=self.batch_gen).to(self.device)
+            for i in range(0, self.train_samples, bs):
+                yield perm[i:i + bs]
+
+    def train(self, round_idx: int = 0) -> None:
+        start = time.perf_counter()
+        self.model.train()
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.learning_rate(round_idx)
+        self.run_epochs(self.cfg.local_epochs)
+        self.train_time.append(time.perf_counter() - start)
+
+    def run_epochs(self, epochs: int, batch_size: int | None = None) -> float:
+        """SGD on ``self.loss`` for ``epochs`` passes; returns the mean batch loss. A non-finite loss stops
+        the run with a clear error (checked once at the end, so the hot loop never synchronises)."""
+        total, steps = torch.zeros((), device=self.device), 0
+        for idx in self.batches(epochs, batch_size):
+            x, y = self.x_train[idx], self.y_train[idx]
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self.loss(x, y)
+            loss.backward()
+            self.after_backward()
+            self.optimizer.step()
+            total += loss.detach()
+            steps += 1
+        mean = float(total) / max(steps, 1)
+        if not torch.isfinite(total):
+            raise FLError(f"client {self.id}: training loss became {mean}; lower -lr (now "
+                          f"{self.cfg.local_learning_rate}) or check the data")
+        return mean
+
+    # ---- evaluation --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def test_metrics(self) -> tuple[int, int, float]:
+        """(correct, samples, AUC) of the personalised model on this client's test split."""
+        model = self.eval_model()
+        was_training = model.training
+        logits = predict(model, self.x_test, self.cfg.eval_batch_size)
+        model.train(was_training)
+        correct = int((logits.argmax(1) == self.y_test).sum())
+        auc = auc_ovr(torch.softmax(logits.float(), 1).cpu().numpy(), self.y_test.cpu().numpy(), self.num_classes)
+        return correct, self.test_samples, auc
+
+    @torch.no_grad()
+    def train_metrics(self) -> tuple[float, int]:
+        """(summed cross-entropy, samples) of the personalised model over its whole training split."""
+        model = self.eval_model()
+        was_training = model.training
+        logits = predict(model, self.x_train, self.cfg.eval_batch_size)
+        model.train(was_training)
+        loss = nn.functional.cross_entropy(logits.float(), self.y_train, reduction="sum")
+        return float(loss), self.train_samples
+
+
+def copy_state(target: nn.Module, source: nn.Module) -> None:
+    """Overwrite ``target``'s parameters and buffers with ``source``'s, in place."""
+    dst = target.state_dict()
+    with torch.no_grad():
+        for k, v in source.state_dict().items():
+            dst[k].copy_(v)

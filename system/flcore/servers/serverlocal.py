@@ -1,0 +1,24 @@
+"""Local: every client trains only on its own data; no communication, no aggregation.
+
+The lower bound every pFL method must beat on shared knowledge (and the upper bound on personalisation
+in the most skewed splits). Each client keeps its own model from the common initialisation; the server
+never sends nor averages anything. No flags of its own. ``-ala`` is rejected (there is no global model).
+"""
+from flcore.clients.clientlocal import LocalClient
+from flcore.servers.serverbase import Server
+from utils.errors import FLError
+
+
+class LocalServer(Server):
+    client_class = LocalClient
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        if cfg.ala:
+            raise FLError("-ala needs a global model, and Local has none; drop -ala")
+
+    def send_models(self, participants) -> None:
+        """Nothing is sent: each client keeps its own model."""
+
+    def aggregate(self, uploads) -> None:
+        """Nothing is aggregated."""

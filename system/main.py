@@ -1,0 +1,183 @@
+"""Run federated learning experiments from the command line.
+
+    python system/main.py -data MNIST -m CNN -algo FedAvg -gr 5 -dev cpu
+    python system/main.py -data Digits -algo FedALA -gr 20 -t 3
+
+Flags keep PFLlib's short names. ``-algo`` picks a server class from the registry; its own flags are added
+once it is known (``python system/main.py -algo FedALA -h`` lists them). Each run writes
+``results/<data>_<algo>_<goal>_<run>.h5`` and a ``.json`` sidecar; ``-t N`` runs N seeds (run i uses
+seed + i) and prints mean ± std of the best and last accuracy.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from flcore.registry import ALGORITHMS, get_server_class  # noqa: E402
+from flcore.trainmodel.models import MODELS  # noqa: E402
+from utils.config import Config  # noqa: E402
+from utils.data_utils import DATASET_ROOT, OFFLINE_GENERATORS, load_split  # noqa: E402
+from utils.errors import FLError  # noqa: E402
+
+
+def base_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Personalized federated learning experiments.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    a = p.add_argument
+    a("-go", "--goal", default="test", help="free tag, part of the result file name")
+    a("-dev", "--device", default="auto", choices=["auto", "cpu", "cuda"],
+      help="auto = cuda when available; cuda without a GPU warns and falls back to cpu")
+    a("-did", "--device_id", default="0", help="CUDA device index")
+    a("-data", "--dataset", default="Digits", help="split folder under the dataset root (see dataset/)")
+    a("--dataset_root", default=str(DATASET_ROOT), help="folder holding the generated splits")
+    a("-ncl", "--num_classes", type=int, default=None, help="checked against the split (taken from it)")
+    a("-m", "--model", default="auto", choices=["auto", *MODELS],
+      help="auto = CNN for images, DNN for vectors")
+    a("-fd", "--feature_dim", type=int, default=512, help="hidden width of the CNN's fc layer")
+    a("-vs", "--vocab_size", type=int, default=80, help="vocabulary size for fastText")
+    a("-lbs", "--batch_size", type=int, default=10, help="local batch size")
+    a("-lr", "--local_learning_rate", type=float, default=0.005, help="client SGD learning rate")
+    a("-ld", "--learning_rate_decay", action="store_true", help="decay lr by -ldg every round")
+    a("-ldg", "--learning_rate_decay_gamma", type=float, default=0.99)
+    a("-gr", "--global_rounds", type=int, default=2000, help="communication rounds")
+    a("-ls", "--local_epochs", type=int, default=1, help="local epochs per round")
+    a("-algo", "--algorithm", default="FedAvg", choices=list(ALGORITHMS))
+    a("-jr", "--join_ratio", type=float, default=1.0, help="fraction of clients selected per round")
+    a("-rjr", "--random_join_ratio", action="store_true", help="draw the count in [jr*N, N] each round")
+    a("-nc", "--num_clients", type=int, default=None, help="clients to use (default: all in the split)")
+    a("-cdr", "--client_drop_rate", type=float, default=0.0, help="probability a selected client drops out")
+    a("-pv", "--prev", type=int, default=0, help="first run index (resume a multi-run sweep)")
+    a("-t", "--times", type=int, default=1, help="runs are indices prev..times-1 (PFLlib semantics)")
+    a("-eg", "--eval_gap", type=int, default=1, help="evaluate every N rounds")
+    a("--eval_batch_size", type=int, default=1000, help="batch size of no-grad evaluation")
+    a("--train_loss_eval", default="full", choices=["full", "off"],
+      help="train loss over all training data every evaluation, or not at all")
+    a("-sfn", "--save_folder_name", default="", help="if set, save the final global model's state here")
+    a("-ab", "--auto_break", action="store_true", help="stop when the best accuracy is -tc evaluations old")
+    a("-tc", "--top_cnt", type=int, default=100)
+    a("--seed", type=int, default=0, help="run i uses seed + i for every random stream")
+    a("--results_dir", default=None, help="where result files go (default: results/ in the repository)")
+    a("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm progress bar")
+    g = p.add_argument_group("ALA (adaptive local aggregation, pluggable into any algorithm)")
+    g.add_argument("-ala", "--ala", action="store_true", help="initialise local models with ALA")
+    g.add_argument("-et", "--eta", type=float, default=1.0, help="ALA weight learning rate η (paper: 1.0)")
+    g.add_argument("-s", "--rand_percent", type=int, default=80, help="s: %% of local data for ALA (paper: 80)")
+    g.add_argument("-p", "--layer_idx", type=int, default=1,
+                   help="p: number of top layers ALA adapts, counted in layers (paper: 1); 0 = all layers")
+    g.add_argument("--ala_threshold", type=float, default=0.1,
+                   help="start phase stops when the std of the last --ala_window losses is below this")
+    g.add_argument("--ala_window", type=int, default=10, help="number of recent ALA losses in the std")
+    g.add_argument("--ala_max_epochs", type=int, default=100, help="cap on start-phase ALA epochs")
+    return p
+
+
+def parse_config(argv=None) -> Config:
+    """Parse flags (common ones, then the chosen algorithm's own) into a read-only Config."""
+    pre = base_parser()
+    known, _ = pre.parse_known_args(argv)
+    server_cls = get_server_class(known.algorithm)
+    parser = base_parser()
+    server_cls.add_args(parser.add_argument_group(f"{known.algorithm} flags"))
+    args = parser.parse_args(argv)
+    cfg = Config(**vars(args))
+    validate(cfg)
+    server_cls.check_config(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    checks = [
+        (cfg.global_rounds >= 0, "-gr must be >= 0"), (cfg.local_epochs >= 1, "-ls must be >= 1"),
+        (cfg.batch_size >= 1, "-lbs must be >= 1"), (cfg.local_learning_rate > 0, "-lr must be > 0"),
+        (0 < cfg.join_ratio <= 1, "-jr must be in (0, 1]"), (0 <= cfg.client_drop_rate < 1, "-cdr must be in [0, 1)"),
+        (cfg.eval_gap >= 1, "-eg must be >= 1"), (cfg.times > cfg.prev >= 0, "need 0 <= -pv < -t"),
+        (0 < cfg.rand_percent <= 100, "-s must be in (0, 100]"), (cfg.layer_idx >= 0, "-p must be >= 0"),
+        (cfg.ala_max_epochs >= 1, "--ala_max_epochs must be >= 1"), (cfg.ala_window >= 2, "--ala_window must be >= 2"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise FLError(msg)
+
+
+def resolve_device(cfg: Config) -> Config:
+    import torch
+
+    if cfg.device == "cpu":
+        return cfg
+    if not torch.cuda.is_available():
+        if cfg.device == "cuda":
+            print("WARNING: -dev cuda but no CUDA device is available; running on the CPU", file=sys.stderr)
+        return cfg.replace(device="cpu")
+    return cfg.replace(device=f"cuda:{cfg.device_id.split(',')[0]}")
+
+
+def ensure_split(cfg: Config) -> None:
+    """Generate a missing Digits/Synthetic split with default settings (both are offline)."""
+    root = Path(cfg.dataset_root)
+    if (root / cfg.dataset / "config.json").exists() or cfg.dataset not in OFFLINE_GENERATORS:
+        return
+    script = DATASET_ROOT / OFFLINE_GENERATORS[cfg.dataset]
+    print(f"split '{cfg.dataset}' is missing; generating it with default settings: "
+          f"python dataset/{script.name} --root {root}")
+    subprocess.run([sys.executable, str(script), "--root", str(root), "--out", cfg.dataset], check=True)
+
+
+def label(cfg: Config) -> str:
+    return cfg.algorithm + ("+ALA" if cfg.ala and cfg.algorithm != "FedALA" else "")
+
+
+def run(cfg: Config) -> list[Path]:
+    """All runs of one configuration; returns the result files written."""
+    import torch
+
+    from utils.results import RESULTS_DIR, RunRecorder, mean_std_over_runs
+
+    cfg = resolve_device(cfg)
+    ensure_split(cfg)
+    data = load_split(cfg.dataset, cfg.dataset_root, cfg.num_clients, cfg.device)
+    if cfg.num_classes is not None and cfg.num_classes != data.num_classes:
+        raise FLError(f"-ncl {cfg.num_classes} but split '{cfg.dataset}' has {data.num_classes} classes")
+    cfg = cfg.replace(num_classes=data.num_classes, num_clients=len(data.clients))
+    server_cls = get_server_class(cfg.algorithm)
+    out_dir = Path(cfg.results_dir) if cfg.results_dir else RESULTS_DIR
+    paths = []
+    for r in range(cfg.prev, cfg.times):
+        meta = {"config": cfg.to_dict(), "run": r, "seed": cfg.seed + r, "label": label(cfg),
+                "split": {"name": data.name, "config_hash": data.config_hash,
+                          "source_sha256": data.config.get("source_sha256")}}
+        recorder = RunRecorder(f"{cfg.dataset}_{label(cfg)}_{cfg.goal}_{r}", meta, out_dir)
+        start = time.time()
+        server = server_cls(cfg, data, r, recorder)
+        server.train()
+        best, last = recorder.best_last()
+        print(f"run {r}: best acc {best:.4f}, last acc {last:.4f}, {time.time() - start:.1f} s, "
+              f"{recorder.h5_path}")
+        if cfg.save_folder_name:
+            folder = Path(cfg.save_folder_name)
+            folder.mkdir(parents=True, exist_ok=True)
+            torch.save(server.global_model.state_dict(), folder / f"{recorder.stem}_server.pt")
+        paths.append(recorder.h5_path)
+    if len(paths) > 1:
+        s = mean_std_over_runs(paths)
+        print(f"{s['runs']} runs: best {100 * s['best_mean']:.2f} ± {100 * s['best_std']:.2f}, "
+              f"last {100 * s['last_mean']:.2f} ± {100 * s['last_std']:.2f}")
+    return paths
+
+
+def main(argv=None) -> int:
+    try:
+        cfg = parse_config(argv)
+        run(cfg)
+    except FLError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Result files: ``results/<dataset>_<algo>_<goal>_<run>.h5`` plus a ``.json`` sidecar, written atomically
+after every evaluation so a crash or a NaN loss never loses what was already measured."""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from utils.data_utils import REPO_ROOT
+
+RESULTS_DIR = REPO_ROOT / "results"
+__version__ = "0.1.0"
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+class RunRecorder:
+    """Accumulates one run's per-evaluation series and writes them.
+
+    h5 keys: ``rs_test_acc`` (sample-weighted), ``rs_test_auc``, ``rs_train_loss`` (PFLlib's three),
+    ``rs_test_acc_mean`` / ``rs_test_acc_std`` (unweighted across clients), ``rs_round`` (round of each
+    evaluation), ``rs_client_test_acc`` (evaluations x clients) and any extra series an algorithm adds
+    (e.g. Ditto's global-model accuracy). The JSON sidecar holds the config, seeds, split hash, library
+    version, machine and the wall time of every round."""
+
+    def __init__(self, stem: str, meta: dict, out_dir: Path | str = RESULTS_DIR):
+        self.out_dir = Path(out_dir)
+        self.stem = stem
+        self.meta = dict(meta)
+        self.series: dict[str, list] = {}
+        self.round_time: list[float] = []
+        self.started = time.time()
+
+    @property
+    def h5_path(self) -> Path:
+        return self.out_dir / f"{self.stem}.h5"
+
+    @property
+    def json_path(self) -> Path:
+        return self.out_dir / f"{self.stem}.json"
+
+    def add(self, round_idx: int, summary: dict) -> None:
+        self.series.setdefault("rs_round", []).append(round_idx)
+        for key, value in summary.items():
+            name = key if key.startswith("rs_") else f"rs_{key}"
+            self.series.setdefault(name, []).append(value)
+
+    def best_last(self) -> tuple[float, float]:
+        acc = self.series.get("rs_test_acc", [])
+        return (max(acc), acc[-1]) if acc else (float("nan"), float("nan"))
+
+    def save(self, extra_meta: dict | None = None) -> None:
+        import h5py
+        import ujson
+
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+
+        def write_h5(tmp):
+            with h5py.File(tmp, "w") as f:
+                for key, values in self.series.items():
+                    f.create_dataset(key, data=np.asarray(values, dtype=np.float64))
+                f.create_dataset("rs_round_time", data=np.asarray(self.round_time, dtype=np.float64))
+
+        best, last = self.best_last()
+        meta = {**self.meta, **(extra_meta or {}), "library_version": __version__,
+                "machine": {"python": platform.python_version(), "platform": platform.platform(),
+                            "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
+                "round_time_s": self.round_time, "wall_time_s": time.time() - self.started,
+                "best_test_acc": best, "last_test_acc": last,
+                "evaluations": len(self.series.get("rs_round", []))}
+        _atomic_write(self.h5_path, write_h5)
+        _atomic_write(self.json_path, lambda tmp: tmp.write_text(ujson.dumps(meta, indent=1)))
+
+
+def read_h5(path: Path | str) -> dict[str, np.ndarray]:
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return {k: f[k][()] for k in f.keys()}
+
+
+def mean_std_over_runs(paths: list[Path | str]) -> dict:
+    """Mean and std (over runs) of the best and of the last-round ``rs_test_acc``."""
+    best, last = [], []
+    for p in paths:
+        acc = read_h5(p)["rs_test_acc"]
+        best.append(acc.max())
+        last.append(acc[-1])
+    return {"runs": len(paths), "best_mean": float(np.mean(best)), "best_std": float(np.std(best)),
+            "last_mean": float(np.mean(last)), "last_std": float(np.std(last))}
