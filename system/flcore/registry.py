@@ -6,6 +6,7 @@ import importlib
 
 ALGORITHMS = {
     "FedAvg": "flcore.servers.serveravg:FedAvgServer",
+    "FedALA": "flcore.servers.serverala:FedALAServer",
     "Local": "flcore.servers.serverlocal:LocalServer",
 }
 

@@ -19,6 +19,8 @@ from utils.seeding import torch_gen
 
 
 class Client:
+    use_ala = False  # FedALA sets this; any other algorithm gets ALA with -ala
+
     def __init__(self, cfg, cid: int, data: ClientData, model: nn.Module, run: int = 0):
         self.cfg, self.id, self.run = cfg, cid, run
         self.device = torch.device(cfg.device)
@@ -32,11 +34,11 @@ class Client:
         # Batch order is this client's own stream: the same seed gives the same batches on any executor.
         self.batch_gen = torch_gen(cfg.seed, run, "batches", cid)
         self.ala = None
-        if getattr(cfg, "ala", False):
+        if cfg.ala or self.use_ala:
             from utils.ALA import ALA
 
             self.ala = ALA.from_config(cfg, cid, run, self.model)
-        self.train_time: list[float] = []
+        self.train_time: list[float] = []  # seconds of each local training, one entry per round trained
 
     # ---- hooks -------------------------------------------------------------------------------------
     def make_optimizer(self) -> torch.optim.Optimizer:
@@ -57,7 +59,9 @@ class Client:
         """The one place where a local model is initialised from the global model: a plain copy, or ALA
         (``-ala``) for the round's participants. Algorithms that receive into another model (Ditto's,
         FedRep's body) call this with their own ``target``, which is how they all get "+ALA"."""
-        if self.ala is None:
+        if self.ala is None or not self.train_time:
+            # Without ALA, or before this client has trained at all (its model is still the common
+            # initialisation: the paper's round 1), the global model is taken as is.
             copy_state(target, global_model)
         elif participating:
             self.ala.adaptive_local_aggregation(global_model, target, self.x_train, self.y_train)

@@ -47,6 +47,9 @@ class Server:
         self.select_rng = np_rng(cfg.seed, run, "select")
         self.drop_rng = np_rng(cfg.seed, run, "drop")
         self.recorder = recorder
+        if self.clients and self.clients[0].ala is not None:
+            names = self.clients[0].ala.names
+            print(f"ALA adapts {len(names)} tensor(s) (top {cfg.layer_idx or 'all'} layer(s)): {', '.join(names)}")
         self.selected: list[Client] = []
         self.round_idx = 0
 

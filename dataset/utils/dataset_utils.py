@@ -1,0 +1,362 @@
+"""Shared machinery of the ``generate_<Name>.py`` scripts.
+
+A generator loads one labelled dataset (a local ``--source`` npz, a torchvision
+download or bundled data), merges its train and test parts, partitions the
+samples among clients (``dataset.utils.partition``), splits every client into
+train and test, and writes::
+
+    <root>/<out>/train/<i>.npz   x (uint8 [n, C, H, W] or float32 [n, D]), y (int64 [n])
+    <root>/<out>/test/<i>.npz    same layout
+    <root>/<out>/config.json     every generation parameter, checksum and per-client stats
+
+``config.json`` is written last, so a split without it is incomplete. A rerun
+with identical parameters (and the same source checksum) is skipped.
+
+User errors end with one line on stderr and exit code 2 (``run_cli``).
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dataset.utils.partition import SCHEMES, PartitionError, partition, split_train_test
+
+FORMAT_VERSION = 1
+DATASET_ROOT = Path(__file__).resolve().parents[1]
+DERIVED_KEYS = ("train_samples", "test_samples", "label_counts")
+
+
+class DatasetError(Exception):
+    """A user-facing problem (bad source file, offline download, impossible setting)."""
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """What a generator knows about its image dataset.
+
+    ``least_share`` caps the default least_samples at this fraction of the mean
+    client size (PFLlib uses one half).
+    """
+    name: str
+    num_classes: int
+    image_shape: tuple
+    default_class_per_client: int = 2
+    torchvision_class: str = None
+    class_names: tuple = None
+    least_share: float = 0.5
+
+
+def run_cli(main, argv=None):
+    """Call ``main(argv)``; turn a DatasetError or PartitionError into one line and exit code 2."""
+    try:
+        return main(argv)
+    except (DatasetError, PartitionError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def common_parser(description, with_partition=True, with_source=True):
+    """Flags shared by all generators; with_partition adds PFLlib's positional form and the scheme flags.
+
+    Positional form (PFLlib): ``[noniid|iid] [balance|-] [pat|dir|exdir|-]``.
+    Named flags override it. Defaults are resolved later (``resolve_partition``)
+    because some depend on the dataset.
+    """
+    parser = argparse.ArgumentParser(description=description)
+    if with_partition:
+        parser.add_argument("niid", nargs="?", choices=["noniid", "iid"], help="PFLlib form: noniid or iid")
+        parser.add_argument("balance_pos", nargs="?", choices=["balance", "-"], metavar="balance",
+                            help="PFLlib form: 'balance' for equal shares, '-' for random shares")
+        parser.add_argument("partition_pos", nargs="?", choices=["pat", "dir", "exdir", "-"], metavar="partition",
+                            help="PFLlib form: pat, dir, exdir, or '-' (= pat)")
+        parser.add_argument("--partition", choices=SCHEMES, help="partition scheme (default pat)")
+        parser.add_argument("--alpha", type=float, help="Dirichlet concentration for dir/exdir (default 0.1)")
+        parser.add_argument("--class-per-client", type=int,
+                            help="classes per client for pat/exdir (default 2; 10 for CIFAR-100)")
+        parser.add_argument("--balance", action=argparse.BooleanOptionalAction, default=None,
+                            help="equal (--balance) or random (--no-balance, default) class shares for pat/iid")
+    parser.add_argument("--num-clients", type=int, default=20, help="number of clients (default 20)")
+    parser.add_argument("--train-ratio", type=float, default=0.75, help="train share of each client (default 0.75)")
+    parser.add_argument("--least-samples", type=int,
+                        help="minimum samples per client (default int(min(10/(1-train_ratio), mean client size/2)))")
+    parser.add_argument("--seed", type=int, default=1, help="seed of every random draw (default 1)")
+    parser.add_argument("--out", help="output folder name under the root (default: the dataset name)")
+    if with_source:
+        parser.add_argument("--source", help="local npz with arrays x, y (optional is_test) instead of downloading")
+    parser.add_argument("--root", help="folder that holds the split folders (default: the dataset/ folder)")
+    parser.add_argument("--plot", action="store_true", help="save label_distribution.png next to the split")
+    return parser
+
+
+def resolve_partition(parser, args, num_classes, default_class_per_client):
+    """Merge positional and named partition flags into the effective scheme parameters.
+
+    Returns a dict with partition, alpha, class_per_client and balance; a
+    parameter the scheme does not use is None, so it neither shows up in
+    config.json nor forces a regeneration when changed.
+    """
+    if args.partition:
+        scheme = args.partition
+    elif args.niid == "iid":
+        scheme = "iid"
+    else:
+        scheme = args.partition_pos if args.partition_pos not in (None, "-") else "pat"
+    balance = args.balance if args.balance is not None else args.balance_pos == "balance"
+    alpha = 0.1 if args.alpha is None else args.alpha
+    k = default_class_per_client if args.class_per_client is None else args.class_per_client
+    if scheme in ("dir", "exdir") and not alpha > 0:
+        parser.error(f"--alpha must be > 0, got {alpha}")
+    if scheme in ("pat", "exdir") and not 1 <= k <= num_classes:
+        parser.error(f"--class-per-client must be between 1 and {num_classes}, got {k}")
+    return {
+        "partition": scheme,
+        "alpha": alpha if scheme in ("dir", "exdir") else None,
+        "class_per_client": {"pat": k, "exdir": k, "iid": num_classes}.get(scheme),
+        "balance": balance if scheme in ("pat", "iid") else None,
+    }
+
+
+def check_common(parser, args):
+    """Reject out-of-range common flags with argparse's one-line error."""
+    if args.num_clients < 1:
+        parser.error(f"--num-clients must be >= 1, got {args.num_clients}")
+    if not 0 < args.train_ratio < 1:
+        parser.error(f"--train-ratio must be between 0 and 1, got {args.train_ratio}")
+    if args.least_samples is not None and args.least_samples < 1:
+        parser.error(f"--least-samples must be >= 1, got {args.least_samples}")
+
+
+def default_least_samples(train_ratio, num_samples, num_clients, share=0.5):
+    """PFLlib's rule: enough samples for ~10 test samples, capped at a share of the mean client size."""
+    least = int(min(10 / (1 - train_ratio), num_samples / num_clients * share))
+    if least < 2:
+        raise DatasetError(f"{num_clients} clients are too many for {num_samples} samples "
+                           f"(fewer than 2 per client); use fewer clients")
+    return least
+
+
+def arrays_sha256(*arrays):
+    """Checksum of arrays' dtype, shape and bytes (for sources that are not one file)."""
+    digest = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        digest.update(f"{a.dtype.str}{a.shape}".encode())
+        digest.update(a.tobytes())
+    return digest.hexdigest()
+
+
+def file_sha256(path):
+    """Checksum of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_source_npz(path):
+    """Load arrays x and y from a local npz without unpickling; returns (x, y, sha256).
+
+    Any extra key (such as ``is_test``) is ignored: train and test are merged
+    and re-split per client, as PFLlib does.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"--source {path} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            missing = [k for k in ("x", "y") if k not in data.files]
+            if missing:
+                raise DatasetError(f"--source {path.name} lacks array(s) {', '.join(missing)}; "
+                                   f"it needs x (samples) and y (integer labels), found {', '.join(data.files)}")
+            x, y = data["x"], data["y"]
+    except (ValueError, OSError, zipfile.BadZipFile) as err:
+        raise DatasetError(f"--source {path.name} is not a plain-array npz ({err})") from None
+    if not np.issubdtype(y.dtype, np.integer) or y.ndim != 1 or len(y) != len(x):
+        raise DatasetError(f"--source {path.name}: y must be integer labels with one per row of x, "
+                           f"got {y.dtype} {y.shape} for x {x.shape}")
+    return x, y.astype(np.int64), file_sha256(path)
+
+
+def to_uint8_nchw(x, image_shape):
+    """Images as uint8 [N, C, H, W]: add the channel axis to gray [N, H, W], move HWC channels first."""
+    x = np.asarray(x)
+    if x.dtype != np.uint8:
+        raise DatasetError(f"images must be uint8 pixels 0..255, got {x.dtype}")
+    if x.ndim == 3:
+        x = x[:, None]
+    elif x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
+        x = x.transpose(0, 3, 1, 2)
+    if tuple(x.shape[1:]) != tuple(image_shape):
+        raise DatasetError(f"expected images of shape {list(image_shape)} (C, H, W), got {list(x.shape[1:])}")
+    return np.ascontiguousarray(x)
+
+
+def download_torchvision(class_name, raw_dir, name):
+    """Download train and test with torchvision and merge them; returns (x, y, class_names)."""
+    from torchvision import datasets
+
+    dataset_class = getattr(datasets, class_name)
+    try:
+        parts = [dataset_class(root=str(raw_dir), train=train, download=True) for train in (True, False)]
+    except (OSError, RuntimeError):
+        raise DatasetError(f"could not download {name} (offline?); pass --source FILE.npz with arrays x, y "
+                           f"(e.g. the npz in the shared data folder)") from None
+    x = np.concatenate([np.asarray(p.data) for p in parts])
+    y = np.concatenate([np.asarray(p.targets, dtype=np.int64) for p in parts])
+    return x, y, tuple(parts[0].classes)
+
+
+def generation_params(config):
+    """The part of a config that determines the split: everything except the per-client stats."""
+    return {k: v for k, v in config.items() if k not in DERIVED_KEYS}
+
+
+def split_is_current(out_dir, config):
+    """True when out_dir holds a complete split generated with exactly these parameters."""
+    try:
+        old = json.loads((out_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if generation_params(old) != generation_params(config):
+        return False
+    return all((out_dir / part / f"{i}.npz").is_file()
+               for part in ("train", "test") for i in range(config["num_clients"]))
+
+
+def _atomic_write(path, write):
+    """Write through a temporary file and rename, so a crash never leaves a half file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+    os.replace(tmp, path)
+
+
+def _clear_split(out_dir):
+    """Remove an old split: config.json first (marks it incomplete), then the client files."""
+    (out_dir / "config.json").unlink(missing_ok=True)
+    for part in ("train", "test"):
+        for f in (out_dir / part).glob("*.npz"):
+            f.unlink()
+
+
+def save_split(out_dir, x, y, train_idx, test_idx, config):
+    """Write every client's train/test npz, then config.json with the per-client stats."""
+    _clear_split(out_dir)
+    for part, idx_lists in (("train", train_idx), ("test", test_idx)):
+        (out_dir / part).mkdir(parents=True, exist_ok=True)
+        for i, idx in enumerate(idx_lists):
+            _atomic_write(out_dir / part / f"{i}.npz", lambda f, idx=idx: np.savez(f, x=x[idx], y=y[idx]))
+    num_classes = config["num_classes"]
+    config = dict(config,
+                  train_samples=[len(i) for i in train_idx],
+                  test_samples=[len(i) for i in test_idx],
+                  label_counts=[np.bincount(y[np.concatenate([a, b])], minlength=num_classes).tolist()
+                                for a, b in zip(train_idx, test_idx)])
+    text = ("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in config.items()) + "\n}\n").encode()
+    _atomic_write(out_dir / "config.json", lambda f: f.write(text))
+    return config
+
+
+def format_summary(config):
+    """Per-client table (train n, test n, count per label) and a total line."""
+    counts = np.array(config["label_counts"])
+    wide = counts.shape[1] > 20
+    head = "client  train   test  " + ("label:count" if wide else " ".join(f"{c:>5}" for c in range(counts.shape[1])))
+    lines = [head]
+    for i, (n_tr, n_te, row) in enumerate(zip(config["train_samples"], config["test_samples"], counts)):
+        cells = (" ".join(f"{c}:{n}" for c, n in enumerate(row) if n) if wide
+                 else " ".join(f"{n:>5}" for n in row))
+        lines.append(f"{i:>6} {n_tr:>6} {n_te:>6}  {cells}")
+    sizes = counts.sum(axis=1)
+    lines.append(f"total: {len(sizes)} clients, {sizes.sum()} samples (train {sum(config['train_samples'])}, "
+                 f"test {sum(config['test_samples'])}); client size min {sizes.min()} max {sizes.max()}")
+    return "\n".join(lines)
+
+
+def plot_label_distribution(config, path):
+    """Bubble chart of per-client label counts (area proportional to count)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    counts = np.array(config["label_counts"])
+    clients, labels = np.nonzero(counts)
+    fig = Figure(figsize=(max(6, 0.35 * counts.shape[0]), max(4, 0.3 * counts.shape[1])))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.scatter(clients, labels, s=counts[clients, labels] / counts.max() * 300, alpha=0.6)
+    ax.set_xlabel("client")
+    ax.set_ylabel("label")
+    ax.set_title(f"{config['dataset']}: {config['partition']} partition, {counts.shape[0]} clients")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def np_generators(seed):
+    """Independent generators for the partition and the train/test split, both from one seed."""
+    part_seq, split_seq = np.random.SeedSequence(seed).spawn(2)
+    return np.random.default_rng(part_seq), np.random.default_rng(split_seq)
+
+
+def write_or_skip(out_dir, config, make_split, plot):
+    """Skip when the split on disk matches ``config``; else call make_split() -> (x, y, train, test) and save.
+
+    Prints the per-client summary either way; returns the final config.
+    """
+    if split_is_current(out_dir, config):
+        print(f"split {out_dir.name} already exists with the same parameters; skipping")
+        config = json.loads((out_dir / "config.json").read_text())
+    else:
+        x, y, train_idx, test_idx = make_split()
+        config = save_split(out_dir, x, y, train_idx, test_idx, config)
+        print(f"wrote {len(train_idx)} clients to {out_dir}")
+    print(format_summary(config))
+    if plot:
+        plot_label_distribution(config, out_dir / "label_distribution.png")
+    return config
+
+
+def generate_images(spec, argv, load_default):
+    """Full flow of an image generator; load_default(raw_dir) -> (x, y, source, class_names)."""
+    parser = common_parser(f"Partition {spec.name} among federated clients.")
+    args = parser.parse_args(argv)
+    check_common(parser, args)
+    scheme = resolve_partition(parser, args, spec.num_classes, spec.default_class_per_client)
+    out_dir = Path(args.root).resolve() if args.root else DATASET_ROOT
+    out_dir = out_dir / (args.out or spec.name)
+    if args.source:
+        x, y, sha = load_source_npz(args.source)
+        source, class_names = Path(args.source).name, spec.class_names
+    else:
+        x, y, source, class_names = load_default(out_dir / "rawdata")
+        sha = None
+    x = to_uint8_nchw(x, spec.image_shape)
+    y = np.asarray(y, dtype=np.int64)
+    if y.min() < 0 or y.max() >= spec.num_classes:
+        raise DatasetError(f"labels must lie in 0..{spec.num_classes - 1}, got {y.min()}..{y.max()}")
+    least = args.least_samples or default_least_samples(args.train_ratio, len(y), args.num_clients,
+                                                        spec.least_share)
+    channels = spec.image_shape[0]
+    config = dict(dataset=spec.name, num_clients=args.num_clients, num_classes=spec.num_classes, **scheme,
+                  train_ratio=args.train_ratio, least_samples=least, seed=args.seed, source=source,
+                  source_sha256=sha or arrays_sha256(x, y), input_shape=list(spec.image_shape), x_dtype="uint8",
+                  normalize={"mean": [0.5] * channels, "std": [0.5] * channels},
+                  class_names=list(class_names) if class_names else None, format_version=FORMAT_VERSION)
+
+    def make_split():
+        part_rng, split_rng = np_generators(args.seed)
+        clients = partition(y, args.num_clients, part_rng, scheme["partition"], alpha=scheme["alpha"],
+                            class_per_client=scheme["class_per_client"], balance=scheme["balance"],
+                            least_samples=least)
+        train_idx, test_idx = zip(*(split_train_test(idx, args.train_ratio, split_rng) for idx in clients))
+        return x, y, list(train_idx), list(test_idx)
+
+    write_or_skip(out_dir, config, make_split, args.plot)
+    return 0

@@ -1,0 +1,22 @@
+"""FedALA: Adaptive Local Aggregation for Personalized Federated Learning.
+Zhang, Hua, Wang, Song, Xue, Ma, Guan. AAAI 2023. https://arxiv.org/abs/2212.01197
+Official code: https://github.com/TsingZ0/FedALA
+
+Relative to FedAvg this changes only the client's local initialisation: instead of overwriting its model
+with the global model Θ, each participant initialises Θ̂_i = Θ_i + (Θ − Θ_i) ⊙ [1 ; W_i^p] with learned
+element-wise weights W (utils/ALA.py). Training, upload (one model) and server aggregation are FedAvg's,
+so FedALA == FedAvg with ``-ala``, number for number.
+
+Flags (shared with ``-ala``): ``-et`` η = 1.0, ``-s`` s = 80, ``-p`` p = 1 layer (the paper's defaults),
+``--ala_threshold`` 0.1, ``--ala_window`` 10, ``--ala_max_epochs`` 100.
+
+Where PFLlib differs: it runs ALA on every client every round (the paper: the round's participants;
+identical when ``-jr 1``), counts ``-p`` in tensors, samples D_i^s as an unseeded contiguous window and has
+no cap on the start phase (see utils/ALA.py for the full list).
+"""
+from flcore.clients.clientala import FedALAClient
+from flcore.servers.serverbase import Server
+
+
+class FedALAServer(Server):
+    client_class = FedALAClient

@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny splits generated once per session into temporary folders."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+# Two test processes on two cores spin-wait on each other's OpenMP threads; one thread each is faster.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def digits_root(tmp_path_factory) -> Path:
+    """Dataset root holding 'Digits': 5 clients, IID, 75/25 split (about 270 train samples each)."""
+    from dataset import generate_Digits
+
+    root = tmp_path_factory.mktemp("data")
+    assert generate_Digits.main(["--root", str(root), "--num-clients", "5", "--partition", "iid",
+                                 "--balance", "--seed", "1"]) == 0
+    return root
+
+
+@pytest.fixture(scope="session")
+def digits_noniid_root(tmp_path_factory) -> Path:
+    """Dataset root holding 'Digits': 6 clients, 2 classes each (pathological)."""
+    from dataset import generate_Digits
+
+    root = tmp_path_factory.mktemp("data_pat")
+    assert generate_Digits.main(["--root", str(root), "--num-clients", "6", "--partition", "pat",
+                                 "--class-per-client", "2", "--seed", "1"]) == 0
+    return root
+
+
+def cli(root: Path, out: Path, *extra: str) -> list[str]:
+    """Command-line flags for a short quiet CPU run on a test split."""
+    return ["-data", "Digits", "--dataset_root", str(root), "--results_dir", str(out), "-dev", "cpu",
+            "--no-progress", *extra]

@@ -1,0 +1,36 @@
+"""Aggregation against hand-computed numbers."""
+import pytest
+import torch
+from torch import nn
+
+from utils.aggregate import weighted_average
+
+
+def test_weighted_average_matches_hand_computation():
+    a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor(3.0)}
+    b = {"w": torch.tensor([4.0, 8.0]), "b": torch.tensor(-3.0)}
+    out = weighted_average([a, b], [1, 2])  # weights 1/3, 2/3
+    assert torch.allclose(out["w"], torch.tensor([3.0, 6.0]))
+    assert torch.allclose(out["b"], torch.tensor(-1.0))
+
+
+def test_batchnorm_statistics_are_averaged():
+    m1, m2 = nn.BatchNorm1d(2), nn.BatchNorm1d(2)
+    m1.running_mean.fill_(1.0)
+    m2.running_mean.fill_(4.0)
+    m1.running_var.fill_(2.0)
+    m2.running_var.fill_(5.0)
+    m1.num_batches_tracked.fill_(10)
+    m2.num_batches_tracked.fill_(20)
+    out = weighted_average([m1.state_dict(), m2.state_dict()], [3, 1])
+    assert torch.allclose(out["running_mean"], torch.full((2,), 1.75))
+    assert torch.allclose(out["running_var"], torch.full((2,), 2.75))
+    assert int(out["num_batches_tracked"]) == 12  # 0.75*10 + 0.25*20 = 12.5 -> rounded half to even
+    assert out["num_batches_tracked"].dtype == torch.long
+
+
+def test_bad_weights_rejected():
+    with pytest.raises(ValueError):
+        weighted_average([{"w": torch.zeros(1)}], [0])
+    with pytest.raises(ValueError):
+        weighted_average([{"w": torch.zeros(1)}], [1, 2])

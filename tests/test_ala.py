@@ -1,0 +1,149 @@
+"""ALA against hand computations and the paper's own statements."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import main
+from conftest import cli
+from utils.ALA import ALA, adapted_names, combine, converged, weight_step
+from utils.results import read_h5
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(2, 3)
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.fc1(x)))
+
+
+def pair(seed=0):
+    torch.manual_seed(seed)
+    return Tiny(), Tiny()
+
+
+def test_one_weight_step_matches_hand_computation():
+    glob, local = pair()
+    x, y = torch.tensor([[1.0, -2.0]]), torch.tensor([1])
+    ala = ALA(adapted_names(local, 1), eta=0.5, rand_percent=100, batch_size=1)
+    ala.start_phase = False
+    ref_local, ref_glob = copy.deepcopy(local), copy.deepcopy(glob)
+    ala.adaptive_local_aggregation(glob, local, x, y)
+    # by hand: at W = 1 the blended head is the global head, dL/dW = (Θ - Θ_i) * dL/dΘ̂
+    probe = copy.deepcopy(ref_glob)
+    nn.functional.cross_entropy(probe(x), y).backward()
+    for name in ("fc.weight", "fc.bias"):
+        g_theta = dict(probe.named_parameters())[name].grad
+        diff = dict(ref_glob.named_parameters())[name] - dict(ref_local.named_parameters())[name]
+        w = (1 - 0.5 * diff * g_theta).clamp(0, 1)
+        expect = dict(ref_local.named_parameters())[name] + diff * w
+        assert torch.allclose(ala.weights[name], w.detach(), atol=1e-6)
+        assert torch.allclose(dict(local.named_parameters())[name], expect.detach(), atol=1e-6)
+
+
+def test_weights_stay_in_unit_interval_and_lower_layers_equal_global():
+    glob, local = pair(1)
+    x, y = torch.randn(50, 2), torch.randint(0, 2, (50,))
+    ala = ALA(adapted_names(local, 1), eta=50.0, rand_percent=80, batch_size=5, max_epochs=5)
+    ala.adaptive_local_aggregation(glob, local, x, y)
+    for w in ala.weights.values():
+        assert w.min() >= 0 and w.max() <= 1
+    assert any(((w > 0) & (w < 1)).any() or (w == 0).any() for w in ala.weights.values())
+    assert torch.equal(local.fc1.weight, glob.fc1.weight) and torch.equal(local.fc1.bias, glob.fc1.bias)
+
+
+def test_knowl3_identity_unclipped_step_scales_gradient_by_squared_difference():
+    glob, local = pair(2)
+    x, y = torch.randn(8, 2), torch.randint(0, 2, (8,))
+    names = [n for n, _ in local.named_parameters()]  # p = all layers
+    assert adapted_names(local, 0) == names
+    lp, gp = dict(local.named_parameters()), dict(glob.named_parameters())
+    w = {n: torch.rand_like(lp[n]).requires_grad_(True) for n in names}
+    theta_hat = {n: combine(lp[n].detach(), gp[n].detach(), w[n]) for n in names}
+    loss = nn.functional.cross_entropy(torch.func.functional_call(local, theta_hat, (x,)), y)
+    grads_w = torch.autograd.grad(loss, [w[n] for n in names])
+    th = {n: t.detach().requires_grad_(True) for n, t in theta_hat.items()}
+    loss2 = nn.functional.cross_entropy(torch.func.functional_call(local, th, (x,)), y)
+    grads_th = torch.autograd.grad(loss2, [th[n] for n in names])
+    eta = 0.3
+    for n, gw, gt in zip(names, grads_w, grads_th):
+        diff = (gp[n] - lp[n]).detach()
+        after_w_step = combine(lp[n].detach(), gp[n].detach(), weight_step(w[n].detach(), gw, eta, clip=False))
+        assert torch.allclose(after_w_step, theta_hat[n].detach() - eta * diff * diff * gt, atol=1e-6)
+
+
+def test_start_phase_stops_at_cap_then_one_epoch():
+    glob, local = pair(3)
+    x, y = torch.randn(40, 2), torch.randint(0, 2, (40,))
+    ala = ALA(adapted_names(local, 1), threshold=0.0, window=3, max_epochs=7, batch_size=10)
+    ala.adaptive_local_aggregation(glob, local, x, y)
+    assert ala.last_epochs == 7 and not ala.start_phase  # threshold 0 never converges: the cap ends it
+    ala.adaptive_local_aggregation(glob, local, x, y)
+    assert ala.last_epochs == 1
+
+
+def test_convergence_rule():
+    assert not converged([1.0, 1.0], window=3, threshold=0.1)
+    assert converged([5.0, 1.0, 1.01, 1.02], window=3, threshold=0.1)
+    assert not converged([1.0, 2.0, 3.0], window=3, threshold=0.1)
+
+
+def test_same_seed_same_weights():
+    outs = []
+    for _ in range(2):
+        glob, local = pair(4)
+        x, y = torch.randn(30, 2), torch.randint(0, 2, (30,), generator=torch.Generator().manual_seed(0))
+        ala = ALA(adapted_names(local, 1), generator=torch.Generator().manual_seed(9), max_epochs=3)
+        ala.adaptive_local_aggregation(glob, local, x, y)
+        outs.append(ala.weights)
+    assert all(torch.equal(outs[0][k], outs[1][k]) for k in outs[0])
+
+
+def test_p_counts_layers_not_tensors():
+    from flcore.trainmodel.models import build_model
+
+    cnn = build_model("CNN", (1, 28, 28), 10)
+    assert adapted_names(cnn, 1) == ["fc.weight", "fc.bias"]
+    assert adapted_names(cnn, 2) == ["fc1.0.weight", "fc1.0.bias", "fc.weight", "fc.bias"]
+    resnet = build_model("ResNet18", (3, 32, 32), 10)
+    two = adapted_names(resnet, 2)
+    assert two[-2:] == ["fc.weight", "fc.bias"] and all(n.startswith(("layer4.1.", "fc.")) for n in two)
+    with pytest.raises(ValueError):
+        adapted_names(cnn, 5)
+
+
+def test_round_one_leaves_local_model_as_global(digits_root):
+    from flcore.servers.serverala import FedALAServer
+    from utils.data_utils import load_split
+
+    cfg = main.parse_config(cli(digits_root, digits_root, "-algo", "FedALA")).replace(device="cpu", num_classes=10)
+    server = FedALAServer(cfg, load_split("Digits", digits_root))
+    client = server.clients[0]
+    before = copy.deepcopy(client.model.state_dict())
+    server.send_models(server.clients)
+    assert client.ala.weights is None and client.ala.start_phase  # ALA did not run
+    assert all(torch.equal(before[k], v) for k, v in client.model.state_dict().items())
+
+
+def test_fedavg_with_ala_equals_fedala(digits_noniid_root, tmp_path):
+    args = ("-gr", "3", "-lr", "0.1")
+    assert main.main(cli(digits_noniid_root, tmp_path, "-algo", "FedALA", *args)) == 0
+    assert main.main(cli(digits_noniid_root, tmp_path, "-algo", "FedAvg", "-ala", *args)) == 0
+    a = read_h5(tmp_path / "Digits_FedALA_test_0.h5")
+    b = read_h5(tmp_path / "Digits_FedAvg+ALA_test_0.h5")
+    for key in ("rs_test_acc", "rs_train_loss", "rs_client_test_acc"):
+        assert np.array_equal(a[key], b[key]), key
+
+
+def test_fedala_beats_fedavg_on_pathological_split(digits_noniid_root, tmp_path):
+    args = ("-gr", "3", "-lr", "0.1")
+    assert main.main(cli(digits_noniid_root, tmp_path, "-algo", "FedALA", *args)) == 0
+    assert main.main(cli(digits_noniid_root, tmp_path, "-algo", "FedAvg", *args)) == 0
+    ala = read_h5(tmp_path / "Digits_FedALA_test_0.h5")["rs_test_acc"][-1]
+    avg = read_h5(tmp_path / "Digits_FedAvg_test_0.h5")["rs_test_acc"][-1]
+    assert ala > avg + 0.1, (ala, avg)

@@ -1,0 +1,90 @@
+"""End-to-end runs through main.py: learning, determinism, result files, client selection."""
+import json
+
+import numpy as np
+import pytest
+
+import main
+from conftest import SHARED_DATA, cli
+from utils.results import read_h5
+
+
+def run_and_read(root, out, *extra, stem="Digits_FedAvg_test_0"):
+    assert main.main(cli(root, out, *extra)) == 0
+    return read_h5(out / f"{stem}.h5"), json.loads((out / f"{stem}.json").read_text())
+
+
+def test_fedavg_learns_on_digits(digits_root, tmp_path):
+    h5, meta = run_and_read(digits_root, tmp_path, "-gr", "3", "-lr", "0.1")
+    acc = h5["rs_test_acc"]
+    assert len(acc) == 4 and acc[0] < 0.2  # untrained model: near chance (10 classes)
+    assert acc[-1] > 0.6, acc  # only real learning gets here
+    assert np.all(np.isfinite(h5["rs_train_loss"])) and h5["rs_train_loss"][-1] < h5["rs_train_loss"][0]
+
+
+def test_result_files_complete(digits_root, tmp_path):
+    h5, meta = run_and_read(digits_root, tmp_path, "-gr", "2", "-lr", "0.05", "-eg", "2")
+    for key in ("rs_test_acc", "rs_test_auc", "rs_train_loss", "rs_test_acc_mean", "rs_test_acc_std",
+                "rs_round", "rs_client_test_acc", "rs_round_time"):
+        assert key in h5, key
+    assert list(h5["rs_round"]) == [0, 2]
+    assert h5["rs_client_test_acc"].shape == (2, 5)
+    assert len(h5["rs_round_time"]) == 2
+    # the pooled accuracy is the sample-weighted mean of the per-client accuracies
+    n_test = np.array(meta["split_test_samples"], dtype=float) if "split_test_samples" in meta else None
+    assert np.all((h5["rs_test_auc"] > 0.5) & (h5["rs_test_auc"] <= 1))
+    assert meta["config"]["algorithm"] == "FedAvg" and meta["seed"] == 0
+    assert meta["split"]["config_hash"] and meta["library_version"]
+    assert len(meta["round_time_s"]) == 2 and meta["evaluations"] == 2
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_same_seed_same_curve_different_seed_differs(digits_root, tmp_path):
+    a, _ = run_and_read(digits_root, tmp_path / "a", "-gr", "2", "-lr", "0.05")
+    b, _ = run_and_read(digits_root, tmp_path / "b", "-gr", "2", "-lr", "0.05")
+    c, _ = run_and_read(digits_root, tmp_path / "c", "-gr", "2", "-lr", "0.05", "--seed", "5")
+    assert np.array_equal(a["rs_test_acc"], b["rs_test_acc"])
+    assert np.array_equal(a["rs_train_loss"], b["rs_train_loss"])
+    assert not np.array_equal(a["rs_train_loss"], c["rs_train_loss"])
+
+
+def test_several_runs_use_consecutive_seeds(digits_root, tmp_path, capsys):
+    assert main.main(cli(digits_root, tmp_path, "-gr", "1", "-lr", "0.05", "-t", "2")) == 0
+    metas = [json.loads((tmp_path / f"Digits_FedAvg_test_{r}.json").read_text()) for r in (0, 1)]
+    assert [m["seed"] for m in metas] == [0, 1]
+    assert "2 runs: best" in capsys.readouterr().out
+
+
+def test_join_ratio_and_drop_rate(digits_root):
+    cfg = main.parse_config(cli(digits_root, digits_root, "-jr", "0.4", "-cdr", "0.5", "-gr", "1"))
+    from flcore.servers.serveravg import FedAvgServer
+    from utils.data_utils import load_split
+
+    server = FedAvgServer(cfg.replace(device="cpu", num_classes=10), load_split("Digits", digits_root))
+    sizes = [len(server.select_clients()) for _ in range(50)]
+    assert set(sizes) == {2}  # round(0.4 * 5)
+    kept = [len(server.active_clients(server.clients)) for _ in range(400)]
+    assert abs(np.mean(kept) / 5 - 0.5) < 0.05  # about half of the participants train
+
+
+def test_local_keeps_models_apart(digits_noniid_root, tmp_path):
+    h5, _ = run_and_read(digits_noniid_root, tmp_path, "-gr", "3", "-lr", "0.05", "-algo", "Local",
+                         stem="Digits_Local_test_0")
+    assert h5["rs_test_acc"][-1] > 0.8  # two classes per client: local models are easy
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "mnist.npz").exists(), reason="shared MNIST data not present")
+def test_fedavg_on_real_mnist(tmp_path):
+    """FedAvg on a 6,000-image MNIST sample from the shared data (Dir(0.5) over 10 clients)."""
+    from dataset import generate_MNIST
+
+    with np.load(SHARED_DATA / "mnist.npz") as f:
+        np.savez(tmp_path / "mnist6k.npz", x=f["x"][:6000], y=f["y"][:6000])
+    assert generate_MNIST.main(["--root", str(tmp_path), "--out", "MNIST6k", "--source",
+                                str(tmp_path / "mnist6k.npz"), "--num-clients", "10", "--partition", "dir",
+                                "--alpha", "0.5"]) == 0
+    out = tmp_path / "res"
+    assert main.main(["-data", "MNIST6k", "--dataset_root", str(tmp_path), "--results_dir", str(out), "-dev",
+                      "cpu", "--no-progress", "-m", "CNN", "-gr", "2", "-lr", "0.05"]) == 0
+    acc = read_h5(out / "MNIST6k_FedAvg_test_0.h5")["rs_test_acc"]
+    assert acc[-1] > 0.65, acc  # chance is 0.1
