@@ -14,7 +14,12 @@ Examples (PFLlib's positional form and the named flags are equivalent)::
 
 Expected summary for the first example (seed 1; the partial file holds 58,490 images)::
 
-    SUMMARY
+    client  train   test      0     1     2     3     4     5     6     7     8     9
+         0     82     28      0     0     0    62     0    48     0     0     0     0
+         1   2661    887   1339     0  2209     0     0     0     0     0     0     0
+         2   3016   1006     23     0    42     0   419  3538     0     0     0     0
+       ...
+    total: 20 clients, 58490 samples (train 43866, test 14624); client size min 86 max 6758
 """
 
 import sys

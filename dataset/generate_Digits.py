@@ -16,7 +16,12 @@ succeed in a few draws. Examples::
 
 Expected summary of the first example (seed 1)::
 
-    SUMMARY
+    client  train   test      0     1     2     3     4     5     6     7     8     9
+         0     81     27      0     0     0     0     0    50     0    58     0     0
+         1     56     18      0    40     0     0     0     0     0     0    34     0
+         2     64     22     73     0     0     0     0     0     0    13     0     0
+       ...
+    total: 20 clients, 1797 samples (train 1346, test 451); client size min 38 max 120
 """
 
 import sys

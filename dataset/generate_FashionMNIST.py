@@ -4,19 +4,22 @@ Train and test images are merged and re-split per client. Writes, next to this
 file (or under ``--root``)::
 
     FashionMNIST/train/<i>.npz, FashionMNIST/test/<i>.npz   x uint8 [n, 1, 28, 28], y int64 [n]
-    FashionMNIST/config.json                         every parameter, source checksum, per-client stats
+    FashionMNIST/config.json                                every parameter, source checksum, per-client stats
 
 Examples (PFLlib's positional form and the named flags are equivalent)::
 
     python dataset/generate_FashionMNIST.py noniid - dir --source ../shared/data/fmnist.npz
     python dataset/generate_FashionMNIST.py --partition dir --alpha 0.1 --num-clients 20 --source fmnist.npz
-    python dataset/generate_FashionMNIST.py noniid - pat          # downloads with torchvision
+    python dataset/generate_FashionMNIST.py noniid - pat   # downloads with torchvision
 
 Expected summary for the first example (seed 1; the rows vary with the seed)::
 
     client  train   test      0     1     2     3     4     5     6     7     8     9
-         0   ...
-    total: 20 clients, 70000 samples (train 52499, test 17501); client size min ... max ...
+         0     98     33      0     0     0    74     0    57     0     0     0     0
+         1   3185   1062   1603     0  2644     0     0     0     0     0     0     0
+         2   3610   1203     27     0    50     0   502  4234     0     0     0     0
+       ...
+    total: 20 clients, 70000 samples (train 52500, test 17500); client size min 102 max 8087
 """
 
 import sys

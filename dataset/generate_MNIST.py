@@ -15,8 +15,11 @@ Examples (PFLlib's positional form and the named flags are equivalent)::
 Expected summary for the first example (seed 1; the rows vary with the seed)::
 
     client  train   test      0     1     2     3     4     5     6     7     8     9
-         0   ...
-    total: 20 clients, 70000 samples (train 52499, test 17501); client size min ... max ...
+         0     96     32      0     0     0    76     0    52     0     0     0     0
+         1   3166   1055   1581     0  2640     0     0     0     0     0     0     0
+         2   3289   1096     27     0    51     0   489  3818     0     0     0     0
+       ...
+    total: 20 clients, 70000 samples (train 52500, test 17500); client size min 99 max 7916
 """
 
 import sys

@@ -130,6 +130,15 @@ def test_named_flags_override_positional_and_dataset_default_k():
     assert parse(["--partition", "iid"])["class_per_client"] == 10
 
 
+@pytest.mark.parametrize("argv", [["noniid", "-", "pat", "--alpha", "0.5"], ["--partition", "dir", "--balance"],
+                                  ["iid", "-", "-", "--class-per-client", "3"]])
+def test_flags_the_scheme_does_not_use_are_rejected(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse(argv)
+    assert exit_info.value.code == 2
+    assert "is not used by the" in capsys.readouterr().err
+
+
 def test_positional_and_named_write_the_same_split(tmp_path, gray_npz):
     gen_mnist(tmp_path, gray_npz, "noniid", "-", "dir", "--num-clients", "4", "--out", "a")
     gen_mnist(tmp_path, gray_npz, "--partition", "dir", "--alpha", "0.1", "--num-clients", "4", "--out", "b")

@@ -48,8 +48,8 @@ class ImageSpec:
     num_classes: int
     image_shape: tuple
     default_class_per_client: int = 2
-    torchvision_class: str = None
-    class_names: tuple = None
+    torchvision_class: str | None = None
+    class_names: tuple | None = None
     least_share: float = 0.5
 
 
@@ -62,12 +62,13 @@ def run_cli(main, argv=None):
         raise SystemExit(2) from None
 
 
-def common_parser(description, with_partition=True, with_source=True):
+def common_parser(description, with_partition=True, with_source=True,
+                  least_rule="int(min(10/(1-train_ratio), mean client size * 0.5))"):
     """Flags shared by all generators; with_partition adds PFLlib's positional form and the scheme flags.
 
     Positional form (PFLlib): ``[noniid|iid] [balance|-] [pat|dir|exdir|-]``.
     Named flags override it. Defaults are resolved later (``resolve_partition``)
-    because some depend on the dataset.
+    because some depend on the dataset; least_rule documents the least-samples default.
     """
     parser = argparse.ArgumentParser(description=description)
     if with_partition:
@@ -84,8 +85,7 @@ def common_parser(description, with_partition=True, with_source=True):
                             help="equal (--balance) or random (--no-balance, default) class shares for pat/iid")
     parser.add_argument("--num-clients", type=int, default=20, help="number of clients (default 20)")
     parser.add_argument("--train-ratio", type=float, default=0.75, help="train share of each client (default 0.75)")
-    parser.add_argument("--least-samples", type=int,
-                        help="minimum samples per client (default int(min(10/(1-train_ratio), mean client size/2)))")
+    parser.add_argument("--least-samples", type=int, help=f"minimum samples per client (default {least_rule})")
     parser.add_argument("--seed", type=int, default=1, help="seed of every random draw (default 1)")
     parser.add_argument("--out", help="output folder name under the root (default: the dataset name)")
     if with_source:
@@ -98,9 +98,9 @@ def common_parser(description, with_partition=True, with_source=True):
 def resolve_partition(parser, args, num_classes, default_class_per_client):
     """Merge positional and named partition flags into the effective scheme parameters.
 
-    Returns a dict with partition, alpha, class_per_client and balance; a
-    parameter the scheme does not use is None, so it neither shows up in
-    config.json nor forces a regeneration when changed.
+    Returns a dict with partition, alpha, class_per_client and balance. A
+    parameter the scheme does not use is None (null in config.json); naming it
+    as a flag is an error rather than being silently ignored.
     """
     if args.partition:
         scheme = args.partition
@@ -108,6 +108,11 @@ def resolve_partition(parser, args, num_classes, default_class_per_client):
         scheme = "iid"
     else:
         scheme = args.partition_pos if args.partition_pos not in (None, "-") else "pat"
+    users = {"--alpha": (args.alpha, ("dir", "exdir")), "--class-per-client": (args.class_per_client, ("pat", "exdir")),
+             "--balance/--no-balance": (args.balance, ("pat", "iid"))}
+    for flag, (value, schemes) in users.items():
+        if value is not None and scheme not in schemes:
+            parser.error(f"{flag} is not used by the {scheme} partition (only by {' and '.join(schemes)})")
     balance = args.balance if args.balance is not None else args.balance_pos == "balance"
     alpha = 0.1 if args.alpha is None else args.alpha
     k = default_class_per_client if args.class_per_client is None else args.class_per_client
@@ -323,30 +328,40 @@ def write_or_skip(out_dir, config, make_split, plot):
     return config
 
 
-def generate_images(spec, argv, load_default):
-    """Full flow of an image generator; load_default(raw_dir) -> (x, y, source, class_names)."""
-    parser = common_parser(f"Partition {spec.name} among federated clients.")
-    args = parser.parse_args(argv)
-    check_common(parser, args)
-    scheme = resolve_partition(parser, args, spec.num_classes, spec.default_class_per_client)
-    out_dir = Path(args.root).resolve() if args.root else DATASET_ROOT
-    out_dir = out_dir / (args.out or spec.name)
-    if args.source:
-        x, y, sha = load_source_npz(args.source)
-        source, class_names = Path(args.source).name, spec.class_names
+def load_images(spec, source, raw_dir, load_default):
+    """Images and labels from --source or load_default(raw_dir), checked against the spec.
+
+    Returns (x uint8 [N, C, H, W], y int64 [N], source name, sha256, class_names).
+    """
+    if source:
+        x, y, sha = load_source_npz(source)
+        name, class_names = Path(source).name, spec.class_names
     else:
-        x, y, source, class_names = load_default(out_dir / "rawdata")
+        x, y, name, class_names = load_default(raw_dir)
         sha = None
     x = to_uint8_nchw(x, spec.image_shape)
     y = np.asarray(y, dtype=np.int64)
-    if y.min() < 0 or y.max() >= spec.num_classes:
-        raise DatasetError(f"labels must lie in 0..{spec.num_classes - 1}, got {y.min()}..{y.max()}")
+    if len(y) == 0 or y.min() < 0 or y.max() >= spec.num_classes:
+        raise DatasetError(f"labels must lie in 0..{spec.num_classes - 1}"
+                           + (f", got {y.min()}..{y.max()}" if len(y) else ", got no samples"))
+    return x, y, name, sha or arrays_sha256(x, y), class_names
+
+
+def generate_images(spec, argv, load_default):
+    """Full flow of an image generator; load_default(raw_dir) -> (x, y, source, class_names)."""
+    parser = common_parser(f"Partition {spec.name} among federated clients.",
+                           least_rule=f"int(min(10/(1-train_ratio), mean client size * {spec.least_share}))")
+    args = parser.parse_args(argv)
+    check_common(parser, args)
+    scheme = resolve_partition(parser, args, spec.num_classes, spec.default_class_per_client)
+    out_dir = (Path(args.root).resolve() if args.root else DATASET_ROOT) / (args.out or spec.name)
+    x, y, source, sha, class_names = load_images(spec, args.source, out_dir / "rawdata", load_default)
     least = args.least_samples or default_least_samples(args.train_ratio, len(y), args.num_clients,
                                                         spec.least_share)
     channels = spec.image_shape[0]
     config = dict(dataset=spec.name, num_clients=args.num_clients, num_classes=spec.num_classes, **scheme,
                   train_ratio=args.train_ratio, least_samples=least, seed=args.seed, source=source,
-                  source_sha256=sha or arrays_sha256(x, y), input_shape=list(spec.image_shape), x_dtype="uint8",
+                  source_sha256=sha, input_shape=list(spec.image_shape), x_dtype="uint8",
                   normalize={"mean": [0.5] * channels, "std": [0.5] * channels},
                   class_names=list(class_names) if class_names else None, format_version=FORMAT_VERSION)
 

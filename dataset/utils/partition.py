@@ -90,13 +90,13 @@ def assign_classes(num_clients, num_classes, class_per_client, rng):
     slots = np.repeat(order, owners[order])
     held = [set(slots[i::num_clients].tolist()) for i in range(num_clients)]
     if class_per_client < num_classes and num_clients > 1:
-        for _ in range(10 * total):
+        for _ in range(10 * total):  # ten swap attempts per slot mix the round-robin structure away
             a, b = rng.choice(num_clients, 2, replace=False)
             only_a, only_b = sorted(held[a] - held[b]), sorted(held[b] - held[a])
-            if only_a:
+            if only_a:  # equal set sizes, so only_b is non-empty too
                 ca, cb = only_a[rng.integers(len(only_a))], only_b[rng.integers(len(only_b))]
-                held[a].remove(ca), held[b].remove(cb)
-                held[a].add(cb), held[b].add(ca)
+                held[a] = (held[a] - {ca}) | {cb}
+                held[b] = (held[b] - {cb}) | {ca}
     return [np.array(sorted(h), dtype=np.int64) for h in held]
 
 
