@@ -73,17 +73,54 @@ def base_parser() -> argparse.ArgumentParser:
                    help="start phase stops when the std of the last --ala_window losses is below this")
     g.add_argument("--ala_window", type=int, default=10, help="number of recent ALA losses in the std")
     g.add_argument("--ala_max_epochs", type=int, default=100, help="cap on start-phase ALA epochs")
+    g = p.add_argument_group("privacy (any algorithm): DLG/iDLG evaluation and DP-SGD, see utils/privacy.py")
+    g.add_argument("-dlg", "--dlg_eval", action="store_true",
+                   help="attack a few clients every -dlgg rounds by gradient inversion (PFLlib's flag)")
+    g.add_argument("-dlgg", "--dlg_gap", type=int, default=100, help="attack every N rounds (PFLlib: 100)")
+    g.add_argument("-bnpc", "--batch_num_per_client", type=int, default=2,
+                   help="attacks per attacked client (PFLlib: 2)")
+    g.add_argument("--dlg_clients", type=int, default=2,
+                   help="clients attacked per attacked round, drawn from the round's active clients")
+    g.add_argument("--dlg_attack", default="dlg", choices=["dlg", "idlg"],
+                   help="DLG (Zhu et al. 2019: inputs and labels) or iDLG (Zhao et al. 2020: label from the "
+                        "classifier gradient's sign, then inputs)")
+    g.add_argument("--dlg_iters", type=int, default=300, help="L-BFGS iterations per attack (DLG paper: 300)")
+    g.add_argument("--dlg_batch", type=int, default=1, help="images per attacked batch (DLG paper: 1)")
+    g.add_argument("--dlg_target", default="gradient", choices=["gradient", "update"],
+                   help="gradient: one true batch gradient of the model the client starts from (the textbook "
+                        "threat; DP-SGD-noised with -dp); update: the client's upload as (start - upload) / "
+                        "(lr * local steps)")
+    g.add_argument("-dp", "--privacy", action="store_true",
+                   help="DP-SGD local training: per-sample clipping and Gaussian noise (PFLlib's flag)")
+    g.add_argument("-dps", "--dp_sigma", type=float, default=1.0,
+                   help="noise multiplier sigma (PFLlib's flag, default 0.0 there = no noise; 1.0 here)")
+    g.add_argument("--dp_clip", type=float, default=1.0, help="per-sample L2 clip norm C (Abadi et al. 2016: 4)")
+    g.add_argument("--dp_delta", type=float, default=1e-5, help="delta of the reported (epsilon, delta)")
     return p
+
+
+def algorithm_arg(argv: list[str]) -> str:
+    """The ``-algo`` value, read before any parsing: a parser of the common flags would misread an
+    algorithm's own short flag before it exists (``-mu 0.1`` as ``-m u``), and argparse matches unknown
+    single-dash flags as abbreviations (``-al`` as ``-algo``)."""
+    name = "FedAvg"
+    for i, arg in enumerate(argv):
+        if arg in ("-algo", "--algorithm") and i + 1 < len(argv):
+            name = argv[i + 1]
+        elif arg.startswith("--algorithm="):
+            name = arg.split("=", 1)[1]
+    return name
 
 
 def parse_config(argv=None) -> Config:
     """Parse flags (common ones, then the chosen algorithm's own) into a read-only Config."""
-    pre = base_parser()
-    known, _ = pre.parse_known_args(argv)
-    server_cls = get_server_class(known.algorithm)
+    name = algorithm_arg(sys.argv[1:] if argv is None else argv)
     parser = base_parser()
-    server_cls.add_args(parser.add_argument_group(f"{known.algorithm} flags"))
+    if name in ALGORITHMS:  # otherwise parse_args below fails, listing the valid names
+        server_cls = get_server_class(name)
+        server_cls.add_args(parser.add_argument_group(f"{name} flags"))
     args = parser.parse_args(argv)
+    server_cls = get_server_class(args.algorithm)
     cfg = Config(**vars(args))
     validate(cfg)
     server_cls.check_config(cfg)
@@ -98,6 +135,11 @@ def validate(cfg: Config) -> None:
         (cfg.eval_gap >= 1, "-eg must be >= 1"), (cfg.times > cfg.prev >= 0, "need 0 <= -pv < -t"),
         (0 < cfg.rand_percent <= 100, "-s must be in (0, 100]"), (cfg.layer_idx >= 0, "-p must be >= 0"),
         (cfg.ala_max_epochs >= 1, "--ala_max_epochs must be >= 1"), (cfg.ala_window >= 2, "--ala_window must be >= 2"),
+        (cfg.dlg_gap >= 1, "-dlgg must be >= 1"), (cfg.batch_num_per_client >= 1, "-bnpc must be >= 1"),
+        (cfg.dlg_clients >= 1, "--dlg_clients must be >= 1"), (cfg.dlg_iters >= 1, "--dlg_iters must be >= 1"),
+        (cfg.dlg_batch >= 1, "--dlg_batch must be >= 1"), (cfg.dp_clip > 0, "--dp_clip must be > 0"),
+        (not cfg.privacy or cfg.dp_sigma > 0, "-dps must be > 0 with -dp (sigma 0 adds no noise: drop -dp)"),
+        (0 < cfg.dp_delta < 1, "--dp_delta must be in (0, 1)"),
     ]
     for ok, msg in checks:
         if not ok:

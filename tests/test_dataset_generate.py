@@ -309,3 +309,17 @@ def test_real_mnist_dir_split(tmp_path):
     assert sizes.sum() == 70000 and len(sizes) == 20 and sizes.min() >= config["least_samples"] == 40
     assert np.array(config["label_counts"]).sum(axis=0).tolist() == [6903, 7877, 6990, 7141, 6824, 6313, 6876,
                                                                       7293, 6825, 6958]
+
+
+def test_subsample_keeps_class_shares_and_is_recorded(tmp_path):
+    from dataset import generate_Digits
+    from dataset.utils.dataset_utils import stratified_subsample
+
+    y = np.repeat(np.arange(4), [50, 30, 15, 5])
+    keep = stratified_subsample(y, 20, np.random.default_rng(0))
+    assert len(np.unique(keep)) == 20
+    assert np.bincount(y[keep]).tolist() == [10, 6, 3, 1]
+    assert generate_Digits.main(["--root", str(tmp_path), "--num-clients", "4", "--partition", "iid",
+                                 "--subsample", "400"]) == 0
+    cfg = json.loads((tmp_path / "Digits" / "config.json").read_text())
+    assert cfg["subsample"] == 400 and sum(cfg["train_samples"]) + sum(cfg["test_samples"]) == 400

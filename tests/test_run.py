@@ -88,3 +88,17 @@ def test_fedavg_on_real_mnist(tmp_path):
                       "cpu", "--no-progress", "-m", "CNN", "-gr", "2", "-lr", "0.05"]) == 0
     acc = read_h5(out / "MNIST6k_FedAvg_test_0.h5")["rs_test_acc"]
     assert acc[-1] > 0.65, acc  # chance is 0.1
+
+
+def test_get_mean_std_over_runs(tmp_path, capsys):
+    import h5py
+
+    import get_mean_std
+
+    for i, acc in enumerate([[0.1, 0.5, 0.4], [0.2, 0.7, 0.6]]):
+        with h5py.File(tmp_path / f"r_{i}.h5", "w") as f:
+            f.create_dataset("rs_test_acc", data=acc)
+    assert get_mean_std.main([str(tmp_path / "r_0.h5"), str(tmp_path / "r_1.h5")]) == 0
+    # best: 0.5, 0.7 -> 60 ± 10; last: 0.4, 0.6 -> 50 ± 10
+    assert "best 60.00 ± 10.00, last 50.00 ± 10.00" in capsys.readouterr().out
+    assert get_mean_std.main([str(tmp_path / "nope.h5")]) == 2

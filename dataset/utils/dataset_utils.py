@@ -90,6 +90,9 @@ def common_parser(description, with_partition=True, with_source=True,
     parser.add_argument("--out", help="output folder name under the root (default: the dataset name)")
     if with_source:
         parser.add_argument("--source", help="local npz with arrays x, y (optional is_test) instead of downloading")
+        parser.add_argument("--subsample", type=int, default=None,
+                            help="keep only this many samples, drawn per class in proportion (from --seed) "
+                                 "before partitioning; for small-scale experiments (default: all)")
     parser.add_argument("--root", help="folder that holds the split folders (default: the dataset/ folder)")
     parser.add_argument("--plot", action="store_true", help="save label_distribution.png next to the split")
     return parser
@@ -347,6 +350,18 @@ def load_images(spec, source, raw_dir, load_default):
     return x, y, name, sha or arrays_sha256(x, y), class_names
 
 
+def stratified_subsample(y, n, rng):
+    """Sorted indices of ``n`` samples, each class keeping its share of ``y`` (largest remainders)."""
+    if not 0 < n <= len(y):
+        raise DatasetError(f"--subsample must be between 1 and {len(y)}, got {n}")
+    classes, counts = np.unique(y, return_counts=True)
+    exact = counts * n / len(y)
+    take = np.floor(exact).astype(int)
+    take[np.argsort(take - exact)[: n - take.sum()]] += 1
+    keep = [rng.choice(np.flatnonzero(y == c), size=k, replace=False) for c, k in zip(classes, take)]
+    return np.sort(np.concatenate(keep))
+
+
 def generate_images(spec, argv, load_default):
     """Full flow of an image generator; load_default(raw_dir) -> (x, y, source, class_names)."""
     parser = common_parser(f"Partition {spec.name} among federated clients.",
@@ -356,11 +371,15 @@ def generate_images(spec, argv, load_default):
     scheme = resolve_partition(parser, args, spec.num_classes, spec.default_class_per_client)
     out_dir = (Path(args.root).resolve() if args.root else DATASET_ROOT) / (args.out or spec.name)
     x, y, source, sha, class_names = load_images(spec, args.source, out_dir / "rawdata", load_default)
+    if args.subsample is not None:
+        keep = stratified_subsample(y, args.subsample, np.random.default_rng([args.seed, 0x5AB5]))
+        x, y = x[keep], y[keep]
     least = args.least_samples or default_least_samples(args.train_ratio, len(y), args.num_clients,
                                                         spec.least_share)
     channels = spec.image_shape[0]
     config = dict(dataset=spec.name, num_clients=args.num_clients, num_classes=spec.num_classes, **scheme,
                   train_ratio=args.train_ratio, least_samples=least, seed=args.seed, source=source,
+                  subsample=args.subsample,
                   source_sha256=sha, input_shape=list(spec.image_shape), x_dtype="uint8",
                   normalize={"mean": [0.5] * channels, "std": [0.5] * channels},
                   class_names=list(class_names) if class_names else None, format_version=FORMAT_VERSION)

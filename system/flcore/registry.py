@@ -8,6 +8,18 @@ ALGORITHMS = {
     "FedAvg": "flcore.servers.serveravg:FedAvgServer",
     "FedALA": "flcore.servers.serverala:FedALAServer",
     "Local": "flcore.servers.serverlocal:LocalServer",
+    "FedProx": "flcore.servers.serverprox:FedProxServer",
+    "FedAvg-C": "flcore.servers.serveravgc:FedAvgCServer",
+    "FedProx-C": "flcore.servers.serverproxc:FedProxCServer",
+    "Per-FedAvg": "flcore.servers.serverperavg:PerFedAvgServer",
+    "FedRep": "flcore.servers.serverrep:FedRepServer",
+    "Ditto": "flcore.servers.serverditto:DittoServer",
+    "pFedMe": "flcore.servers.serverpfedme:PFedMeServer",
+    "FedAMP": "flcore.servers.serveramp:FedAMPServer",
+    "FedPHP": "flcore.servers.serverphp:FedPHPServer",
+    "FedFomo": "flcore.servers.serverfomo:FedFomoServer",
+    "APPLE": "flcore.servers.serverapple:APPLEServer",
+    "PartialFed": "flcore.servers.serverpartial:PartialFedServer",
 }
 
 

@@ -27,8 +27,11 @@ class RunRecorder:
     h5 keys: ``rs_test_acc`` (sample-weighted), ``rs_test_auc``, ``rs_train_loss`` (PFLlib's three),
     ``rs_test_acc_mean`` / ``rs_test_acc_std`` (unweighted across clients), ``rs_round`` (round of each
     evaluation), ``rs_client_test_acc`` (evaluations x clients) and any extra series an algorithm adds
-    (e.g. Ditto's global-model accuracy). The JSON sidecar holds the config, seeds, split hash, library
-    version, machine and the wall time of every round."""
+    (e.g. Ditto's global-model accuracy). Add-ons measured on their own rounds (``add_series``) carry their
+    own index: ``rs_dlg_round`` with ``rs_dlg_psnr``, ``rs_dlg_ssim``, ``rs_dlg_label_acc``, ... for ``-dlg``;
+    ``-dp`` adds ``rs_dp_epsilon_max`` / ``_mean`` and ``rs_dp_client_epsilon`` to every evaluation. The
+    JSON sidecar holds the config, seeds, split hash, library version, machine and the wall time of every
+    round."""
 
     def __init__(self, stem: str, meta: dict, out_dir: Path | str = RESULTS_DIR):
         self.out_dir = Path(out_dir)
@@ -51,6 +54,13 @@ class RunRecorder:
         for key, value in summary.items():
             name = key if key.startswith("rs_") else f"rs_{key}"
             self.series.setdefault(name, []).append(value)
+
+    def add_series(self, tag: str, round_idx: int, values: dict) -> None:
+        """Series with their own round index, for add-ons that measure on other rounds than evaluations
+        (e.g. DLG every -dlgg rounds): keys ``rs_<tag>_round`` and ``rs_<tag>_<name>``."""
+        self.series.setdefault(f"rs_{tag}_round", []).append(round_idx)
+        for key, value in values.items():
+            self.series.setdefault(f"rs_{tag}_{key}", []).append(value)
 
     def best_last(self) -> tuple[float, float]:
         acc = self.series.get("rs_test_acc", [])

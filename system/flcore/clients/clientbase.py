@@ -39,6 +39,11 @@ class Client:
 
             self.ala = ALA.from_config(cfg, cid, run, self.model)
         self.train_time: list[float] = []  # seconds of each local training, one entry per round trained
+        self.dp = None  # -dp: this client's DP-SGD noise stream and accountant history
+        if cfg.privacy:
+            from utils.privacy import DPSGD
+
+            self.dp = DPSGD.from_config(cfg, cid, run, self.model, self.train_samples)
 
     # ---- hooks -------------------------------------------------------------------------------------
     def make_optimizer(self) -> torch.optim.Optimizer:
@@ -81,12 +86,14 @@ class Client:
         lr = self.cfg.local_learning_rate
         return lr * self.cfg.learning_rate_decay_gamma ** round_idx if self.cfg.learning_rate_decay else lr
 
-    def batches(self, epochs: int, batch_size: int | None = None):
-        """Index batches for ``epochs`` passes over the training data, shuffled from this client's stream.
+    def batches(self, epochs: int, batch_size: int | None = None, generator: torch.Generator | None = None):
+        """Index batches for ``epochs`` passes over the training data, shuffled from this client's stream
+        (or from ``generator``, for draws that must not shift it, e.g. evaluation-time fine-tuning).
         The last batch of an epoch may be smaller (every sample is used; PFLlib drops it)."""
         bs = batch_size or self.cfg.batch_size
+        gen = self.batch_gen if generator is None else generator
         for _ in range(epochs):
-            perm = torch.randperm(self.train_samples, generator=self.batch_gen).to(self.device)
+            perm = torch.randperm(self.train_samples, generator=gen).to(self.device)
             for i in range(0, self.train_samples, bs):
                 yield perm[i:i + bs]
 
@@ -95,20 +102,38 @@ class Client:
         self.model.train()
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate(round_idx)
-        self.run_epochs(self.cfg.local_epochs)
+        self.local_update(round_idx)
         self.train_time.append(time.perf_counter() - start)
 
-    def run_epochs(self, epochs: int, batch_size: int | None = None) -> float:
+    def local_update(self, round_idx: int) -> None:
+        """The local training procedure of one round (timed by ``train``): ``-ls`` epochs of SGD on
+        ``loss``. Algorithms with several phases (FedRep's head then body, Ditto's second model) or another
+        step rule (Per-FedAvg) replace this, built from ``run_epochs``."""
+        self.run_epochs(self.cfg.local_epochs)
+
+    def run_epochs(self, epochs: int, batch_size: int | None = None, *, optimizer=None, objective=None,
+                   generator: torch.Generator | None = None) -> float:
         """SGD on ``self.loss`` for ``epochs`` passes; returns the mean batch loss. A non-finite loss stops
-        the run with a clear error (checked once at the end, so the hot loop never synchronises)."""
+        the run with a clear error (checked once at the end, so the hot loop never synchronises).
+
+        ``optimizer`` / ``objective(x, y)`` train another model with the same loop (Ditto's personal
+        model, a fine-tuned copy); ``after_backward`` then does not run, as it corrects ``self.model``.
+        ``generator`` draws the batches from another stream (see ``batches``)."""
+        own = optimizer is None
+        optimizer = self.optimizer if own else optimizer
+        objective = self.loss if objective is None else objective
         total, steps = torch.zeros((), device=self.device), 0
-        for idx in self.batches(epochs, batch_size):
+        for idx in self.batches(epochs, batch_size, generator):
             x, y = self.x_train[idx], self.y_train[idx]
-            self.optimizer.zero_grad(set_to_none=True)
-            loss = self.loss(x, y)
-            loss.backward()
-            self.after_backward()
-            self.optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if self.dp is None:
+                loss = objective(x, y)
+                loss.backward()
+            else:  # -dp: clipped, noised per-sample gradients of the same objective
+                loss = self.dp.backward(self, objective, optimizer, x, y)
+            if own:
+                self.after_backward()
+            optimizer.step()
             total += loss.detach()
             steps += 1
         mean = float(total) / max(steps, 1)

@@ -8,9 +8,16 @@ After the last round the final global model is sent once more and evaluated, so 
 evaluations at rounds 0 (initial model), eg, 2eg, ... and R.
 
 A new algorithm subclasses ``Server`` (setting ``client_class``) and overrides only the hooks it changes.
+
+Clients live where the executor puts them (utils/executor.py): in this process (``--executor
+sequential``) or inside Ray workers (``--executor ray``), where ``self.clients`` holds ``ClientHandle``
+proxies. To work with both, a server talks to its clients through method calls only (``c.receive_x(...)``
+runs on the client wherever it lives); reading an attribute gives a copy, and writing one is refused.
+Fault tolerance, checkpoints and resume: utils/checkpoint.py; simulated slow clients: utils/faults.py.
 """
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
@@ -19,9 +26,14 @@ from tqdm import tqdm
 
 from flcore.clients.clientbase import Client
 from flcore.trainmodel.models import build_model
+from utils import checkpoint
 from utils.aggregate import weighted_average
 from utils.data_utils import FederatedData
+from utils.errors import FLError
+from utils.executor import ClientFactory, WorkerLost, make_executor
+from utils.faults import SlowClients
 from utils.metrics import summarize
+from utils.privacy import PrivacyMonitor
 from utils.results import RunRecorder
 from utils.seeding import np_rng, torch_seeded
 
@@ -37,16 +49,24 @@ class Server:
     def check_config(cls, cfg) -> None:
         """Reject flag combinations this algorithm cannot honour (raise FLError with one clear line)."""
 
-    def __init__(self, cfg, data: FederatedData, run: int = 0, recorder: RunRecorder | None = None):
+    # Attributes a checkpoint does not save: rebuilt from the flags, the split and the executor.
+    checkpoint_skip = ("cfg", "data", "clients", "executor", "recorder", "restart_point")
+
+    def __init__(self, cfg, data: FederatedData, run: int = 0, recorder: RunRecorder | None = None,
+                 executor=None):
         self.cfg, self.data, self.run = cfg, data, run
         self.device = torch.device(cfg.device)
         with torch_seeded(cfg.seed, run, "model"):
             self.global_model = self.build_model().to(self.device)
-        self.clients = [self.make_client(i) for i in range(len(data.clients))]
+        self.executor = executor if executor is not None else make_executor(cfg)
+        self.clients = self.executor.start(self.client_factory(), data.clients)
         # Independent streams: an algorithm's own draws never change who is selected or dropped.
         self.select_rng = np_rng(cfg.seed, run, "select")
         self.drop_rng = np_rng(cfg.seed, run, "drop")
+        self.slow = SlowClients(cfg, run, [c.train_samples for c in self.clients])
+        self.late: list[int] = []  # clients whose upload missed the last round (-tth)
         self.recorder = recorder
+        self.privacy = PrivacyMonitor.from_config(cfg, run, data, recorder)  # None unless -dlg or -dp
         if self.clients and self.clients[0].ala is not None:
             names = self.clients[0].ala.names
             print(f"ALA adapts {len(names)} tensor(s) (top {cfg.layer_idx or 'all'} layer(s)): {', '.join(names)}")
@@ -57,9 +77,11 @@ class Server:
         return build_model(self.cfg.model, self.data.input_shape, self.data.num_classes,
                            self.cfg.feature_dim, self.cfg.vocab_size)
 
-    def make_client(self, cid: int) -> Client:
-        with torch_seeded(self.cfg.seed, self.run, "client-init", cid):
-            return self.client_class(self.cfg, cid, self.data.clients[cid], self.global_model, self.run)
+    def client_factory(self) -> ClientFactory:
+        """How every client is built, here or inside a Ray worker: ``client_class(cfg, cid, data,
+        global_model, run)`` under its own seeded stream. Construction-time logic belongs in the client's
+        ``__init__``; set-up calls a server makes on its clients after construction are fine too."""
+        return ClientFactory(self.client_class, self.cfg, self.run, self.global_model)
 
     # ---- hooks -------------------------------------------------------------------------------------
     def select_clients(self) -> list[Client]:
@@ -74,8 +96,7 @@ class Server:
 
     def send_models(self, participants: list[Client]) -> None:
         chosen = {c.id for c in participants}
-        for c in self.clients:
-            c.receive_global(self.global_model, participating=c.id in chosen)
+        self.executor.call_each("receive_global", [(c, (self.global_model, c.id in chosen)) for c in self.clients])
 
     def active_clients(self, participants: list[Client]) -> list[Client]:
         """Participants that do not drop out this round (``-cdr``): each drops independently with that
@@ -86,11 +107,14 @@ class Server:
         return [c for c, k in zip(participants, keep) if k]
 
     def train_clients(self, clients: list[Client]) -> None:
-        for c in clients:
-            c.train(self.round_idx)
+        """The single dispatch point of local training (one after the other, or in parallel on Ray workers)."""
+        self.executor.map(clients, "train", self.round_idx)
 
     def receive_models(self, clients: list[Client]) -> list[dict]:
-        return [c.upload() for c in clients]
+        """Uploads of the clients that finish within ``-tth`` (simulated slow clients, utils/faults.py)."""
+        late = self.slow.late([c.id for c in clients], self.round_idx)
+        self.late = sorted(late)
+        return self.executor.map([c for c in clients if c.id not in late], "upload")
 
     def aggregate(self, uploads: list[dict]) -> None:
         """Sample-weighted FedAvg over every floating state entry (BatchNorm statistics included)."""
@@ -100,17 +124,20 @@ class Server:
         self.global_model.load_state_dict(avg)
 
     def after_round(self) -> None:
-        """Called at the end of every round (DLG, checkpoints and similar add-ons hook in here)."""
+        """Called at the end of every round (checkpoints and similar add-ons hook in here; the DLG
+        evaluation needs the uploads before aggregation and runs through ``self.privacy`` instead)."""
 
     # ---- evaluation --------------------------------------------------------------------------------
     def evaluate(self) -> dict:
-        tests = np.array([c.test_metrics() for c in self.clients], dtype=np.float64)
+        tests = np.array(self.executor.map(self.clients, "test_metrics"), dtype=np.float64)
         if self.cfg.train_loss_eval == "off":
             trains = np.zeros((len(self.clients), 2))
         else:
-            trains = np.array([c.train_metrics() for c in self.clients], dtype=np.float64)
+            trains = np.array(self.executor.map(self.clients, "train_metrics"), dtype=np.float64)
         summary = summarize(tests[:, 0], tests[:, 1], tests[:, 2], trains[:, 0], trains[:, 1])
         summary.update(self.extra_metrics())
+        if self.privacy is not None:
+            summary.update(self.privacy.metrics(self.clients))
         return summary
 
     def extra_metrics(self) -> dict:
@@ -118,9 +145,10 @@ class Server:
         return {}
 
     def record(self, summary: dict) -> None:
+        dp = f" | DP epsilon max {summary['dp_epsilon_max']:.3f}" if "dp_epsilon_max" in summary else ""
         tqdm.write(f"round {self.round_idx:4d} | acc {summary['test_acc']:.4f} "
                    f"(clients {summary['test_acc_mean']:.4f} ± {summary['test_acc_std']:.4f}) | "
-                   f"auc {summary['test_auc']:.4f} | train loss {summary['train_loss']:.4f}")
+                   f"auc {summary['test_auc']:.4f} | train loss {summary['train_loss']:.4f}{dp}")
         if self.recorder is not None:
             self.recorder.add(self.round_idx, summary)
             self.recorder.save()
@@ -132,11 +160,42 @@ class Server:
         acc = self.recorder.series.get("rs_test_acc", [])
         return len(acc) - 1 - int(np.argmax(acc)) > self.cfg.top_cnt
 
+    # ---- checkpoints -------------------------------------------------------------------------------
+    def server_state(self) -> bytes:
+        """Every attribute of this server except ``checkpoint_skip`` (global model, streams, an
+        algorithm's own state such as stored client models); clients are saved as references."""
+        return checkpoint.pack_state(self, self.checkpoint_skip, self.clients)
+
+    def load_server_state(self, blob: bytes) -> None:
+        checkpoint.unpack_state(self, blob, self.device, self.clients)
+
+    def close(self) -> None:
+        """Release the executor's workers (main.py closes the executor it shares between runs)."""
+        self.executor.close()
+
     # ---- the loop ----------------------------------------------------------------------------------
     def train(self) -> None:
+        """Run every round. ``--resume`` continues from the run's checkpoint. A lost Ray worker sends the
+        run back to its last checkpoint (round 0 without ``--checkpoint_every``) and the rounds are
+        replayed: every draw is seeded, so the numbers are those of an undisturbed run."""
+        first = checkpoint.begin(self)
+        for restarts in itertools.count():
+            try:
+                return self.run_rounds(first)
+            except WorkerLost as e:
+                if restarts >= self.cfg.max_restarts:
+                    raise FLError(f"{e}, {restarts + 1} time(s) in this run (--max_restarts "
+                                  f"{self.cfg.max_restarts}); results so far are kept; rerun with --resume to "
+                                  f"continue from the last checkpoint") from None
+                first = checkpoint.recover(self, e)
+
+    def run_rounds(self, first: int) -> None:
+        """Rounds ``first`` .. ``-gr``-1, then the final evaluation."""
         cfg = self.cfg
-        for t in tqdm(range(cfg.global_rounds), desc=f"{cfg.algorithm} run {self.run}", leave=False,
-                      disable=not cfg.progress):
+        for t in tqdm(range(first, cfg.global_rounds), desc=f"{cfg.algorithm} run {self.run}", leave=False,
+                      disable=not cfg.progress, initial=first, total=cfg.global_rounds):
+            if self.should_stop():  # checked before a round, so a resumed run stops where it stopped
+                break
             self.round_idx = t
             start = time.perf_counter()
             self.selected = self.select_clients()
@@ -144,13 +203,18 @@ class Server:
             if t % cfg.eval_gap == 0:
                 self.record(self.evaluate())
             active = self.active_clients(self.selected)
+            if self.privacy is not None:  # -dlg: keep the models the attacked clients start from
+                self.privacy.before_training(t, active)
             self.train_clients(active)
-            self.aggregate(self.receive_models(active))
+            uploads = self.receive_models(active)
+            if self.privacy is not None:  # -dlg: attack what they upload, before aggregation
+                self.privacy.after_upload(t, active, uploads)
+            self.aggregate(uploads)
             self.after_round()
             if self.recorder is not None:
                 self.recorder.round_time.append(time.perf_counter() - start)
-            if self.should_stop():
-                break
+            if cfg.checkpoint_every and ((t + 1) % cfg.checkpoint_every == 0 or t + 1 == cfg.global_rounds):
+                checkpoint.save(self, t)
         self.round_idx += 1
         self.send_models(self.clients)
         self.record(self.evaluate())

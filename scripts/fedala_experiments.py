@@ -1,0 +1,114 @@
+"""Experiment driver for docs/fedala_reproduction.md: the FedALA paper's claims at CPU scale.
+
+    python scripts/fedala_experiments.py run               # CPU scale (defaults below), resumable
+    python scripts/fedala_experiments.py report            # tables + learning curves -> docs/
+    python scripts/fedala_experiments.py run --rounds 2000 --runs 5 --subsample 0 --lr 0.005   # paper scale
+
+Groups (``--groups``): ``main`` (FedAvg, FedProx, FedALA, FedProx+ALA, Local on MNIST pathological,
+FMNIST Dir(0.1), CIFAR-10-partial Dir(0.1)), ``hetero`` (FedAvg vs FedALA on FMNIST Dir(0.01), Dir(0.5)),
+``sens`` (FedALA on FMNIST Dir(0.1) with p in {2, all} and s in {5, 20, 100}; p=1, s=80 is the main run).
+Every run is one ``system/main.py`` process; finished runs are skipped, so an interrupted sweep resumes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = {"MNIST": "mnist.npz", "FashionMNIST": "fmnist.npz", "Cifar10": "cifar10_partial.npz"}
+
+
+def split_specs(args) -> dict[str, tuple[str, list[str]]]:
+    """Split name -> (generator dataset, generator flags)."""
+    sub = [] if not args.subsample else ["--subsample", str(args.subsample)]
+    tag = f"_s{args.subsample}" if args.subsample else ""
+    common = ["--num-clients", "20", "--seed", "1", *sub]
+    specs = {f"MNIST_pat{tag}": ("MNIST", ["--partition", "pat", "--class-per-client", "2", *common]),
+             f"Cifar10_dir0.1{tag}": ("Cifar10", ["--partition", "dir", "--alpha", "0.1", *common])}
+    for alpha in ("0.01", "0.1", "0.5"):
+        specs[f"FMNIST_dir{alpha}{tag}"] = ("FashionMNIST", ["--partition", "dir", "--alpha", alpha, *common])
+    return specs
+
+
+def plan(args) -> list[tuple[str, str, str, list[str]]]:
+    """(group, split, goal, main.py flags) for every run, in the order they are run."""
+    tag = f"_s{args.subsample}" if args.subsample else ""
+    main_splits = [f"MNIST_pat{tag}", f"FMNIST_dir0.1{tag}", f"Cifar10_dir0.1{tag}"]
+    algos = [("FedAvg", []), ("FedALA", []), ("Local", []), ("FedProx", []), ("FedProx", ["-ala"])]
+    runs = []
+    if "main" in args.groups:
+        runs += [("main", s, "repro", ["-algo", a, *f]) for a, f in algos for s in main_splits]
+    if "hetero" in args.groups:
+        runs += [("hetero", f"FMNIST_dir{al}{tag}", "repro", ["-algo", a])
+                 for al in ("0.01", "0.5") for a in ("FedAvg", "FedALA")]
+    if "sens" in args.groups:
+        runs += [("sens", f"FMNIST_dir0.1{tag}", f"p{p}", ["-algo", "FedALA", "-p", p]) for p in ("2", "0")]
+        runs += [("sens", f"FMNIST_dir0.1{tag}", f"s{s}", ["-algo", "FedALA", "-s", s]) for s in ("5", "20", "100")]
+    return runs
+
+
+def result_stem(split: str, flags: list[str], goal: str, run: int) -> str:
+    algo = flags[flags.index("-algo") + 1]
+    return f"{split}_{algo}{'+ALA' if '-ala' in flags else ''}_{goal}_{run}"
+
+
+def finished(out: Path, stem: str, rounds: int) -> bool:
+    meta = out / f"{stem}.json"
+    return meta.exists() and json.loads(meta.read_text()).get("evaluations") == rounds + 1
+
+
+def cmd_run(args) -> None:
+    out = REPO / args.results
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    for split, (dataset, flags) in split_specs(args).items():
+        if not any(split == s for _, s, _, _ in plan(args)):
+            continue
+        src = Path(args.data) / SOURCES[dataset]
+        subprocess.run([sys.executable, str(REPO / "dataset" / f"generate_{dataset}.py"), *flags, "--out", split,
+                        "--source", str(src)], check=True, stdout=subprocess.DEVNULL)
+    for group, split, goal, flags in plan(args):
+        for run in range(args.runs):
+            stem = result_stem(split, flags, goal, run)
+            if finished(out, stem, args.rounds):
+                continue
+            cmd = [sys.executable, str(REPO / "system" / "main.py"), "-data", split, "-m", "CNN", "-gr",
+                   str(args.rounds), "-lr", str(args.lr), "-lbs", "10", "-ls", "1", "-go", goal, "-pv", str(run),
+                   "-t", str(run + 1), "--results_dir", str(out), "--no-progress", "-dev", args.device,
+                   "--train_loss_eval", args.train_loss_eval, *flags]
+            start = time.time()
+            print(f"[{group}] {stem}: {' '.join(cmd[2:])}", flush=True)
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or [""]
+            print(f"    rc {done.returncode} in {time.time() - start:.0f} s: {tail[0]}", flush=True)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=["run", "report"])
+    p.add_argument("--groups", default="main,hetero,sens", help="comma-separated: main, hetero, sens")
+    p.add_argument("--rounds", type=int, default=20, help="communication rounds (paper: 2000)")
+    p.add_argument("--runs", type=int, default=1, help="runs (seeds 0..runs-1; paper: 5)")
+    p.add_argument("--subsample", type=int, default=10000, help="samples kept per dataset (0 = all)")
+    p.add_argument("--lr", type=float, default=0.05, help="client lr (paper: 0.005 for 2000 rounds)")
+    p.add_argument("--train_loss_eval", default="off", choices=["full", "off"])
+    p.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--data", default=str(REPO.parent / "shared" / "data"), help="folder of the source npz files")
+    p.add_argument("--results", default="results/fedala_repro", help="results folder (relative to the repo)")
+    args = p.parse_args(argv)
+    args.groups = args.groups.split(",")
+    if args.command == "run":
+        cmd_run(args)
+    else:
+        from fedala_report import write_report
+
+        write_report(args, plan(args), result_stem)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""FedAvg-C client, and the ``FineTunedEval`` mixin every "-C" variant shares (see servers/serveravgc.py)."""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from flcore.clients.clientavg import FedAvgClient
+from utils.seeding import torch_gen
+
+
+class FineTunedEval:
+    """Evaluates a fine-tuned copy of the received model instead of the model itself.
+
+    The copy is made lazily, once per broadcast, when the client is first evaluated after receiving (so
+    rounds without evaluation cost nothing), and its batches come from the client's own "fine-tune"
+    stream: the federated model, the batch stream of training and the upload are exactly the base
+    algorithm's."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tune_gen = torch_gen(self.cfg.seed, self.run, "fine-tune", self.id)
+        self.tuned: nn.Module | None = None
+
+    def receive_global(self, global_model, participating: bool = True) -> None:
+        super().receive_global(global_model, participating)
+        self.tuned = None
+
+    def eval_model(self) -> nn.Module:
+        if self.tuned is None:
+            with torch.enable_grad():  # evaluation calls this under no_grad
+                self.tuned = self.fine_tune(copy.deepcopy(self.model))
+        return self.tuned
+
+    def fine_tune(self, model: nn.Module) -> nn.Module:
+        """``-fte`` epochs of plain SGD (lr ``-lr``, batch ``-lbs``, cross-entropy) on the local data."""
+        model.train()
+        opt = torch.optim.SGD(model.parameters(), lr=self.cfg.local_learning_rate)
+        self.run_epochs(self.cfg.fine_tuning_epochs, optimizer=opt,
+                        objective=lambda x, y: self.loss_fn(model(x), y), generator=self.tune_gen)
+        return model
+
+
+class FedAvgCClient(FineTunedEval, FedAvgClient):
+    pass

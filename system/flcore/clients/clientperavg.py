@@ -1,0 +1,40 @@
+"""Per-FedAvg client: first-order MAML steps in training, one local step before evaluation (see
+servers/serverperavg.py)."""
+from __future__ import annotations
+
+import torch
+from torch.func import functional_call
+
+from flcore.clients.clientavgc import FineTunedEval
+from flcore.clients.clientbase import Client
+
+
+class PerFedAvgClient(FineTunedEval, Client):
+    def meta_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Loss on the second half of the batch at w' = w - α ∇f(w; first half). The inner gradient is
+        taken without a graph, so d(loss)/dw = ∇f(w'; second half): the FO-MAML gradient."""
+        half = len(y) // 2
+        (x1, y1), (x2, y2) = ((x[:half], y[:half]), (x[half:], y[half:])) if half else ((x, y), (x, y))
+        params = dict(self.model.named_parameters())
+        grads = torch.autograd.grad(self.loss_fn(self.model(x1), y1), list(params.values()))
+        fast = {n: p - self.alpha * g for (n, p), g in zip(params.items(), grads)}
+        return self.loss_fn(functional_call(self.model, fast, (x2,)), y2)
+
+    def local_update(self, round_idx: int) -> None:
+        """``-ls`` epochs of FO-MAML steps, each on two fresh batches of ``-lbs`` (drawn as one batch of
+        2x``-lbs`` and halved; a single leftover sample serves both). The optimizer steps w with β."""
+        self.alpha = self.learning_rate(round_idx)
+        for group in self.optimizer.param_groups:  # -ld decays β like α
+            group["lr"] = self.cfg.beta * self.alpha / self.cfg.local_learning_rate
+        self.run_epochs(self.cfg.local_epochs, 2 * self.cfg.batch_size, objective=self.meta_loss)
+
+    def fine_tune(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The paper's personalisation: one SGD step of size α = ``-lr`` on one local batch."""
+        idx = next(self.batches(1, generator=self.tune_gen))
+        model.train()
+        grads = torch.autograd.grad(self.loss_fn(model(self.x_train[idx]), self.y_train[idx]),
+                                    list(model.parameters()))
+        with torch.no_grad():
+            for p, g in zip(model.parameters(), grads):
+                p.sub_(self.cfg.local_learning_rate * g)
+        return model

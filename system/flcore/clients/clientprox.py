@@ -1,0 +1,16 @@
+"""FedProx client: the FedAvg client plus the proximal term in its loss (see servers/serverprox.py)."""
+from flcore.clients.clientbase import Client
+from utils.proximal import anchor_of, proximal_term
+
+
+class FedProxClient(Client):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.anchor = anchor_of(self.model)  # w^t: the last global model received
+
+    def receive_global(self, global_model, participating: bool = True) -> None:
+        super().receive_global(global_model, participating)
+        self.anchor = anchor_of(global_model)
+
+    def loss(self, x, y):
+        return super().loss(x, y) + proximal_term(self.model.parameters(), self.anchor, self.cfg.mu)

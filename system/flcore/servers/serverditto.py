@@ -1,0 +1,46 @@
+"""Ditto: Fair and Robust Federated Learning Through Personalization.
+Li, Hu, Beirami, Smith. ICML 2021. https://arxiv.org/abs/2012.04221
+Official code: https://github.com/litian96/ditto
+
+Relative to FedAvg this adds a personal model v_i on each client, which is what gets evaluated. Each
+round the client trains its copy w of the global model w^t exactly as FedAvg does (and uploads it), then
+trains v_i for ``-pls`` epochs on its regularised local objective
+
+    v_i ← v_i - η (∇F_i(v_i) + λ (v_i - w^t)).
+
+The server is FedAvg's. Both accuracies are recorded, apart: ``rs_test_acc`` (and the other standard
+series) is the personal models', ``rs_global_test_acc`` the received model w's (the global model; with
+``-ala`` its ALA initialisation). PFLlib mixes both into one list. With ``-ala`` ALA initialises w; the
+anchor w^t stays the global model.
+
+Flags: ``-mu`` λ = 1 (PFLlib's flag name for Ditto's λ; the paper, App. C, uses λ = 1 when there is no
+strong attack, otherwise selecting λ per device from {0.1, 1, 2}; PFLlib's default 0 decouples v from the
+federation); ``-pls`` personal epochs = 1 (PFLlib's default).
+"""
+import numpy as np
+
+from flcore.clients.clientditto import DittoClient
+from flcore.servers.serverbase import Server
+from utils.errors import FLError
+
+
+class DittoServer(Server):
+    client_class = DittoClient
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        super().add_args(parser)
+        parser.add_argument("-mu", "--mu", type=float, default=1.0,
+                            help="λ, pull of the personal model toward the global model (Ditto paper: 1)")
+        parser.add_argument("-pls", "--plocal_epochs", type=int, default=1,
+                            help="personal-model epochs per round (PFLlib's default: 1)")
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        super().check_config(cfg)
+        if cfg.mu < 0 or cfg.plocal_epochs < 1:
+            raise FLError(f"Ditto needs -mu >= 0 and -pls >= 1 (got {cfg.mu}, {cfg.plocal_epochs})")
+
+    def extra_metrics(self) -> dict:
+        counts = np.array([c.received_test_metrics() for c in self.clients], dtype=np.float64)
+        return {"global_test_acc": float(counts[:, 0].sum() / max(counts[:, 1].sum(), 1))}

@@ -1,0 +1,57 @@
+"""FedFomo: Personalized Federated Learning with First Order Model Optimization.
+Zhang, Sapra, Fidler, Yeung, Alvarez. ICLR 2021. https://arxiv.org/abs/2012.08565
+Official code: https://github.com/NVlabs/FedFomo
+
+Relative to FedAvg there is no global model. The server keeps each client's last uploaded model; a
+participant i downloads M of them, chosen ε-greedily by its own affinity to each client, scores them on a
+validation split of its training data and moves toward the ones that lower its loss,
+
+    w_n = max(0, (L_i(θ_i) - L_i(θ_n)) / ||θ_n - θ_i||),  normalised;   θ_i ← θ_i + Σ_n w_n (θ_n - θ_i),
+
+then trains θ_i locally and uploads it; its affinity to n grows by w_n. When no neighbour helps, θ_i is
+kept. With ``-ala`` the FedFomo aggregate plays the global model's part: ALA initialises θ_i from it.
+
+Flags: ``-M`` neighbours = 5 (PFLlib's default; the official code uses 8), ``--val_ratio`` 0.2 (official
+code: 20 % of the local data), ``--epsilon`` 0.3 and ``--epsilon_decay`` 0.05 per round (official code).
+
+Where PFLlib differs: its server picks the top-M clients of an affinity matrix without ε-greedy
+exploration (the client's own id among the candidates), grows the affinity by the raw, unclipped weights
+and holds out the last 20 % of the training file (here: a random 20 % from the client's own stream).
+"""
+from flcore.clients.clientfomo import FedFomoClient
+from flcore.servers.serverbase import Server
+from utils.errors import FLError
+
+
+class FedFomoServer(Server):
+    client_class = FedFomoClient
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        parser.add_argument("-M", "--M", type=int, default=5,
+                            help="models each participant downloads (PFLlib default 5; official code 8)")
+        parser.add_argument("--val_ratio", type=float, default=0.2,
+                            help="share of the training data held out to score models (official code: 0.2)")
+        parser.add_argument("--epsilon", type=float, default=0.3,
+                            help="initial ε of the ε-greedy neighbour choice (official code: 0.3)")
+        parser.add_argument("--epsilon_decay", type=float, default=0.05,
+                            help="ε decreases by this much every round (official code: 0.05)")
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        if cfg.M < 1 or not 0 < cfg.val_ratio < 1 or not 0 <= cfg.epsilon <= 1 or cfg.epsilon_decay < 0:
+            raise FLError("FedFomo needs -M >= 1, 0 < --val_ratio < 1, 0 <= --epsilon <= 1, --epsilon_decay >= 0")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.client_states: dict[int, dict] = {}  # each client's last upload
+
+    def send_models(self, participants) -> None:
+        """Each participant gets the models of the neighbours it asks for."""
+        for c in participants:
+            ids = c.choose_neighbours(self.round_idx, [j for j in self.client_states if j != c.id])
+            c.receive_neighbours({j: self.client_states[j] for j in ids})
+
+    def aggregate(self, uploads) -> None:
+        for u in uploads:
+            self.client_states[u["id"]] = {k: v.detach().clone() for k, v in u["state"].items()}

@@ -1,0 +1,45 @@
+"""FedPHP: Federated Personalization with Inherited Private Models.
+Li, Zhan, Shao, Li, Song. ECML-PKDD 2021. https://doi.org/10.1007/978-3-030-86486-6_36 (no arXiv version)
+Official code: https://github.com/lxcnju/FedRepo (algorithms/fedphp.py)
+
+Relative to FedAvg this changes the client. Each client keeps an inherited private model (HPM) v_i, a
+temporal ensemble of its past local models. The received global model w (ALA-initialised with ``-ala``)
+is trained with the HPM as teacher,
+
+    L = (1 - λ) CE(w(x), y) + λ KD(w(x) ‖ v_i(x)),   KD = cross-entropy to softmax(v_i(x) / T),
+
+and afterwards the HPM inherits it: v_i ← μ_τ v_i + (1 - μ_τ) w, where μ_τ = min(μ τ / (ρ R), μ) grows
+linearly with τ, the client's number of earlier participations (ρ R expected ones in R rounds). w is
+uploaded and averaged as in FedAvg; the HPM v_i is the personalised model that is evaluated.
+
+Flags (official code's settings): ``-mu`` μ = 0.9 (ceiling of the momentum), ``-lam`` λ = 0.05 (the KD
+setting), ``--kd_temperature`` T = 4 (applied to the teacher only, as the official code does).
+The paper's MMD variant of the knowledge transfer is not implemented.
+
+Where PFLlib differs: its private model is the model it trains and uploads. Each round it starts from
+(1 - μ_t) w + μ_t (its last trained model) with μ_t = μ t / R growing with the round index, and is trained
+with an MMD loss between its features and the received global model's (weights 1 - λ and λ); its defaults
+``-mu 0 -lam 1`` switch off both the inheritance and the cross-entropy term.
+"""
+from flcore.clients.clientphp import FedPHPClient
+from flcore.servers.serverbase import Server
+from utils.errors import FLError
+
+
+class FedPHPServer(Server):
+    client_class = FedPHPClient
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        parser.add_argument("-mu", "--mu", type=float, default=0.9,
+                            help="ceiling of the HPM momentum μ, reached after the expected participations "
+                                 "(official code: 0.9)")
+        parser.add_argument("-lam", "--lamda", type=float, default=0.05,
+                            help="weight λ of the distillation from the HPM (official code, KD: 0.05)")
+        parser.add_argument("--kd_temperature", type=float, default=4.0,
+                            help="temperature T of the HPM's soft targets (official code: 4)")
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        if not 0 <= cfg.mu <= 1 or not 0 <= cfg.lamda <= 1 or cfg.kd_temperature <= 0:
+            raise FLError("FedPHP needs 0 <= -mu <= 1, 0 <= -lam <= 1 and --kd_temperature > 0")

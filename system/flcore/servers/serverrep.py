@@ -1,0 +1,48 @@
+"""FedRep: Exploiting Shared Representations for Personalized Federated Learning.
+Collins, Hassani, Mokhtari, Shakkottai. ICML 2021. https://arxiv.org/abs/2102.07078
+Official code: https://github.com/lgcollins/FedRep
+
+Relative to FedAvg this changes what is shared and how clients train. The model is cut into a body φ
+(``base``) and a head h_i (``head``, the classifier; ``flcore.trainmodel.models.split_head``). Each
+round, client i takes the global body, trains its own head with the body frozen, then the body with its
+head frozen:
+
+    h_i ← SGD^{pls}(h_i; φ fixed),   φ_i ← SGD^{ls}(φ; h_i fixed),   φ ← Σ_i (n_i / Σ_j n_j) φ_i.
+
+Only bodies are uploaded and averaged; heads never leave the clients. With ``-ala`` the body is
+initialised by ALA from the global body (its top ``-p`` layers of the *body* are adapted, the loss
+taken through the client's own head).
+
+Flags: ``-pls`` head epochs = 10 (the paper, §5: "ten local epochs to train the local head, followed by
+one or five epochs for the representation"; PFLlib's default is 1); ``-ls`` body epochs = 1.
+"""
+from flcore.clients.clientrep import FedRepClient
+from flcore.servers.serverbase import Server
+from flcore.trainmodel.models import split_head
+from utils.aggregate import weighted_average
+from utils.errors import FLError
+
+
+class FedRepServer(Server):
+    client_class = FedRepClient
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        super().add_args(parser)
+        parser.add_argument("-pls", "--plocal_epochs", type=int, default=10,
+                            help="head epochs per round, body frozen (FedRep paper §5: 10)")
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        super().check_config(cfg)
+        if cfg.plocal_epochs < 0:
+            raise FLError(f"-pls must be >= 0 (got {cfg.plocal_epochs})")
+
+    def build_model(self):
+        return split_head(super().build_model())
+
+    def aggregate(self, uploads: list[dict]) -> None:
+        """Sample-weighted mean of the uploaded bodies; the global head is never used."""
+        if uploads:
+            avg = weighted_average([u["state"] for u in uploads], [u["weight"] for u in uploads])
+            self.global_model.base.load_state_dict(avg)

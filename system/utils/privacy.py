@@ -1,0 +1,268 @@
+"""Privacy add-ons that run inside any algorithm: DP-SGD for local training (client side) and the DLG /
+iDLG evaluation of what clients expose (server side).
+
+DP-SGD -- Abadi, Chu, Goodfellow, McMahan, Mironov, Talwar, Zhang. "Deep Learning with Differential
+Privacy". CCS 2016. https://arxiv.org/abs/1607.00133
+    Each step clips every per-sample gradient to L2 norm C and adds N(0, sigma^2 C^2 I) to their sum:
+    g = (sum_i g_i * min(1, C / ||g_i||) + N(0, sigma^2 C^2 I)) / B.
+    Per-sample gradients come from ``torch.func.vmap(grad(...))`` over the client's own ``loss`` hook,
+    evaluated with ``functional_call`` on a holder of the client's modules. That keeps the base training
+    loop, the optimizer and every algorithm's loss (proximal or contrastive terms included) as they are,
+    whereas opacus' GradSampleModule would wrap the model (renaming its state keys, which the server
+    aggregates by name) and replace the optimizer and data loader. Models with BatchNorm are refused:
+    it mixes the samples of a batch, so per-sample gradients are undefined.
+
+Sampling and accounting, honestly: the base loop draws shuffled, fixed-size batches (each epoch a
+permutation cut into batches of -lbs). Epsilon comes from opacus' RDPAccountant, which analyses the
+Poisson-subsampled Gaussian mechanism (each sample in a batch independently with rate q) under add/remove-
+one adjacency; we feed it q = B / n_i per step. This is the customary approximation (Abadi et al. train
+on shuffled lots too), not a proof for shuffled batches: Chua et al. (ICML 2024, "How Private are DP-SGD
+Implementations?") show shuffling can leak more than the Poisson figure. Each client is accounted
+separately for record-level privacy of its own data; only its DP-SGD steps are counted (data-dependent
+steps outside the loss hook, e.g. ALA's weight learning on local data, are not privatised).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from collections import Counter
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+from torch.nn import functional as F
+from tqdm import tqdm
+
+from utils import dlg
+from utils.errors import FLError
+from utils.seeding import np_rng, torch_gen
+
+
+# ---- DP-SGD ----------------------------------------------------------------------------------------
+class _LossHolder(nn.Module):
+    """Every module of a client under one root, so ``functional_call`` can swap in per-sample parameters
+    while the client's own ``loss(x, y)`` runs unchanged."""
+
+    def __init__(self, modules: dict[str, nn.Module], loss_fn):
+        super().__init__()
+        for name, module in modules.items():
+            self.add_module(name, module)
+        self._loss_fn = loss_fn
+
+    def forward(self, x, y):
+        return self._loss_fn(x, y)
+
+
+def per_sample_gradients(holder: nn.Module, names: list[str], x: torch.Tensor, y: torch.Tensor):
+    """({name: B x shape} per-sample gradients of ``holder(x_i, y_i)``, B losses) for the parameters in
+    ``names``, with one vmapped backward pass."""
+    params = {n: p.detach() for n, p in holder.named_parameters() if n in names}
+
+    def one(p, xi, yi):
+        loss = functional_call(holder, p, (xi[None], yi[None]))
+        return loss, loss.detach()
+
+    return vmap(grad(one, has_aux=True), in_dims=(None, 0, 0))(params, x, y)
+
+
+def privatize(grads: dict[str, torch.Tensor], clip: float, sigma: float,
+              generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """DP-SGD's release from per-sample gradients (first dim = batch): clip each sample's whole gradient
+    to L2 norm ``clip``, sum, add N(0, (sigma * clip)^2) per coordinate, divide by the batch size."""
+    b = next(iter(grads.values())).shape[0]
+    norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads.values()))
+    factor = (clip / (norms + 1e-6)).clamp(max=1.0)
+    out = {}
+    for n, g in grads.items():
+        total = (g * factor.view(-1, *([1] * (g.dim() - 1)))).sum(0)
+        noise = torch.randn(total.shape, generator=generator, device=generator.device).to(total.device)
+        out[n] = (total + sigma * clip * noise) / b
+    return out
+
+
+def dp_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: float, sigma: float,
+                generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """One DP-SGD release of the mean cross-entropy gradient of ``model`` on (x, y): what a DP client's
+    single step reveals (the DP counterpart of ``dlg.model_gradient``)."""
+    names = dlg.trainable_names(model)
+    holder = _LossHolder({"m": model}, lambda a, b: F.cross_entropy(model(a), b))
+    grads, _ = per_sample_gradients(holder, [f"m.{n}" for n in names], x, y)
+    return {n[2:]: g for n, g in privatize(grads, clip, sigma, generator).items()}
+
+
+def epsilon(history: list[tuple[float, float, int]], delta: float) -> float:
+    """Epsilon at ``delta`` after DP-SGD steps given as (noise multiplier, sample rate, steps) triples,
+    from opacus' RDP accountant (Mironov 2017 RDP of the subsampled Gaussian; conversion to (eps, delta)
+    by Balle et al. 2020, tighter than the classic rdp + log(1/delta)/(alpha-1))."""
+    if not history:
+        return 0.0
+    from opacus.accountants import RDPAccountant
+
+    acc = RDPAccountant()
+    acc.history = list(history)
+    return float(acc.get_epsilon(delta))
+
+
+class DPSGD:
+    """One client's DP-SGD state: clip norm, noise multiplier, its own noise stream and its step history
+    (the accountant's input). Built by ``Client.__init__`` with ``-dp``."""
+
+    def __init__(self, clip: float, sigma: float, n_samples: int, batch_size: int, generator: torch.Generator):
+        self.clip, self.sigma, self.n = clip, sigma, n_samples
+        self.batch_size, self.generator = batch_size, generator
+        self.history: list[tuple[float, float, int]] = []
+
+    @classmethod
+    def from_config(cls, cfg, cid: int, run: int, model: nn.Module, n_samples: int) -> "DPSGD":
+        bn = [type(m).__name__ for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        if bn:
+            raise FLError(f"-dp needs per-sample gradients, but the model has {bn[0]} layers, which mix the "
+                          f"samples of a batch; use a model without BatchNorm (-m CNN or -m DNN)")
+        return cls(cfg.dp_clip, cfg.dp_sigma, n_samples, cfg.batch_size,
+                   torch_gen(cfg.seed, run, "dp-noise", cid, device=cfg.device))
+
+    def backward(self, client, objective, optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Set ``.grad`` of every parameter ``optimizer`` trains to the DP-SGD gradient of
+        ``objective(x, y)`` (the client's ``loss`` hook, or the objective ``run_epochs`` was given), the
+        per-sample parameters swapped into the client's modules; returns the batch's mean loss (detached).
+        One accountant step at q = max(B, len(x)) / n (an epoch's last, smaller batch counts at full rate)."""
+        modules = {k: v for k, v in vars(client).items() if isinstance(v, nn.Module)}
+        holder = _LossHolder(modules, objective)
+        trained = {id(p) for g in optimizer.param_groups for p in g["params"] if p.requires_grad}
+        named = dict(holder.named_parameters())
+        names = [n for n, p in named.items() if id(p) in trained]
+        grads, losses = per_sample_gradients(holder, names, x, y)
+        for n, g in privatize(grads, self.clip, self.sigma, self.generator).items():
+            named[n].grad = g
+        q = min(1.0, max(self.batch_size, len(x)) / self.n)
+        if self.history and self.history[-1][:2] == (self.sigma, q):
+            self.history[-1] = (self.sigma, q, self.history[-1][2] + 1)
+        else:
+            self.history.append((self.sigma, q, 1))
+        return losses.mean()
+
+    def epsilon(self, delta: float) -> float:
+        return epsilon(self.history, delta)
+
+
+# ---- the server-side monitor -----------------------------------------------------------------------
+class PrivacyMonitor:
+    """Runs the DLG/iDLG evaluation (``-dlg``) and reports DP epsilon (``-dp``) for any algorithm.
+
+    The server calls ``before_training`` (snapshot of the models the attacked clients start the round
+    from), ``after_upload`` (the attack, before aggregation) and ``metrics`` (each evaluation). The
+    attacker is the server, given each attacked client's starting model: for FedAvg that is the global
+    model it sent; for personalised methods (FedALA's ALA-initialised model, private heads) it is more
+    than a real server knows, so the scores are an upper bound on what leaks."""
+
+    def __init__(self, cfg, run: int, data, recorder=None):
+        self.cfg, self.run, self.recorder = cfg, run, recorder
+        self.input_shape, self.num_classes = tuple(data.input_shape), data.num_classes
+        norm = data.config.get("normalize") or {}
+        channels = self.input_shape[0] if len(self.input_shape) == 3 else 1
+        self.mean, self.std = norm.get("mean", [0.0] * channels), norm.get("std", [1.0] * channels)
+        self.starts: dict[int, nn.Module] = {}
+        if cfg.dlg_eval and len(self.input_shape) != 3:
+            raise FLError(f"-dlg reconstructs images, but split '{data.name}' holds inputs of shape "
+                          f"{list(self.input_shape)}; use an image split (Digits, MNIST, Cifar10, ...)")
+
+    @classmethod
+    def from_config(cls, cfg, run: int, data, recorder=None) -> "PrivacyMonitor | None":
+        return cls(cfg, run, data, recorder) if (cfg.dlg_eval or cfg.privacy) else None
+
+    def attacks(self, round_idx: int) -> bool:
+        return self.cfg.dlg_eval and round_idx % self.cfg.dlg_gap == 0
+
+    def before_training(self, round_idx: int, active: list) -> None:
+        """Pick this round's attacked clients (own stream) and keep a copy of the model each starts from."""
+        self.starts = {}
+        if not self.attacks(round_idx) or not active:
+            return
+        rng = np_rng(self.cfg.seed, self.run, "dlg-clients", round_idx)
+        k = min(self.cfg.dlg_clients, len(active))
+        for i in np.sort(rng.choice(len(active), size=k, replace=False)):
+            self.starts[active[i].id] = copy.deepcopy(active[i].model)
+
+    def after_upload(self, round_idx: int, active: list, uploads: list[dict]) -> None:
+        """Attack each snapshotted client ``-bnpc`` times; record and print the round's scores."""
+        if not self.starts:
+            return
+        by_id = {u.get("id"): u for u in uploads}
+        rows = []
+        for c in active:
+            if c.id in self.starts:
+                rows += self._attack_client(round_idx, c, self.starts[c.id], by_id.get(c.id))
+        self.starts = {}
+        self._report(round_idx, rows)
+
+    def _attack_client(self, round_idx: int, client, start: nn.Module, upload: dict | None) -> list[dict]:
+        cfg = self.cfg
+        names = dlg.trainable_names(start)
+        batch = min(cfg.dlg_batch, client.train_samples)
+        if cfg.dlg_target == "update":
+            state = (upload or {}).get("state") or {}
+            names = [n for n in names if n in state]
+            if not names:
+                raise FLError(f"--dlg_target update: {cfg.algorithm}'s upload holds no model parameters to "
+                              f"attack; use --dlg_target gradient")
+            steps = cfg.local_epochs * math.ceil(client.train_samples / cfg.batch_size)
+            target = dlg.pseudo_gradient(start.state_dict(), state, client.learning_rate(round_idx), steps, names)
+        rows = []
+        for b in range(cfg.batch_num_per_client):
+            if cfg.dlg_target == "gradient":
+                pick = torch_gen(cfg.seed, self.run, "dlg-batch", round_idx, client.id, b)
+                idx = torch.randperm(client.train_samples, generator=pick)[:batch].to(client.x_train.device)
+                x, y = client.x_train[idx], client.y_train[idx]
+                if cfg.privacy:
+                    noise = torch_gen(cfg.seed, self.run, "dlg-dp", round_idx, client.id, b, device=cfg.device)
+                    target = dp_gradient(start, x, y, cfg.dp_clip, cfg.dp_sigma, noise)
+                else:
+                    target = dlg.model_gradient(start, x, y, names)
+            else:
+                x, y = client.x_train, client.y_train  # the update mixes every local batch
+            gen = torch_gen(cfg.seed, self.run, "dlg-init", round_idx, client.id, b, device=cfg.device)
+            rec = dlg.reconstruct(start, target, self.input_shape, batch, self.num_classes, method=cfg.dlg_attack,
+                                  iters=cfg.dlg_iters, generator=gen)
+            rows.append(self._score(x, y, rec, exact_batch=cfg.dlg_target == "gradient"))
+        return rows
+
+    def _score(self, x, y, rec, exact_batch: bool) -> dict:
+        orig = dlg.denormalize(x.float(), self.mean, self.std)
+        recon = dlg.denormalize(rec.x.float(), self.mean, self.std)
+        order, psnr = dlg.match(orig, recon)
+        order = order.to(orig.device)
+        ssim = dlg.ssim(orig[order], recon)
+        true = y[order].cpu()
+        if exact_batch:  # label recovery as a multiset: the attacker does not know the batch order
+            hits = sum((Counter(rec.labels.cpu().tolist()) & Counter(y.cpu().tolist())).values())
+        else:  # an update mixes many images: a label counts if it is that of the image matched
+            hits = int((rec.labels.cpu() == true).sum())
+        return {"orig": orig[order].cpu(), "recon": recon.cpu(), "psnr": psnr.cpu(), "ssim": ssim.cpu(),
+                "label_hits": hits, "n": len(recon), "loss": rec.loss}
+
+    def _report(self, round_idx: int, rows: list[dict]) -> None:
+        psnr = torch.cat([r["psnr"] for r in rows])
+        ssim = torch.cat([r["ssim"] for r in rows])
+        n = sum(r["n"] for r in rows)
+        values = {"psnr": float(psnr.mean()), "psnr_max": float(psnr.max()), "ssim": float(ssim.mean()),
+                  "label_acc": sum(r["label_hits"] for r in rows) / n, "images": n}
+        tqdm.write(f"round {round_idx:4d} | {self.cfg.dlg_attack.upper()} on {self.cfg.dlg_target} | "
+                   f"PSNR {values['psnr']:.2f} dB (max {values['psnr_max']:.2f}) | SSIM {values['ssim']:.3f} | "
+                   f"labels {values['label_acc']:.2f} | {n} image(s)")
+        if self.recorder is None:
+            return
+        self.recorder.add_series("dlg", round_idx, values)
+        self.recorder.save()
+        self.recorder.out_dir.mkdir(parents=True, exist_ok=True)
+        dlg.save_grid(torch.cat([r["orig"] for r in rows]), torch.cat([r["recon"] for r in rows]),
+                      self.recorder.out_dir / f"{self.recorder.stem}_dlg_r{round_idx}.png",
+                      [f"{p:.1f} dB" for p in psnr.tolist()])
+
+    def metrics(self, clients: list) -> dict:
+        """Per-evaluation DP figures: epsilon of every client at ``--dp_delta`` (0 before it trains); the
+        server prints the maximum with the round's accuracy."""
+        if not self.cfg.privacy:
+            return {}
+        eps = np.array([c.dp.epsilon(self.cfg.dp_delta) for c in clients])
+        return {"dp_epsilon_max": float(eps.max()), "dp_epsilon_mean": float(eps.mean()), "dp_client_epsilon": eps}

@@ -1,0 +1,276 @@
+"""FedProx, FedAvg-C, FedProx-C, Per-FedAvg, FedRep and Ditto against hand computations and the
+invariants their papers state."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import main
+from conftest import cli
+from flcore.registry import get_server_class
+from utils.data_utils import load_split
+from utils.metrics import predict
+from utils.results import read_h5
+from utils.seeding import torch_gen
+
+
+def make_server(root, algo, *flags):
+    cfg = main.parse_config(cli(root, root, "-algo", algo, *flags)).replace(device="cpu", num_classes=10)
+    return get_server_class(algo)(cfg, load_split("Digits", root))
+
+
+def params(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def state(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def global_sequence(server):
+    """Train ``server`` and return its global model after every round."""
+    seq = []
+    server.after_round = lambda: seq.append(state(server.global_model))
+    server.train()
+    return seq
+
+
+def perturb(model, seed=0, scale=0.05):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+# ---- FedProx -------------------------------------------------------------------------------------
+def test_fedprox_with_mu_zero_is_fedavg(digits_root, tmp_path):
+    args = ("-gr", "2", "-lr", "0.1")
+    assert main.main(cli(digits_root, tmp_path, "-algo", "FedAvg", *args)) == 0
+    assert main.main(cli(digits_root, tmp_path, "-algo", "FedProx", "-mu", "0", *args)) == 0
+    a = read_h5(tmp_path / "Digits_FedAvg_test_0.h5")
+    b = read_h5(tmp_path / "Digits_FedProx_test_0.h5")
+    for key in ("rs_test_acc", "rs_test_auc", "rs_train_loss", "rs_client_test_acc"):
+        assert np.array_equal(a[key], b[key]), key
+
+
+def test_fedprox_gradient_adds_mu_times_distance_to_global(digits_root):
+    mu = 0.3
+    server = make_server(digits_root, "FedProx", "-mu", str(mu))
+    client = server.clients[0]
+    server.send_models(server.clients)
+    perturb(client.model)  # as after some local steps: w != w^t
+    x, y = client.x_train[:10], client.y_train[:10]
+    client.model.zero_grad()
+    client.loss(x, y).backward()
+    ref = copy.deepcopy(client.model)
+    ref.zero_grad()
+    nn.functional.cross_entropy(ref(x), y).backward()
+    for p, r, g in zip(client.model.parameters(), ref.parameters(), server.global_model.parameters()):
+        assert torch.allclose(p.grad, r.grad + mu * (p.detach() - g.detach()), atol=1e-6)
+    assert any((p.detach() - g).abs().max() > 0 for p, g in zip(client.model.parameters(),
+                                                                 server.global_model.parameters()))
+
+
+def test_fedprox_with_ala_anchors_to_the_global_model(digits_root):
+    server = make_server(digits_root, "FedProx", "-ala", "--ala_max_epochs", "5", "-gr", "2", "-lr", "0.1")
+    server.train()
+    client = server.clients[0]
+    assert client.ala.weights is not None  # ALA ran in round 2
+    glob = params(server.global_model)
+    assert same(client.anchor, glob)  # the proximal anchor is the received global model ...
+    assert not same(params(client.model), glob)  # ... not the ALA-initialised local model
+    assert np.isfinite(server.evaluate()["train_loss"])
+
+
+# ---- FedAvg-C / FedProx-C ------------------------------------------------------------------------
+@pytest.mark.parametrize("base,tuned", [("FedAvg", "FedAvg-C"), ("FedProx", "FedProx-C")])
+def test_fine_tuned_variant_keeps_the_federated_trajectory(digits_root, base, tuned):
+    flags = ("-gr", "2", "-lr", "0.1")
+    ref = global_sequence(make_server(digits_root, base, *flags))
+    server = make_server(digits_root, tuned, *flags)
+    seq = global_sequence(server)
+    assert len(seq) == len(ref) == 2
+    for a, b in zip(ref, seq):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    client = server.clients[0]  # fine-tuning happened at every evaluation, on a copy
+    assert client.tuned is not None and not same(params(client.tuned), params(client.model))
+    assert same(params(client.model), params(server.global_model))
+
+
+def test_fine_tuning_is_fte_epochs_of_sgd_on_a_copy(digits_root):
+    lr, bs = 0.05, 10
+    server = make_server(digits_root, "FedAvg-C", "-fte", "2", "-lr", str(lr), "-lbs", str(bs))
+    server.send_models(server.clients)
+    client = server.clients[1]
+    before, batch_state = params(client.model), client.batch_gen.get_state()
+    tuned = client.eval_model()
+    ref = copy.deepcopy(client.model)
+    gen = torch_gen(0, 0, "fine-tune", 1)
+    for _ in range(2):
+        perm = torch.randperm(client.train_samples, generator=gen)
+        for i in range(0, client.train_samples, bs):
+            idx = perm[i:i + bs]
+            ref.zero_grad()
+            nn.functional.cross_entropy(ref(client.x_train[idx]), client.y_train[idx]).backward()
+            with torch.no_grad():
+                for p in ref.parameters():
+                    p -= lr * p.grad
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(params(tuned), params(ref)))
+    assert same(params(client.model), before)  # the federated model is untouched ...
+    assert torch.equal(client.batch_gen.get_state(), batch_state)  # ... and so is the batch stream
+    assert client.eval_model() is tuned  # one fine-tuning per broadcast
+
+
+# ---- Per-FedAvg ----------------------------------------------------------------------------------
+def test_perfedavg_meta_gradient_is_first_order_maml(digits_root):
+    alpha = 0.1
+    server = make_server(digits_root, "Per-FedAvg", "-lr", str(alpha))
+    client = server.clients[0]
+    client.alpha = alpha
+    x, y = client.x_train[:20], client.y_train[:20]
+    client.model.zero_grad()
+    client.meta_loss(x, y).backward()
+    # by hand: w' = w - α ∇f(w; D), gradient of f(·; D') at w'
+    inner = copy.deepcopy(client.model)
+    nn.functional.cross_entropy(inner(x[:10]), y[:10]).backward()
+    with torch.no_grad():
+        for p in inner.parameters():
+            p -= alpha * p.grad
+    inner.zero_grad()
+    nn.functional.cross_entropy(inner(x[10:]), y[10:]).backward()
+    for p, q in zip(client.model.parameters(), inner.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6)
+
+
+def test_perfedavg_training_step_updates_w_with_beta(digits_root):
+    alpha, beta, bs = 0.1, 0.02, 5
+    client = make_server(digits_root, "Per-FedAvg", "-lr", str(alpha), "-bt", str(beta),
+                         "-lbs", str(bs)).clients[0]
+    w0 = copy.deepcopy(client.model)
+    idx = torch.arange(2 * bs)
+    client.batches = lambda *args, **kwargs: iter([idx])  # exactly one step, on a known batch pair
+    client.train(0)
+    # by hand: w' = w - α ∇f(w; D), then w ← w - β ∇f(w'; D')
+    x, y = client.x_train[idx], client.y_train[idx]
+    inner = copy.deepcopy(w0)
+    nn.functional.cross_entropy(inner(x[:bs]), y[:bs]).backward()
+    with torch.no_grad():
+        for p in inner.parameters():
+            p -= alpha * p.grad
+    inner.zero_grad()
+    nn.functional.cross_entropy(inner(x[bs:]), y[bs:]).backward()
+    for p, p0, q in zip(client.model.parameters(), w0.parameters(), inner.parameters()):
+        assert torch.allclose(p.detach(), p0.detach() - beta * q.grad, atol=1e-6)
+
+
+def test_perfedavg_personalisation_is_one_step_on_a_copy(digits_root):
+    alpha, bs = 0.05, 10
+    server = make_server(digits_root, "Per-FedAvg", "-lr", str(alpha), "-lbs", str(bs))
+    server.send_models(server.clients)
+    client = server.clients[2]
+    before = params(client.model)
+    tuned = client.eval_model()
+    idx = torch.randperm(client.train_samples, generator=torch_gen(0, 0, "fine-tune", 2))[:bs]
+    ref = copy.deepcopy(client.model)
+    nn.functional.cross_entropy(ref(client.x_train[idx]), client.y_train[idx]).backward()
+    for p, q in zip(tuned.parameters(), ref.parameters()):
+        assert torch.allclose(p, q.detach() - alpha * q.grad, atol=1e-6)
+    assert same(params(client.model), before)
+
+
+# ---- FedRep --------------------------------------------------------------------------------------
+def test_fedrep_head_phase_freezes_body_then_body_phase_freezes_head(digits_root):
+    server = make_server(digits_root, "FedRep", "-pls", "2", "-lr", "0.1")
+    client = server.clients[0]
+    phases = []
+    run = client.run_epochs
+
+    def spy(epochs, *args, **kwargs):
+        before = (params(client.model.base), params(client.model.head))
+        out = run(epochs, *args, **kwargs)
+        phases.append((epochs, before, (params(client.model.base), params(client.model.head))))
+        return out
+
+    client.run_epochs = spy
+    client.train(0)
+    (e_head, (b0, h0), (b1, h1)), (e_body, (b2, h2), (b3, h3)) = phases
+    assert (e_head, e_body) == (2, 1)
+    assert same(b0, b1) and not same(h0, h1)  # head epochs: body frozen
+    assert same(h2, h3) and not same(b2, b3)  # body epochs: head frozen
+    assert all(p.requires_grad for p in client.model.parameters())  # flags restored
+
+
+def test_fedrep_heads_stay_local_and_only_bodies_are_averaged(digits_root):
+    server = make_server(digits_root, "FedRep", "-pls", "1", "-lr", "0.1")
+    server.send_models(server.clients)
+    server.train_clients(server.clients)
+    heads = [params(c.model.head) for c in server.clients]
+    uploads = server.receive_models(server.clients)
+    body_keys = set(server.global_model.base.state_dict())
+    assert all(set(u["state"]) == body_keys for u in uploads) and "fc.weight" not in body_keys
+    server.aggregate(uploads)
+    server.send_models(server.clients)
+    for c, h in zip(server.clients, heads):
+        assert same(params(c.model.head), h)  # the server never overwrites a head
+        assert same(params(c.model.base), params(server.global_model.base))
+    assert not same(heads[0], heads[1])
+
+
+def test_fedrep_with_ala_adapts_body_layers_under_the_local_head(digits_root):
+    server = make_server(digits_root, "FedRep", "-ala", "--ala_max_epochs", "5", "-pls", "1", "-gr", "2",
+                         "-lr", "0.1")
+    client = server.clients[0]
+    assert client.ala.names == ["base.fc1.0.weight", "base.fc1.0.bias"]
+    server.train()  # the final broadcast ran ALA
+    glob = server.global_model.base
+    assert client.ala.weights is not None
+    assert same(params(client.model.base.conv1), params(glob.conv1))  # lower layers: global
+    assert not same(params(client.model.base.fc1), params(glob.fc1))  # top body layer: blended
+    assert not same(params(client.model.head), params(server.clients[1].model.head))
+
+
+# ---- Ditto ---------------------------------------------------------------------------------------
+def personal_distance(root, lam):
+    server = make_server(root, "Ditto", "-mu", str(lam), "-lr", "0.01")
+    server.send_models(server.clients)
+    client = server.clients[0]
+    client.train(0)
+    v, w_global = params(client.pmodel), params(server.global_model)
+    return float(torch.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(v, w_global))))
+
+
+def test_ditto_personal_model_is_pulled_toward_the_global_model(digits_root):
+    d = [personal_distance(digits_root, lam) for lam in (0, 1, 100)]
+    assert d[0] > d[1] > d[2] > 0, d
+
+
+def test_ditto_records_global_accuracy_apart(digits_root):
+    server = make_server(digits_root, "Ditto", "-lr", "0.1", "-gr", "1")
+    server.train()
+    summary = server.evaluate()
+    correct = sum(int((predict(server.global_model, c.x_test, 1000).argmax(1) == c.y_test).sum())
+                  for c in server.clients)
+    total = sum(c.test_samples for c in server.clients)
+    assert summary["global_test_acc"] == pytest.approx(correct / total)
+    assert summary["global_test_acc"] != summary["test_acc"]  # the personal models are evaluated
+    client = server.clients[0]
+    assert same(client.anchor, params(server.global_model))
+    assert not same(params(client.pmodel), params(server.global_model))
+
+
+def test_ditto_with_ala_initialises_w_and_leaves_v(digits_root):
+    server = make_server(digits_root, "Ditto", "-ala", "--ala_max_epochs", "5", "-lr", "0.1", "-gr", "1")
+    server.train()
+    client = server.clients[0]
+    v = params(client.pmodel)
+    server.send_models(server.clients)  # ALA (the client has trained) on w; v untouched
+    assert client.ala.weights is not None
+    assert same(params(client.pmodel), v)
+    assert not same(params(client.model), params(server.global_model))
+    assert same(client.anchor, params(server.global_model))
