@@ -5,7 +5,8 @@
     python scripts/fedala_experiments.py run --rounds 2000 --runs 5 --subsample 0 --lr 0.005   # paper scale
 
 Groups (``--groups``): ``main`` (FedAvg, FedProx, FedALA, FedProx+ALA, Local on MNIST pathological,
-FMNIST Dir(0.1), CIFAR-10-partial Dir(0.1)), ``hetero`` (FedAvg vs FedALA on FMNIST Dir(0.01), Dir(0.5)),
+FMNIST Dir(0.1), CIFAR-10-partial Dir(0.1)), ``hetero`` (FedAvg vs FedALA on FMNIST Dir(alpha) for ``--hetero_alphas``, default 0.05 and 0.5:
+Dir(0.01) over FMNIST's 10 classes and 20 clients leaves clients empty, so no draw meets a minimum size),
 ``sens`` (FedALA on FMNIST Dir(0.1) with p in {2, all} and s in {5, 20, 100}; p=1, s=80 is the main run).
 Every run is one ``system/main.py`` process; finished runs are skipped, so an interrupted sweep resumes.
 """
@@ -27,10 +28,10 @@ def split_specs(args) -> dict[str, tuple[str, list[str]]]:
     """Split name -> (generator dataset, generator flags)."""
     sub = [] if not args.subsample else ["--subsample", str(args.subsample)]
     tag = f"_s{args.subsample}" if args.subsample else ""
-    common = ["--num-clients", "20", "--seed", "1", *sub]
+    common = ["--num-clients", "20", "--seed", "1", "--least-samples", str(args.least_samples), *sub]
     specs = {f"MNIST_pat{tag}": ("MNIST", ["--partition", "pat", "--class-per-client", "2", *common]),
              f"Cifar10_dir0.1{tag}": ("Cifar10", ["--partition", "dir", "--alpha", "0.1", *common])}
-    for alpha in ("0.01", "0.1", "0.5"):
+    for alpha in {"0.1", *args.hetero_alphas}:
         specs[f"FMNIST_dir{alpha}{tag}"] = ("FashionMNIST", ["--partition", "dir", "--alpha", alpha, *common])
     return specs
 
@@ -45,7 +46,7 @@ def plan(args) -> list[tuple[str, str, str, list[str]]]:
         runs += [("main", s, "repro", ["-algo", a, *f]) for a, f in algos for s in main_splits]
     if "hetero" in args.groups:
         runs += [("hetero", f"FMNIST_dir{al}{tag}", "repro", ["-algo", a])
-                 for al in ("0.01", "0.5") for a in ("FedAvg", "FedALA")]
+                 for al in args.hetero_alphas for a in ("FedAvg", "FedALA")]
     if "sens" in args.groups:
         runs += [("sens", f"FMNIST_dir0.1{tag}", f"p{p}", ["-algo", "FedALA", "-p", p]) for p in ("2", "0")]
         runs += [("sens", f"FMNIST_dir0.1{tag}", f"s{s}", ["-algo", "FedALA", "-s", s]) for s in ("5", "20", "100")]
@@ -62,29 +63,32 @@ def finished(out: Path, stem: str, rounds: int) -> bool:
     return meta.exists() and json.loads(meta.read_text()).get("evaluations") == rounds + 1
 
 
+def make_splits(args) -> None:
+    needed = {s for _, s, _, _ in plan(args)}
+    for split, (dataset, flags) in split_specs(args).items():
+        if split in needed:
+            src = Path(args.data) / SOURCES[dataset]
+            subprocess.run([sys.executable, str(REPO / "dataset" / f"generate_{dataset}.py"), *flags, "--out",
+                            split, "--source", str(src)], check=True, stdout=subprocess.DEVNULL)
+
+
 def cmd_run(args) -> None:
+    """Run this queue's share of the unfinished runs (every jobs-th, from job_index)."""
     out = REPO / args.results
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    for split, (dataset, flags) in split_specs(args).items():
-        if not any(split == s for _, s, _, _ in plan(args)):
-            continue
-        src = Path(args.data) / SOURCES[dataset]
-        subprocess.run([sys.executable, str(REPO / "dataset" / f"generate_{dataset}.py"), *flags, "--out", split,
-                        "--source", str(src)], check=True, stdout=subprocess.DEVNULL)
-    for group, split, goal, flags in plan(args):
-        for run in range(args.runs):
-            stem = result_stem(split, flags, goal, run)
-            if finished(out, stem, args.rounds):
-                continue
-            cmd = [sys.executable, str(REPO / "system" / "main.py"), "-data", split, "-m", "CNN", "-gr",
-                   str(args.rounds), "-lr", str(args.lr), "-lbs", "10", "-ls", "1", "-go", goal, "-pv", str(run),
-                   "-t", str(run + 1), "--results_dir", str(out), "--no-progress", "-dev", args.device,
-                   "--train_loss_eval", args.train_loss_eval, *flags]
-            start = time.time()
-            print(f"[{group}] {stem}: {' '.join(cmd[2:])}", flush=True)
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or [""]
-            print(f"    rc {done.returncode} in {time.time() - start:.0f} s: {tail[0]}", flush=True)
+    todo = [(g, s, goal, f, r) for g, s, goal, f in plan(args) for r in range(args.runs)
+            if not finished(out, result_stem(s, f, goal, r), args.rounds)]
+    for group, split, goal, flags, run in todo[args.job_index::args.jobs]:
+        stem = result_stem(split, flags, goal, run)
+        cmd = [sys.executable, str(REPO / "system" / "main.py"), "-data", split, "-m", "CNN", "-gr",
+               str(args.rounds), "-lr", str(args.lr), "-lbs", "10", "-ls", "1", "-go", goal, "-pv", str(run),
+               "-t", str(run + 1), "--results_dir", str(out), "--no-progress", "-dev", args.device,
+               "--train_loss_eval", args.train_loss_eval, *flags]
+        start = time.time()
+        print(f"[{group}] {stem}: {' '.join(cmd[2:])}", flush=True)
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or [""]
+        print(f"    rc {done.returncode} in {time.time() - start:.0f} s: {tail[0]}", flush=True)
 
 
 def main(argv=None) -> None:
@@ -93,18 +97,31 @@ def main(argv=None) -> None:
     p.add_argument("--groups", default="main,hetero,sens", help="comma-separated: main, hetero, sens")
     p.add_argument("--rounds", type=int, default=20, help="communication rounds (paper: 2000)")
     p.add_argument("--runs", type=int, default=1, help="runs (seeds 0..runs-1; paper: 5)")
-    p.add_argument("--subsample", type=int, default=10000, help="samples kept per dataset (0 = all)")
+    p.add_argument("--subsample", type=int, default=5000, help="samples kept per dataset (0 = all)")
     p.add_argument("--lr", type=float, default=0.05, help="client lr (paper: 0.005 for 2000 rounds)")
     p.add_argument("--train_loss_eval", default="off", choices=["full", "off"])
+    p.add_argument("--hetero_alphas", default="0.05,0.5", help="Dirichlet alphas of the hetero group")
+    p.add_argument("--least_samples", type=int, default=20, help="minimum client size of the splits")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    p.add_argument("--jobs", type=int, default=1, help="run this many queues in parallel")
+    p.add_argument("--job_index", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--device", default="cpu")
     p.add_argument("--data", default=str(REPO.parent / "shared" / "data"), help="folder of the source npz files")
     p.add_argument("--results", default="results/fedala_repro", help="results folder (relative to the repo)")
     args = p.parse_args(argv)
     args.groups = args.groups.split(",")
+    args.hetero_alphas = args.hetero_alphas.split(",")
+    if args.command == "run" and args.job_index is None:
+        make_splits(args)
+    if args.command == "run" and args.job_index is None and args.jobs > 1:
+        queues = [subprocess.Popen([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
+                                    "--job_index", str(i)]) for i in range(args.jobs)]
+        raise SystemExit(max(q.wait() for q in queues))
     if args.command == "run":
+        args.job_index = args.job_index or 0
         cmd_run(args)
     else:
+        sys.path.insert(0, str(REPO / "scripts"))
         from fedala_report import write_report
 
         write_report(args, plan(args), result_stem)

@@ -32,9 +32,11 @@ def base_parser() -> argparse.ArgumentParser:
     a("-go", "--goal", default="test", help="free tag, part of the result file name")
     a("-dev", "--device", default="auto", choices=["auto", "cpu", "cuda"],
       help="auto = cuda when available; cuda without a GPU warns and falls back to cpu")
-    a("-did", "--device_id", default="0", help="CUDA device index")
+    a("-did", "--device_id", "--devices", default="0",
+      help="CUDA device index; with --executor ray a list (0,1,2,3) spreads clients over those GPUs")
     a("-data", "--dataset", default="Digits", help="split folder under the dataset root (see dataset/)")
     a("--dataset_root", default=str(DATASET_ROOT), help="folder holding the generated splits")
+    a("--source", default=None, help="local npz (x, y) to generate a missing split from with default settings")
     a("-ncl", "--num_classes", type=int, default=None, help="checked against the split (taken from it)")
     a("-m", "--model", default="auto", choices=["auto", *MODELS],
       help="auto = CNN for images, DNN for vectors")
@@ -63,6 +65,29 @@ def base_parser() -> argparse.ArgumentParser:
     a("--seed", type=int, default=0, help="run i uses seed + i for every random stream")
     a("--results_dir", default=None, help="where result files go (default: results/ in the repository)")
     a("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm progress bar")
+    g = p.add_argument_group("execution, faults and checkpoints (docs/distributed.md)")
+    g.add_argument("--executor", default="sequential", choices=["sequential", "ray"],
+                   help="where clients live: this process, or Ray workers on several devices/machines "
+                        "(same numbers either way)")
+    g.add_argument("--ray_address", default=None,
+                   help="join this Ray cluster (e.g. auto, or ray://head:10001); default: start a local one")
+    g.add_argument("--workers", type=int, default=0,
+                   help="Ray workers (actors) holding the clients; 0 = one per CPU, or per GPU share")
+    g.add_argument("--gpus_per_worker", type=float, default=None,
+                   help="GPUs per Ray worker (0.5 = two workers share a GPU); default 1 on CUDA, else 0")
+    g.add_argument("--max_restarts", type=int, default=3,
+                   help="lost Ray workers survived per run (each replays from the last checkpoint)")
+    g.add_argument("-tsr", "--train_slow_rate", type=float, default=0.0,
+                   help="fraction of clients that are slow to train (simulated time, PFLlib's flag)")
+    g.add_argument("-ssr", "--send_slow_rate", type=float, default=0.0,
+                   help="fraction of clients that are slow to send (simulated time, PFLlib's flag)")
+    g.add_argument("-tth", "--time_threshold", "--time_threthold", type=float, default=10000,
+                   help="seconds of simulated train + send time after which an upload misses the round "
+                        "(PFLlib's default 10000: never); nothing really sleeps")
+    g.add_argument("--checkpoint_every", type=int, default=0,
+                   help="save server + all client states every N rounds to <results>/<run>.ckpt (0: never)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue each run from its checkpoint (same flags); runs without one start over")
     g = p.add_argument_group("ALA (adaptive local aggregation, pluggable into any algorithm)")
     g.add_argument("-ala", "--ala", action="store_true", help="initialise local models with ALA")
     g.add_argument("-et", "--eta", type=float, default=1.0, help="ALA weight learning rate η (paper: 1.0)")
@@ -135,6 +160,11 @@ def validate(cfg: Config) -> None:
         (cfg.eval_gap >= 1, "-eg must be >= 1"), (cfg.times > cfg.prev >= 0, "need 0 <= -pv < -t"),
         (0 < cfg.rand_percent <= 100, "-s must be in (0, 100]"), (cfg.layer_idx >= 0, "-p must be >= 0"),
         (cfg.ala_max_epochs >= 1, "--ala_max_epochs must be >= 1"), (cfg.ala_window >= 2, "--ala_window must be >= 2"),
+        (cfg.workers >= 0, "--workers must be >= 0"), (cfg.max_restarts >= 0, "--max_restarts must be >= 0"),
+        (cfg.gpus_per_worker is None or cfg.gpus_per_worker >= 0, "--gpus_per_worker must be >= 0"),
+        (0 <= cfg.train_slow_rate <= 1, "-tsr must be in [0, 1]"),
+        (0 <= cfg.send_slow_rate <= 1, "-ssr must be in [0, 1]"), (cfg.time_threshold > 0, "-tth must be > 0 s"),
+        (cfg.checkpoint_every >= 0, "--checkpoint_every must be >= 0"),
         (cfg.dlg_gap >= 1, "-dlgg must be >= 1"), (cfg.batch_num_per_client >= 1, "-bnpc must be >= 1"),
         (cfg.dlg_clients >= 1, "--dlg_clients must be >= 1"), (cfg.dlg_iters >= 1, "--dlg_iters must be >= 1"),
         (cfg.dlg_batch >= 1, "--dlg_batch must be >= 1"), (cfg.dp_clip > 0, "--dp_clip must be > 0"),
@@ -159,32 +189,54 @@ def resolve_device(cfg: Config) -> Config:
 
 
 def ensure_split(cfg: Config) -> None:
-    """Generate a missing Digits/Synthetic split with default settings (both are offline)."""
+    """Generate a missing split with default settings when its data is offline: Digits, Synthetic, or a
+    dataset with a generator and ``--source``."""
     root = Path(cfg.dataset_root)
-    if (root / cfg.dataset / "config.json").exists() or cfg.dataset not in OFFLINE_GENERATORS:
+    if (root / cfg.dataset / "config.json").exists():
         return
-    script = DATASET_ROOT / OFFLINE_GENERATORS[cfg.dataset]
-    print(f"split '{cfg.dataset}' is missing; generating it with default settings: "
-          f"python dataset/{script.name} --root {root}")
-    subprocess.run([sys.executable, str(script), "--root", str(root), "--out", cfg.dataset], check=True)
+    if cfg.dataset in OFFLINE_GENERATORS:
+        script, extra = DATASET_ROOT / OFFLINE_GENERATORS[cfg.dataset], []
+    elif cfg.source and (DATASET_ROOT / f"generate_{cfg.dataset}.py").exists():
+        script, extra = DATASET_ROOT / f"generate_{cfg.dataset}.py", ["--source", cfg.source]
+    else:
+        return
+    cmd = [str(script), "--root", str(root), "--out", cfg.dataset, *extra]
+    print(f"split '{cfg.dataset}' is missing; generating it with default settings: python {' '.join(cmd)}")
+    done = subprocess.run([sys.executable, *cmd])
+    if done.returncode != 0:
+        raise FLError(f"generating split '{cfg.dataset}' failed (see the message above)")
 
 
 def label(cfg: Config) -> str:
     return cfg.algorithm + ("+ALA" if cfg.ala and cfg.algorithm != "FedALA" else "")
 
 
-def run(cfg: Config) -> list[Path]:
-    """All runs of one configuration; returns the result files written."""
+def run(cfg: Config, executor=None) -> list[Path]:
+    """All runs of one configuration; returns the result files written. The runs share one executor
+    (Ray workers start once): ``executor`` if given (the caller closes it), else one made from the flags."""
+    from utils.executor import make_executor
+
+    cfg = resolve_device(cfg)
+    ensure_split(cfg)
+    # Ray workers receive CPU copies and move them to their own device.
+    data = load_split(cfg.dataset, cfg.dataset_root, cfg.num_clients, "cpu" if cfg.executor == "ray" else cfg.device)
+    if cfg.num_classes is not None and cfg.num_classes != data.num_classes:
+        raise FLError(f"-ncl {cfg.num_classes} but split '{cfg.dataset}' has {data.num_classes} classes")
+    cfg = cfg.replace(num_classes=data.num_classes, num_clients=len(data.clients))
+    if executor is not None:
+        return run_all(cfg, data, executor)
+    executor = make_executor(cfg)
+    try:
+        return run_all(cfg, data, executor)
+    finally:
+        executor.close()
+
+
+def run_all(cfg: Config, data, executor) -> list[Path]:
     import torch
 
     from utils.results import RESULTS_DIR, RunRecorder, mean_std_over_runs
 
-    cfg = resolve_device(cfg)
-    ensure_split(cfg)
-    data = load_split(cfg.dataset, cfg.dataset_root, cfg.num_clients, cfg.device)
-    if cfg.num_classes is not None and cfg.num_classes != data.num_classes:
-        raise FLError(f"-ncl {cfg.num_classes} but split '{cfg.dataset}' has {data.num_classes} classes")
-    cfg = cfg.replace(num_classes=data.num_classes, num_clients=len(data.clients))
     server_cls = get_server_class(cfg.algorithm)
     out_dir = Path(cfg.results_dir) if cfg.results_dir else RESULTS_DIR
     paths = []
@@ -194,7 +246,7 @@ def run(cfg: Config) -> list[Path]:
                           "source_sha256": data.config.get("source_sha256")}}
         recorder = RunRecorder(f"{cfg.dataset}_{label(cfg)}_{cfg.goal}_{r}", meta, out_dir)
         start = time.time()
-        server = server_cls(cfg, data, r, recorder)
+        server = server_cls(cfg, data, r, recorder, executor=executor)
         server.train()
         best, last = recorder.best_last()
         print(f"run {r}: best acc {best:.4f}, last acc {last:.4f}, {time.time() - start:.1f} s, "

@@ -33,10 +33,11 @@ def state(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def global_sequence(server):
-    """Train ``server`` and return its global model after every round."""
+def global_sequence(server, monkeypatch):
+    """Train ``server`` and return its global model after every round (the hook is patched on the class:
+    checkpoints pickle the server's own attributes)."""
     seq = []
-    server.after_round = lambda: seq.append(state(server.global_model))
+    monkeypatch.setattr(type(server), "after_round", lambda self: seq.append(state(self.global_model)))
     server.train()
     return seq
 
@@ -90,11 +91,11 @@ def test_fedprox_with_ala_anchors_to_the_global_model(digits_root):
 
 # ---- FedAvg-C / FedProx-C ------------------------------------------------------------------------
 @pytest.mark.parametrize("base,tuned", [("FedAvg", "FedAvg-C"), ("FedProx", "FedProx-C")])
-def test_fine_tuned_variant_keeps_the_federated_trajectory(digits_root, base, tuned):
+def test_fine_tuned_variant_keeps_the_federated_trajectory(digits_root, base, tuned, monkeypatch):
     flags = ("-gr", "2", "-lr", "0.1")
-    ref = global_sequence(make_server(digits_root, base, *flags))
+    ref = global_sequence(make_server(digits_root, base, *flags), monkeypatch)
     server = make_server(digits_root, tuned, *flags)
-    seq = global_sequence(server)
+    seq = global_sequence(server, monkeypatch)
     assert len(seq) == len(ref) == 2
     for a, b in zip(ref, seq):
         assert all(torch.equal(a[k], b[k]) for k in a)

@@ -72,3 +72,16 @@ def test_config_is_read_only(digits_root):
     with pytest.raises(AttributeError):
         cfg.local_learning_rate = 1.0
     assert cfg.replace(local_learning_rate=1.0).local_learning_rate == 1.0
+
+
+def test_missing_split_generated_from_source(tmp_path, capsys):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "tiny.npz", x=rng.integers(0, 256, (300, 28, 28), dtype=np.uint8),
+             y=np.repeat(np.arange(10), 30).astype(np.int64))
+    argv = ["-data", "MNIST", "--dataset_root", str(tmp_path / "d"), "--results_dir", str(tmp_path / "r"),
+            "-dev", "cpu", "-gr", "0", "--no-progress", "-nc", "3", "--source", str(tmp_path / "tiny.npz")]
+    assert main.main(argv) == 0
+    assert "generating it with default settings" in capsys.readouterr().out
+    assert (tmp_path / "d" / "MNIST" / "config.json").exists()

@@ -13,9 +13,11 @@ extend a run) may change.
 """
 from __future__ import annotations
 
+import contextvars
 import io
 import os
 import pickle
+import types
 from pathlib import Path
 
 import torch
@@ -28,57 +30,60 @@ RUN_ONLY = {"executor", "device", "device_id", "workers", "gpus_per_worker", "ra
             "global_rounds", "save_folder_name"}
 
 
-class ClientRef:
-    """Stands for a client inside saved server state (a server's list of selected clients, say)."""
-
-    def __init__(self, cid: int):
-        self.cid = cid
+# Objects a checkpoint refers to instead of saving (the run's config, data, clients, recorder): id -> key
+# while saving, key -> object while loading. Set only for the duration of one pack/unpack.
+_LINKS: contextvars.ContextVar[dict] = contextvars.ContextVar("checkpoint_links", default={})
 
 
-def _swap(value, fn):
-    """``value`` with ``fn`` applied to the leaves of its lists, tuples and dicts; containers in which
-    nothing changed are returned as they are (so aliasing between attributes survives)."""
-    if isinstance(value, (list, tuple, dict)):
-        items = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
-        new = [(k, _swap(v, fn)) for k, v in items]
-        if all(a is b for (_, a), (_, b) in zip(items, new)):
-            return value
-        if isinstance(value, dict):
-            return dict(new)
-        return type(value)(v for _, v in new)
-    return fn(value)
+def _linked(key: str):
+    return _LINKS.get()[key]
 
 
-def pack_state(obj, skip, clients=()) -> bytes:
-    """Every attribute of ``obj`` except those named in ``skip``, as bytes; members of ``clients`` found in
-    the attributes (directly or in lists, tuples, dicts) are saved as references."""
-    ids = {id(c): c.id for c in clients}
-    state = {k: _swap(v, lambda x: ClientRef(ids[id(x)]) if id(x) in ids else x)
-             for k, v in vars(obj).items() if k not in skip}
+class _LinkingPickler(pickle.Pickler):
+    def reducer_override(self, obj):
+        key = _LINKS.get().get(id(obj))
+        return NotImplemented if key is None else (_linked, (key,))
+
+
+_pickle = types.ModuleType("checkpoint_pickle")
+_pickle.__dict__.update({k: v for k, v in vars(pickle).items() if not k.startswith("__")})
+_pickle.Pickler = _LinkingPickler
+
+
+def pack_state(obj, links: dict, skip=()) -> bytes:
+    """Every attribute of ``obj`` except those named in ``skip``, as bytes. The objects in ``links``
+    (key -> object) are saved as references wherever they occur, at any depth."""
+    state = {k: v for k, v in vars(obj).items() if k not in skip}
     buf = io.BytesIO()
+    token = _LINKS.set({id(v): k for k, v in links.items() if v is not None})
     try:
-        torch.save(state, buf)
+        torch.save(state, buf, pickle_module=_pickle)
     except (pickle.PicklingError, TypeError, AttributeError) as e:
         bad = next((k for k, v in state.items() if not _picklable(v)), "?")
         raise FLError(f"cannot checkpoint {type(obj).__name__}.{bad} ({e}); keep picklable state on clients and "
                       f"servers, or name the attribute in checkpoint_skip if it is rebuilt from the flags") from None
+    finally:
+        _LINKS.reset(token)
     return buf.getvalue()
 
 
 def _picklable(v) -> bool:
     try:
-        torch.save(v, io.BytesIO())
+        torch.save(v, io.BytesIO(), pickle_module=_pickle)
     except (pickle.PicklingError, TypeError, AttributeError):
         return False
     return True
 
 
-def unpack_state(obj, blob: bytes, device, clients=()) -> None:
-    """Set the attributes saved by ``pack_state`` on ``obj`` (tensors onto ``device``)."""
-    state = torch.load(io.BytesIO(blob), map_location=device, weights_only=False)
-    by_id = {c.id: c for c in clients}
-    vars(obj).update({k: _swap(v, lambda x: by_id[x.cid] if isinstance(x, ClientRef) else x)
-                      for k, v in state.items()})
+def unpack_state(obj, blob: bytes, device, links: dict) -> None:
+    """Set the attributes saved by ``pack_state`` on ``obj`` (tensors onto ``device``; references to the
+    objects of ``links``, key -> object, resolved to those objects)."""
+    token = _LINKS.set(links)
+    try:
+        state = torch.load(io.BytesIO(blob), map_location=device, weights_only=False)
+    finally:
+        _LINKS.reset(token)
+    vars(obj).update(state)
 
 
 def checkpoint_path(server) -> Path | None:

@@ -83,7 +83,7 @@ class Reconstruction:
     labels: torch.Tensor           # recovered labels (iDLG: inferred; DLG: argmax of the dummy soft labels)
     loss: float                    # lowest gradient-matching loss reached
     iterations: int                # L-BFGS iterations run
-    history: list[float]           # matching loss after each outer L-BFGS call
+    history: list[float]           # matching loss after each chunk of L-BFGS iterations
 
 
 def _matching_loss(model, params, names, target, x, soft_or_hard):
@@ -99,16 +99,18 @@ def _matching_loss(model, params, names, target, x, soft_or_hard):
 def reconstruct(model: nn.Module, target: dict[str, torch.Tensor], input_shape: tuple[int, ...], batch: int,
                 num_classes: int, *, method: str = "dlg", labels: torch.Tensor | None = None,
                 iters: int = 300, tol: float = 1e-8, generator: torch.Generator | None = None,
-                chunk: int = 20, stall: int = 5) -> Reconstruction:
+                chunk: int = 20, stall: int = 5, line_search: str | None = None) -> Reconstruction:
     """Recover ``batch`` inputs whose gradient on ``model`` matches ``target``.
 
     ``method`` "dlg" optimises inputs and soft labels jointly; "idlg" fixes the labels (``labels`` if
     given, else ``infer_labels`` on the target; when the target has no classifier gradient it falls back
     to DLG's joint optimisation) and optimises inputs only. Dummies start from N(0, 1) drawn from
-    ``generator``. L-BFGS (lr 1, strong-Wolfe line search, history 100) runs at most ``iters`` iterations,
-    ``chunk`` at a time, and stops early when the matching loss drops below ``tol`` or stalls (less than
-    0.1 % lower than ``stall`` calls ago: a local minimum it will not leave); the dummy with the lowest
-    loss seen is returned (a diverging step, e.g. to NaN, is never kept)."""
+    ``generator``. L-BFGS as in the DLG code (lr 1, history 100, no line search: on ReLU/max-pool
+    networks a strong-Wolfe search, ``line_search="strong_wolfe"``, tends to stop at the first kink) runs
+    at most ``iters`` iterations, ``chunk`` at a time, and stops early when the matching loss drops below
+    ``tol`` or stalls (the best loss less than 0.1 % lower than ``stall`` chunks ago). Steps without a
+    line search are not monotone, so the dummy with the lowest loss seen is returned (a diverging step,
+    e.g. to NaN, is never kept)."""
     if method not in ("dlg", "idlg"):
         raise ValueError(f"unknown attack '{method}'; use 'dlg' or 'idlg'")
     device = next(iter(target.values())).device
@@ -125,7 +127,7 @@ def reconstruct(model: nn.Module, target: dict[str, torch.Tensor], input_shape: 
     else:
         y = torch.randn((batch, num_classes), generator=generator, device=gen_device).to(device).requires_grad_(True)
         variables = [x, y]
-    opt = torch.optim.LBFGS(variables, lr=1.0, max_iter=chunk, history_size=100, line_search_fn="strong_wolfe",
+    opt = torch.optim.LBFGS(variables, lr=1.0, max_iter=chunk, history_size=100, line_search_fn=line_search,
                             tolerance_grad=1e-12, tolerance_change=1e-14)
 
     def closure():
@@ -136,6 +138,7 @@ def reconstruct(model: nn.Module, target: dict[str, torch.Tensor], input_shape: 
 
     best = (float("inf"), x.detach().clone(), y.detach().clone())
     history: list[float] = []
+    best_seen: list[float] = []
     done = 0
     while done < iters:
         opt.param_groups[0]["max_iter"] = min(chunk, iters - done)
@@ -148,8 +151,9 @@ def reconstruct(model: nn.Module, target: dict[str, torch.Tensor], input_shape: 
         history.append(loss)
         if loss < best[0]:
             best = (loss, x.detach().clone(), y.detach().clone())
-        stalled = len(history) > stall and history[-1 - stall] - loss < 1e-3 * history[-1 - stall]
-        if not loss == loss or loss < tol or ran <= 0 or stalled:  # NaN, converged, or no progress
+        best_seen.append(best[0])
+        stalled = len(best_seen) > stall and best_seen[-1 - stall] - best[0] < 1e-3 * best_seen[-1 - stall]
+        if not loss == loss or best[0] < tol or ran <= 0 or stalled:  # NaN, converged, or no progress
             break
     _, bx, by = best
     out_labels = by if by.dtype == torch.long else by.argmax(dim=-1)

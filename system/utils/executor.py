@@ -96,7 +96,6 @@ class SequentialExecutor:
     name = "sequential"
 
     def start(self, factory: ClientFactory, datas: list) -> list:
-        self.factory, self.datas = factory, datas
         self.clients = [factory(i, d) for i, d in enumerate(datas)]
         return self.clients
 
@@ -115,8 +114,7 @@ class SequentialExecutor:
         """Training starts (see ``RayExecutor.end_setup``)."""
 
     def reset(self) -> list:
-        """Every client rebuilt from the factory."""
-        return self.start(self.factory, self.datas)
+        raise FLError("clients in this process cannot be lost, so there is nothing to rebuild")
 
     def close(self) -> None:
         """Nothing to release."""

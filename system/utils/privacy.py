@@ -147,6 +147,18 @@ class DPSGD:
 
 
 # ---- the server-side monitor -----------------------------------------------------------------------
+def align_state(model: nn.Module, state: dict) -> dict:
+    """An upload's state keyed by ``model``'s own names. Uploads of a part of the model (FedRep's body:
+    ``model.base.state_dict()``) carry names relative to that part; they are prefixed with the submodule
+    whose state they match. Empty when nothing matches."""
+    if set(state) <= set(model.state_dict()):
+        return dict(state)
+    for prefix, module in model.named_modules():
+        if prefix and state and set(state) <= set(module.state_dict()):
+            return {f"{prefix}.{k}": v for k, v in state.items()}
+    return {}
+
+
 class PrivacyMonitor:
     """Runs the DLG/iDLG evaluation (``-dlg``) and reports DP epsilon (``-dp``) for any algorithm.
 
@@ -201,7 +213,7 @@ class PrivacyMonitor:
         names = dlg.trainable_names(start)
         batch = min(cfg.dlg_batch, client.train_samples)
         if cfg.dlg_target == "update":
-            state = (upload or {}).get("state") or {}
+            state = align_state(start, (upload or {}).get("state") or {})
             names = [n for n in names if n in state]
             if not names:
                 raise FLError(f"--dlg_target update: {cfg.algorithm}'s upload holds no model parameters to "

@@ -62,6 +62,14 @@ class RunRecorder:
         for key, value in values.items():
             self.series.setdefault(f"rs_{tag}_{key}", []).append(value)
 
+    def state_dict(self) -> dict:
+        """The series gathered so far (what a checkpoint keeps, so a resumed run writes complete files)."""
+        return {"series": {k: list(v) for k, v in self.series.items()}, "round_time": list(self.round_time)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.series = {k: list(v) for k, v in state["series"].items()}
+        self.round_time = list(state["round_time"])
+
     def best_last(self) -> tuple[float, float]:
         acc = self.series.get("rs_test_acc", [])
         return (max(acc), acc[-1]) if acc else (float("nan"), float("nan"))

@@ -17,20 +17,22 @@ class APPLEClient(Client):
         self.p = self.p0 = None
         self.cores, self.stacks, self.lam = [], {}, 0.0
 
-    def set_prior(self, p0: torch.Tensor) -> None:
-        """p^0 (sample shares of all clients), also the start of p_i."""
-        self.p0 = p0.to(self.device, torch.float32)
-        self.p = self.p0.clone()
-
     def eval_model(self):
         return self.personal
 
-    def receive_cores(self, cores: list, participating: bool = True) -> None:
-        self.cores = cores  # references to the server's copies; only read
+    def receive_cores(self, cores: list, p0: torch.Tensor, participating: bool = True) -> None:
+        """All clients' core models and p^0 (the clients' sample shares, also where p_i starts)."""
+        if self.p is None:
+            self.p0 = p0.to(self.device, torch.float32)
+            self.p = self.p0.clone()
+        self.cores = cores  # only read (the sequential executor passes the server's own copies)
         self.stack_others()
         with torch.no_grad():
             self.personal.load_state_dict({**self.model.state_dict(), **self.mixed()})
-        self.stacks = {}  # rebuilt for training: holding N-1 cores per client between rounds costs N^2 models
+        # Kept until training only: N clients holding N-1 cores each between rounds would be N^2 models.
+        self.stacks = {}
+        if not participating:
+            self.cores = []
 
     def stack_others(self) -> None:
         """The other clients' cores per parameter, (N-1, *shape): fixed during local training."""
@@ -61,4 +63,4 @@ class APPLEClient(Client):
         self.p.requires_grad_(True)
         super().local_update(round_idx)
         self.p.requires_grad_(False)
-        self.stacks = {}
+        self.cores, self.stacks = [], {}

@@ -12,6 +12,7 @@ import time
 import torch
 from torch import nn
 
+from utils.checkpoint import pack_state, unpack_state
 from utils.data_utils import ClientData
 from utils.errors import FLError
 from utils.metrics import auc_ovr, predict
@@ -78,6 +79,22 @@ class Client:
     def eval_model(self) -> nn.Module:
         """The client's personalised model, the one evaluated on its own test split."""
         return self.model
+
+    # ---- checkpoints (utils/checkpoint.py) ------------------------------------------------------
+    checkpoint_skip = ()  # attributes a checkpoint leaves out (state an algorithm rebuilds by itself)
+
+    def checkpoint_links(self) -> dict:
+        """Objects a checkpoint refers to rather than saves: the config and the data, rebuilt from the flags
+        and the split."""
+        return {"cfg": self.cfg, "x_train": self.x_train, "y_train": self.y_train, "x_test": self.x_test,
+                "y_test": self.y_test}
+
+    def checkpoint_state(self) -> bytes:
+        """This client's full object state (model, optimizer, streams, ALA, an algorithm's extras)."""
+        return pack_state(self, self.checkpoint_links(), self.checkpoint_skip)
+
+    def load_checkpoint_state(self, blob: bytes) -> None:
+        unpack_state(self, blob, self.device, self.checkpoint_links())
 
     # ---- training ----------------------------------------------------------------------------------
     def learning_rate(self, round_idx: int) -> float:

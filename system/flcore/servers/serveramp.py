@@ -53,7 +53,6 @@ class FedAMPServer(Server):
         init = {k: v.detach().clone() for k, v in self.global_model.state_dict().items()}
         self.client_states = [init] * len(self.clients)  # w_j as last uploaded
         self.param_keys = [n for n, _ in self.global_model.named_parameters()]
-        self.carrier = copy.deepcopy(self.global_model)  # holds one u_i at a time while it is sent
         self.warned = False
 
     def attention(self):
@@ -68,9 +67,12 @@ class FedAMPServer(Server):
             self.warned = True
             print(f"WARNING: FedAMP self-attention ξ_ii < 0 in round {self.round_idx}: cloud models extrapolate; "
                   f"lower -alk below -sg/(N-1) = {self.cfg.sigma / max(len(self.clients) - 1, 1):.3g}", file=sys.stderr)
+        calls = []
         for c in self.clients:
-            self.carrier.load_state_dict(attentive_message(self.client_states, xi[c.id], c.id))
-            c.receive_global(self.carrier, participating=c.id in chosen)
+            cloud = copy.deepcopy(self.global_model)
+            cloud.load_state_dict(attentive_message(self.client_states, xi[c.id], c.id))
+            calls.append((c, (cloud, c.id in chosen)))
+        self.executor.call_each("receive_global", calls)
 
     def aggregate(self, uploads) -> None:
         """No averaging: the uploaded w_i replace the stored ones."""

@@ -54,14 +54,13 @@ class APPLEServer(Server):
         init = {k: v.detach().clone() for k, v in self.global_model.state_dict().items()}
         self.cores = [init] * len(self.clients)  # θ_j as last uploaded (all start from the common init)
         n = torch.tensor([float(c.train_samples) for c in self.clients])
-        for c in self.clients:
-            c.set_prior(n / n.sum())
+        self.p0 = n / n.sum()  # p^0: the clients' shares of the training samples
 
     def send_models(self, participants) -> None:
-        """Every client gets (references to) all core models; it rebuilds its personalised model."""
+        """Every client gets all core models and rebuilds its personalised model."""
         chosen = {c.id for c in participants}
-        for c in self.clients:
-            c.receive_cores(list(self.cores), participating=c.id in chosen)
+        self.executor.call_each("receive_cores", [(c, (list(self.cores), self.p0, c.id in chosen))
+                                                 for c in self.clients])
 
     def aggregate(self, uploads) -> None:
         for u in uploads:

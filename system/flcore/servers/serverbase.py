@@ -49,8 +49,7 @@ class Server:
     def check_config(cls, cfg) -> None:
         """Reject flag combinations this algorithm cannot honour (raise FLError with one clear line)."""
 
-    # Attributes a checkpoint does not save: rebuilt from the flags, the split and the executor.
-    checkpoint_skip = ("cfg", "data", "clients", "executor", "recorder", "restart_point")
+    checkpoint_skip = ("restart_point",)  # attributes a checkpoint leaves out
 
     def __init__(self, cfg, data: FederatedData, run: int = 0, recorder: RunRecorder | None = None,
                  executor=None):
@@ -161,13 +160,19 @@ class Server:
         return len(acc) - 1 - int(np.argmax(acc)) > self.cfg.top_cnt
 
     # ---- checkpoints -------------------------------------------------------------------------------
+    def checkpoint_links(self) -> dict:
+        """Objects a checkpoint refers to rather than saves (wherever they occur in the server's
+        attributes): they are rebuilt from the flags and the split, or live elsewhere."""
+        return {"cfg": self.cfg, "data": self.data, "recorder": self.recorder, "executor": self.executor,
+                **{f"client:{c.id}": c for c in self.clients}}
+
     def server_state(self) -> bytes:
         """Every attribute of this server except ``checkpoint_skip`` (global model, streams, an
-        algorithm's own state such as stored client models); clients are saved as references."""
-        return checkpoint.pack_state(self, self.checkpoint_skip, self.clients)
+        algorithm's own state such as stored client models)."""
+        return checkpoint.pack_state(self, self.checkpoint_links(), self.checkpoint_skip)
 
     def load_server_state(self, blob: bytes) -> None:
-        checkpoint.unpack_state(self, blob, self.device, self.clients)
+        checkpoint.unpack_state(self, blob, self.device, self.checkpoint_links())
 
     def close(self) -> None:
         """Release the executor's workers (main.py closes the executor it shares between runs)."""

@@ -48,9 +48,10 @@ class FedFomoServer(Server):
 
     def send_models(self, participants) -> None:
         """Each participant gets the models of the neighbours it asks for."""
-        for c in participants:
-            ids = c.choose_neighbours(self.round_idx, [j for j in self.client_states if j != c.id])
-            c.receive_neighbours({j: self.client_states[j] for j in ids})
+        asked = self.executor.call_each("choose_neighbours", [
+            (c, (self.round_idx, [j for j in self.client_states if j != c.id])) for c in participants])
+        self.executor.call_each("receive_neighbours", [
+            (c, ({j: self.client_states[j] for j in ids},)) for c, ids in zip(participants, asked)])
 
     def aggregate(self, uploads) -> None:
         for u in uploads:
