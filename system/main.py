@@ -57,8 +57,11 @@ def base_parser() -> argparse.ArgumentParser:
     a("-t", "--times", type=int, default=1, help="runs are indices prev..times-1 (PFLlib semantics)")
     a("-eg", "--eval_gap", type=int, default=1, help="evaluate every N rounds")
     a("--eval_batch_size", type=int, default=1000, help="batch size of no-grad evaluation")
-    a("--train_loss_eval", default="full", choices=["full", "off"],
-      help="train loss over all training data every evaluation, or not at all")
+    a("--train_loss_eval", default="full", choices=["full", "sampled", "off"],
+      help="train loss over all training data every evaluation (comparable with PFLlib), over a fixed "
+           "seeded sample of --train_loss_fraction of each client's data, or not at all")
+    a("--train_loss_fraction", type=float, default=0.1,
+      help="share of each client's training samples in the sampled train loss (drawn once per run)")
     a("-sfn", "--save_folder_name", default="", help="if set, save the final global model's state here")
     a("-ab", "--auto_break", action="store_true", help="stop when the best accuracy is -tc evaluations old")
     a("-tc", "--top_cnt", type=int, default=100)
@@ -88,6 +91,15 @@ def base_parser() -> argparse.ArgumentParser:
                    help="save server + all client states every N rounds to <results>/<run>.ckpt (0: never)")
     g.add_argument("--resume", action="store_true",
                    help="continue each run from its checkpoint (same flags); runs without one start over")
+    g = p.add_argument_group("speed (docs/performance.md)")
+    g.add_argument("--engine", default="sequential", choices=["sequential", "batched"],
+                   help="local training one client after the other, or the eligible clients stacked into "
+                        "one computation (same numbers within float tolerance; several times faster with "
+                        "small batches)")
+    g.add_argument("--engine_stack", type=int, default=0,
+                   help="most clients in one stacked step of --engine batched (0: all of the round's)")
+    g.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"],
+                   help="mixed precision for forward passes (bf16: CPU or CUDA; fp16: CUDA, loss-scaled)")
     g = p.add_argument_group("ALA (adaptive local aggregation, pluggable into any algorithm)")
     g.add_argument("-ala", "--ala", action="store_true", help="initialise local models with ALA")
     g.add_argument("-et", "--eta", type=float, default=1.0, help="ALA weight learning rate η (paper: 1.0)")
@@ -170,6 +182,13 @@ def validate(cfg: Config) -> None:
         (cfg.dlg_batch >= 1, "--dlg_batch must be >= 1"), (cfg.dp_clip > 0, "--dp_clip must be > 0"),
         (not cfg.privacy or cfg.dp_sigma > 0, "-dps must be > 0 with -dp (sigma 0 adds no noise: drop -dp)"),
         (0 < cfg.dp_delta < 1, "--dp_delta must be in (0, 1)"),
+        (0 < cfg.train_loss_fraction <= 1, "--train_loss_fraction must be in (0, 1]"),
+        (cfg.engine_stack >= 0, "--engine_stack must be >= 0"),
+        (cfg.engine != "batched" or cfg.executor == "sequential",
+         "--engine batched trains clients in this process; use it with --executor sequential"),
+        (cfg.amp != "fp16" or not cfg.privacy, "--amp fp16 does not combine with -dp; use --amp bf16 or off"),
+        (cfg.amp != "fp16" or cfg.engine == "sequential",
+         "--amp fp16 needs --engine sequential (per-client loss scaling); use --amp bf16 with --engine batched"),
     ]
     for ok, msg in checks:
         if not ok:
@@ -217,6 +236,8 @@ def run(cfg: Config, executor=None) -> list[Path]:
     from utils.executor import make_executor
 
     cfg = resolve_device(cfg)
+    if cfg.amp == "fp16" and cfg.device == "cpu":
+        raise FLError("--amp fp16 needs a CUDA device; on the CPU use --amp bf16")
     ensure_split(cfg)
     # Ray workers receive CPU copies and move them to their own device.
     data = load_split(cfg.dataset, cfg.dataset_root, cfg.num_clients, "cpu" if cfg.executor == "ray" else cfg.device)

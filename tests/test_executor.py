@@ -22,7 +22,8 @@ from utils.executor import WorkerLost
 from utils.results import RunRecorder, read_h5
 from utils.seeding import np_rng
 
-FAST = ("-lr", "0.1", "--ala_max_epochs", "10")
+FAST = ("-lr", "0.1", "-lbs", "20", "--ala_max_epochs", "10")
+_REFERENCE: dict = {}
 
 
 def series(out, stem):
@@ -34,6 +35,13 @@ def assert_same(a: dict, b: dict):
     assert a.keys() == b.keys()
     for k in a:
         assert np.array_equal(a[k], b[k], equal_nan=True), k
+
+
+def reference(root, tmp_path_factory, *extra, stem):
+    """An undisturbed sequential run, computed once per module for each set of flags."""
+    if extra not in _REFERENCE:
+        _REFERENCE[extra] = run_main(root, tmp_path_factory.mktemp("ref"), *extra, stem=stem)
+    return _REFERENCE[extra]
 
 
 def run_main(root, out, *extra, executor=None, stem="Digits_FedAvg_test_0"):
@@ -59,12 +67,12 @@ def ray_pool(digits_root):
 
 # ---- Ray gives the sequential numbers --------------------------------------------------------------
 @pytest.mark.parametrize("algo", ["FedAvg", "FedALA"])
-def test_ray_matches_sequential(algo, digits_root, tmp_path, ray_pool):
+def test_ray_matches_sequential(algo, digits_root, tmp_path, tmp_path_factory, ray_pool):
     stem = f"Digits_{algo}_test_0"
-    seq = run_main(digits_root, tmp_path / "seq", "-algo", algo, "-gr", "3", stem=stem)
-    par = run_main(digits_root, tmp_path / "ray", "-algo", algo, "-gr", "3", executor=ray_pool, stem=stem)
+    seq = reference(digits_root, tmp_path_factory, "-algo", algo, "-gr", "3", stem=stem)
+    par = run_main(digits_root, tmp_path, "-algo", algo, "-gr", "3", executor=ray_pool, stem=stem)
     assert_same(seq, par)
-    assert seq["rs_test_acc"][-1] > 0.5
+    assert seq["rs_test_acc"][-1] > 0.4  # chance is 0.1
     # Clients live on their workers (client i on worker i mod 2) and keep their state there between rounds.
     assert ray_pool.owner == [0, 1, 0, 1, 0]
     h = ray_pool.handles[3]
@@ -94,9 +102,10 @@ def kill_worker_at(monkeypatch, round_idx: int, worker: int):
     return done
 
 
-def test_killed_worker_resumes_from_checkpoint(digits_root, tmp_path, ray_pool, monkeypatch, capsys):
+def test_killed_worker_resumes_from_checkpoint(digits_root, tmp_path, tmp_path_factory, ray_pool, monkeypatch,
+                                               capsys):
     stem = "Digits_FedALA_test_0"
-    base = run_main(digits_root, tmp_path / "seq", "-algo", "FedALA", "-gr", "3", stem=stem)
+    base = reference(digits_root, tmp_path_factory, "-algo", "FedALA", "-gr", "3", stem=stem)
     killed = kill_worker_at(monkeypatch, round_idx=2, worker=1)
     got = run_main(digits_root, tmp_path / "ray", "-algo", "FedALA", "-gr", "3", "--checkpoint_every", "1",
                    executor=ray_pool, stem=stem)
@@ -127,7 +136,7 @@ def test_killed_worker_without_checkpoint_replays_from_round_0(digits_root, tmp_
     import ray
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test file
-    cfg = main.parse_config(cli(digits_root, tmp_path, *FAST, "-gr", "3")).replace(num_classes=10, num_clients=5)
+    cfg = main.parse_config(cli(digits_root, tmp_path, *FAST, "-gr", "2")).replace(num_classes=10, num_clients=5)
     data = load_split("Digits", digits_root)
     recs = []
     for sub, executor in (("seq", None), ("ray", ray_pool)):
@@ -142,22 +151,22 @@ def test_killed_worker_without_checkpoint_replays_from_round_0(digits_root, tmp_
 # ---- checkpoints and resume --------------------------------------------------------------------------
 def test_resume_after_crash_equals_uninterrupted_run(digits_root, tmp_path, ray_pool, monkeypatch):
     stem = "Digits_FedALA_test_0"
-    flags = ("-algo", "FedALA", "-gr", "4", "-jr", "0.8", "-cdr", "0.2", "-tsr", "0.4", "-tth", "1",
+    flags = ("-algo", "FedALA", "-gr", "3", "-jr", "0.8", "-cdr", "0.2", "-tsr", "0.4", "-tth", "1",
              "--checkpoint_every", "2")
     base = run_main(digits_root, tmp_path / "base", *flags, stem=stem)
 
     after_round = Server.after_round
 
-    def crash_at_round_3(self):
-        if self.round_idx == 3:
+    def crash_in_round_2(self):
+        if self.round_idx == 2:
             raise RuntimeError("killed")
         after_round(self)
 
-    monkeypatch.setattr(Server, "after_round", crash_at_round_3)
+    monkeypatch.setattr(Server, "after_round", crash_in_round_2)
     with pytest.raises(RuntimeError, match="killed"):
         run_main(digits_root, tmp_path / "crash", *flags, stem=stem)
     assert (tmp_path / "crash" / f"{stem}.ckpt").exists() and not list((tmp_path / "crash").glob("*.tmp"))
-    assert len(read_h5(tmp_path / "crash" / f"{stem}.h5")["rs_round"]) == 4  # rounds 0-3 evaluated
+    assert len(read_h5(tmp_path / "crash" / f"{stem}.h5")["rs_round"]) == 3  # rounds 0-2 evaluated
     monkeypatch.setattr(Server, "after_round", after_round)
     crashed = tmp_path / "crash" / f"{stem}.ckpt"
     (tmp_path / "crash2").mkdir()
@@ -165,7 +174,7 @@ def test_resume_after_crash_equals_uninterrupted_run(digits_root, tmp_path, ray_
 
     resumed = run_main(digits_root, tmp_path / "crash", *flags, "--resume", stem=stem)
     assert_same(base, resumed)
-    assert len(read_h5(tmp_path / "crash" / f"{stem}.h5")["rs_round_time"]) == 4
+    assert len(read_h5(tmp_path / "crash" / f"{stem}.h5")["rs_round_time"]) == 3
     # A checkpoint does not depend on the executor: the same one resumed on Ray workers.
     on_ray = run_main(digits_root, tmp_path / "crash2", *flags, "--resume", executor=ray_pool, stem=stem)
     assert_same(base, on_ray)
@@ -223,15 +232,17 @@ def test_slow_clients_miss_the_deadline_without_sleeping(digits_root):
     slow = server.slow
     assert slow.train_slow.sum() == 2 and slow.send_slow.sum() == 2  # int(0.4 * 5) distinct clients each
     n = [c.train_samples for c in server.clients]
+    want = {}
     for cid in range(5):
         for t in range(2):
             rng = np_rng(0, 0, "delay", cid, t)
             steps = -(-n[cid] // 10)  # ceil(samples / -lbs), -ls 1
-            want = (0.1 * rng.random(steps).sum() if slow.train_slow[cid] else 0.0)
-            want += 0.1 * rng.random(2).sum() if slow.send_slow[cid] else 0.0
-            assert slow.time_cost(cid, t) == pytest.approx(want, abs=1e-12)
-    # ~27 steps of 0.1·U(0,1) is far above 1 s; a send-slow client needs at most 0.2 s.
-    expected_late = sorted(np.flatnonzero(slow.train_slow))
+            want[cid, t] = (0.1 * rng.random(steps).sum() if slow.train_slow[cid] else 0.0)
+            want[cid, t] += 0.1 * rng.random(2).sum() if slow.send_slow[cid] else 0.0
+            assert slow.time_cost(cid, t) == pytest.approx(want[cid, t], abs=1e-12)
+    expected_late = [cid for cid in range(5) if want[cid, 0] > 1.0]
+    # ~27 steps of 0.1·U(0,1) (mean 1.35 s) against a send-slow client's at most 0.2 s.
+    assert expected_late and all(slow.train_slow[c] for c in expected_late)
     server.round_idx = 0
     uploads = server.receive_models(server.clients)
     assert server.late == expected_late

@@ -43,4 +43,4 @@ class FineTunedEval:
 
 
 class FedAvgCClient(FineTunedEval, FedAvgClient):
-    pass
+    batched_training = True  # FedAvg's training; only evaluation differs

@@ -7,6 +7,7 @@ ALA lives here), ``upload`` (what crosses the wire) and ``eval_model`` (which mo
 from __future__ import annotations
 
 import copy
+import math
 import time
 
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 
 from utils.checkpoint import pack_state, unpack_state
 from utils.data_utils import ClientData
+from utils.engine import autocast, make_scaler
 from utils.errors import FLError
 from utils.metrics import auc_ovr, predict
 from utils.seeding import torch_gen
@@ -21,6 +23,10 @@ from utils.seeding import torch_gen
 
 class Client:
     use_ala = False  # FedALA sets this; any other algorithm gets ALA with -ala
+    # --engine batched (utils/engine.py) trains a client stacked with others only when its class declares
+    # this in its own body (never inherited): its training is this loop, plain SGD on ``loss`` =
+    # cross-entropy + ``batched_penalty()``, with no ``after_backward``.
+    batched_training = False
 
     def __init__(self, cfg, cid: int, data: ClientData, model: nn.Module, run: int = 0):
         self.cfg, self.id, self.run = cfg, cid, run
@@ -34,6 +40,8 @@ class Client:
         self.optimizer = self.make_optimizer()
         # Batch order is this client's own stream: the same seed gives the same batches on any executor.
         self.batch_gen = torch_gen(cfg.seed, run, "batches", cid)
+        self.scaler = make_scaler(cfg, self.device)  # --amp fp16 only
+        self.loss_sample: torch.Tensor | None = None  # --train_loss_eval sampled (train_loss_sample)
         self.ala = None
         if cfg.ala or self.use_ala:
             from utils.ALA import ALA
@@ -55,6 +63,12 @@ class Client:
 
     def after_backward(self) -> None:
         """Called between ``backward`` and ``optimizer.step`` (gradient corrections)."""
+
+    def batched_penalty(self):
+        """The part of ``loss`` beyond cross-entropy, for ``--engine batched``: ``(fn, aux)`` with
+        ``fn(params, aux)`` a pure function of the parameters (dict name -> tensor) and of this client's
+        tensors ``aux`` (e.g. FedProx's anchor), or None when ``loss`` is plain cross-entropy."""
+        return None
 
     def receive_global(self, global_model: nn.Module, participating: bool = True) -> None:
         """The server's broadcast. By default the client's model becomes the global model (or, with ALA, is
@@ -144,13 +158,22 @@ class Client:
             x, y = self.x_train[idx], self.y_train[idx]
             optimizer.zero_grad(set_to_none=True)
             if self.dp is None:
-                loss = objective(x, y)
-                loss.backward()
+                with autocast(self.cfg, self.device):
+                    loss = objective(x, y)
+                if self.scaler is None:
+                    loss.backward()
+                else:  # --amp fp16 (main.py rejects it with -dp)
+                    self.scaler.scale(loss).backward()
+                    self.scaler.unscale_(optimizer)  # after_backward sees true gradients
             else:  # -dp: clipped, noised per-sample gradients of the same objective
                 loss = self.dp.backward(self, objective, optimizer, x, y)
             if own:
                 self.after_backward()
-            optimizer.step()
+            if self.scaler is None:
+                optimizer.step()
+            else:  # skips the step when the fp16 gradients overflowed, then adapts the scale
+                self.scaler.step(optimizer)
+                self.scaler.update()
             total += loss.detach()
             steps += 1
         mean = float(total) / max(steps, 1)
@@ -165,7 +188,8 @@ class Client:
         """(correct, samples, AUC) of the personalised model on this client's test split."""
         model = self.eval_model()
         was_training = model.training
-        logits = predict(model, self.x_test, self.cfg.eval_batch_size)
+        with autocast(self.cfg, self.device):
+            logits = predict(model, self.x_test, self.cfg.eval_batch_size)
         model.train(was_training)
         correct = int((logits.argmax(1) == self.y_test).sum())
         auc = auc_ovr(torch.softmax(logits.float(), 1).cpu().numpy(), self.y_test.cpu().numpy(), self.num_classes)
@@ -173,13 +197,30 @@ class Client:
 
     @torch.no_grad()
     def train_metrics(self) -> tuple[float, int]:
-        """(summed cross-entropy, samples) of the personalised model over its whole training split."""
+        """(summed cross-entropy, samples) of the personalised model over its whole training split, or
+        with ``--train_loss_eval sampled`` its mean over this client's fixed loss sample times its
+        sample count (an unbiased estimate of the sum; see ``train_loss_sample``)."""
         model = self.eval_model()
         was_training = model.training
-        logits = predict(model, self.x_train, self.cfg.eval_batch_size)
+        idx = self.train_loss_sample() if self.cfg.train_loss_eval == "sampled" else None
+        x, y = (self.x_train, self.y_train) if idx is None else (self.x_train[idx], self.y_train[idx])
+        with autocast(self.cfg, self.device):
+            logits = predict(model, x, self.cfg.eval_batch_size)
         model.train(was_training)
-        loss = nn.functional.cross_entropy(logits.float(), self.y_train, reduction="sum")
+        loss = nn.functional.cross_entropy(logits.float(), y, reduction="sum")
+        if idx is not None:
+            loss = loss * (self.train_samples / len(y))
         return float(loss), self.train_samples
+
+    def train_loss_sample(self) -> torch.Tensor:
+        """``--train_loss_eval sampled``: ``--train_loss_fraction`` of this client's training samples (at
+        least one), drawn once per run from its own (seed, run, "train-loss", id) stream and kept, so every
+        evaluation and every algorithm with the same seed measures the same samples."""
+        if self.loss_sample is None:
+            k = max(1, math.ceil(self.cfg.train_loss_fraction * self.train_samples))
+            gen = torch_gen(self.cfg.seed, self.run, "train-loss", self.id)
+            self.loss_sample = torch.randperm(self.train_samples, generator=gen)[:k].sort().values.to(self.device)
+        return self.loss_sample
 
 
 def copy_state(target: nn.Module, source: nn.Module) -> None:

@@ -10,6 +10,10 @@ from flcore.clients.clientbase import Client
 
 
 class PerFedAvgClient(FineTunedEval, Client):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.alpha = self.cfg.local_learning_rate  # inner step α of the current round (-lr, decayed by -ld)
+
     def meta_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Loss on the second half of the batch at w' = w - α ∇f(w; first half). The inner gradient is
         taken without a graph, so d(loss)/dw = ∇f(w'; second half): the FO-MAML gradient."""

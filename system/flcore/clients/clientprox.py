@@ -4,6 +4,8 @@ from utils.proximal import anchor_of, proximal_term
 
 
 class FedProxClient(Client):
+    batched_training = True  # cross-entropy + the proximal term, declared in batched_penalty
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.anchor = anchor_of(self.model)  # w^t: the last global model received
@@ -14,3 +16,7 @@ class FedProxClient(Client):
 
     def loss(self, x, y):
         return super().loss(x, y) + proximal_term(self.model.parameters(), self.anchor, self.cfg.mu)
+
+    def batched_penalty(self):
+        mu = self.cfg.mu
+        return (lambda params, anchor: proximal_term(params.values(), anchor, mu)), self.anchor

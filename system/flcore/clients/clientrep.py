@@ -12,7 +12,8 @@ from utils.ALA import adapted_names
 
 @contextlib.contextmanager
 def frozen(module: nn.Module):
-    """``module``'s parameters get no gradient inside the block (SGD then leaves them as they are)."""
+    """``module``'s parameters get no gradient inside the block (SGD then leaves them as they are). Its
+    buffers (BatchNorm statistics) still follow train-mode forwards, as in the official code."""
     flags = [p.requires_grad for p in module.parameters()]
     for p in module.parameters():
         p.requires_grad_(False)

@@ -29,6 +29,7 @@ from flcore.trainmodel.models import build_model
 from utils import checkpoint
 from utils.aggregate import weighted_average
 from utils.data_utils import FederatedData
+from utils.engine import make_engine
 from utils.errors import FLError
 from utils.executor import ClientFactory, WorkerLost, make_executor
 from utils.faults import SlowClients
@@ -58,6 +59,7 @@ class Server:
         with torch_seeded(cfg.seed, run, "model"):
             self.global_model = self.build_model().to(self.device)
         self.executor = executor if executor is not None else make_executor(cfg)
+        self.engine = make_engine(cfg)  # None: every client trains through the executor
         self.clients = self.executor.start(self.client_factory(), data.clients)
         # Independent streams: an algorithm's own draws never change who is selected or dropped.
         self.select_rng = np_rng(cfg.seed, run, "select")
@@ -106,7 +108,10 @@ class Server:
         return [c for c, k in zip(participants, keep) if k]
 
     def train_clients(self, clients: list[Client]) -> None:
-        """The single dispatch point of local training (one after the other, or in parallel on Ray workers)."""
+        """The single dispatch point of local training (one after the other, or in parallel on Ray workers;
+        with ``--engine batched`` the eligible clients first train together, utils/engine.py)."""
+        if self.engine is not None:
+            clients = self.engine.train(clients, self.round_idx)
         self.executor.map(clients, "train", self.round_idx)
 
     def receive_models(self, clients: list[Client]) -> list[dict]:

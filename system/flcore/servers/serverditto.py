@@ -13,9 +13,10 @@ series) is the personal models', ``rs_global_test_acc`` the received model w's (
 ``-ala`` its ALA initialisation). PFLlib mixes both into one list. With ``-ala`` ALA initialises w; the
 anchor w^t stays the global model.
 
-Flags: ``-mu`` λ = 1 (PFLlib's flag name for Ditto's λ; the paper, App. C, uses λ = 1 when there is no
-strong attack, otherwise selecting λ per device from {0.1, 1, 2}; PFLlib's default 0 decouples v from the
-federation); ``-pls`` personal epochs = 1 (PFLlib's default).
+Flags: ``-mu`` λ = 1 (PFLlib's flag name for Ditto's λ). The paper (App. C) lets each device pick λ on
+its validation data, from {0.1, 1, 2} unless attacks are strong, and fixes λ = 1 where a device has too
+little validation data to choose; PFLlib's default 0 would cut v loose from the federation.
+``-pls`` personal epochs per round = 1 (PFLlib's default, in place of the paper's s local iterations).
 """
 import numpy as np
 
@@ -31,7 +32,7 @@ class DittoServer(Server):
     def add_args(cls, parser) -> None:
         super().add_args(parser)
         parser.add_argument("-mu", "--mu", type=float, default=1.0,
-                            help="λ, pull of the personal model toward the global model (Ditto paper: 1)")
+                            help="λ, pull of the personal model toward the global model (Ditto paper, App. C: 1)")
         parser.add_argument("-pls", "--plocal_epochs", type=int, default=1,
                             help="personal-model epochs per round (PFLlib's default: 1)")
 

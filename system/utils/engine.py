@@ -1,0 +1,271 @@
+"""The batched engine (``--engine batched``): many clients' local SGD steps as one stacked computation.
+
+Why: with PFLlib's small local batches (``-lbs 10``) a client's step is a handful of tiny kernels, so a
+sequential round spends most of its time on per-call overhead, not arithmetic. Here the round's
+participants are trained together: their parameters are stacked (one leading client dimension per
+tensor) and every step runs ``vmap(grad(loss))`` over all clients still training, which turns the
+convolutions into grouped ones and the linear layers into batched matrix products: 20 clients x 10
+samples cost about what one model's batch of 200 does.
+
+Same numbers as the sequential path (within float tolerance; tests/test_engine.py): every client keeps
+its own parameters and learning rate, and its batches come from its own stream exactly as
+``Client.batches`` draws them (one ``randperm`` per epoch from ``batch_gen``, cut into ``-lbs`` slices,
+the last one smaller). Only the float summation order inside the kernels differs.
+
+Heterogeneous clients (Dir(0.1): 100 to 6,000 samples): clients are ordered by their number of steps, so
+the ones still training at step s are always a prefix of the stack and each step works on views, with no
+copies; a client's short last batch is a separate small group. A round takes as many stacked steps as
+its largest client takes steps, which is the critical path of any schedule.
+
+Which clients qualify (never inferred): a client class must declare ``batched_training = True`` in its
+own body (a subclass does not inherit it), which says that its training is the base loop, plain SGD on
+``loss`` = cross-entropy + the term ``batched_penalty()`` returns (FedProx's proximal term), with no
+``after_backward``. Clients without it, runs with ``-dp``, and models with buffers (BatchNorm statistics)
+or dropout train on the sequential path, in the same round.
+
+Also here: ``autocast`` / ``make_scaler`` for ``--amp``.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from utils.errors import FLError
+
+
+# ---- mixed precision (--amp) ------------------------------------------------------------------------
+def amp_dtype(cfg) -> torch.dtype | None:
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(getattr(cfg, "amp", "off"))
+
+
+def autocast(cfg, device: torch.device):
+    """The ``--amp`` autocast context for forward passes (a no-op context with ``--amp off``)."""
+    dtype = amp_dtype(cfg)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def make_scaler(cfg, device: torch.device):
+    """A loss scaler for ``--amp fp16`` (fp16 gradients underflow without one); None otherwise."""
+    if getattr(cfg, "amp", "off") != "fp16":
+        return None
+    return torch.amp.GradScaler(device.type)
+
+
+# ---- eligibility ---------------------------------------------------------------------------------
+def declares_batched(cls: type) -> bool:
+    """True when ``cls`` itself (not a parent) declares ``batched_training = True``."""
+    return bool(vars(cls).get("batched_training", False))
+
+
+def model_blocker(model: nn.Module) -> str | None:
+    """Why ``model`` cannot be trained stacked (None when it can): buffers (BatchNorm statistics mix the
+    samples of a batch and are updated in place) and dropout (its mask would come from the global RNG)."""
+    if any(True for _ in model.buffers()):
+        return "it has buffers (BatchNorm statistics)"
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return "it uses dropout"
+    return None
+
+
+class BatchedEngine:
+    """Trains the eligible clients of a round together; ``train`` returns the others, which the caller
+    trains one by one. ``max_stack`` caps how many clients share one stacked step (0: no cap)."""
+
+    def __init__(self, cfg, max_stack: int = 0):
+        self.cfg, self.max_stack = cfg, max_stack
+        self._notes: set[str] = set()
+
+    def _note(self, msg: str) -> None:
+        if msg not in self._notes:
+            self._notes.add(msg)
+            print(f"note: {msg}")
+
+    def split(self, clients: list) -> tuple[list, list]:
+        """(clients trained here, clients left to the sequential path)."""
+        if self.cfg.privacy:
+            self._note("--engine batched: -dp clients train one by one (per-sample clipping)")
+            return [], list(clients)
+        batched, rest = [], []
+        for c in clients:
+            if not declares_batched(type(c)):
+                self._note(f"--engine batched: {type(c).__name__} does not declare batched_training; it "
+                           f"trains on the sequential path")
+                rest.append(c)
+                continue
+            why = model_blocker(c.model)
+            if why is not None:
+                self._note(f"--engine batched: the model cannot be stacked ({why}); clients train one by one")
+                rest.append(c)
+                continue
+            batched.append(c)
+        return batched, rest
+
+    def train(self, clients: list, round_idx: int) -> list:
+        """Train the eligible ``clients`` for round ``round_idx``; returns the ones not trained here."""
+        batched, rest = self.split(clients)
+        groups: dict[type, list] = {}
+        for c in batched:
+            groups.setdefault(type(c), []).append(c)
+        for group in groups.values():
+            train_stacked(group, round_idx, self.cfg, self.max_stack)
+        return rest
+
+
+# ---- the stacked training of one round -------------------------------------------------------------
+def batch_sizes(n: int, epochs: int, bs: int) -> np.ndarray:
+    """The size of each of a client's batches over ``epochs`` passes (as ``Client.batches`` cuts them)."""
+    per_epoch = np.full(math.ceil(n / bs), bs, dtype=np.int64)
+    per_epoch[-1] = n - bs * (len(per_epoch) - 1)
+    return np.tile(per_epoch, epochs)
+
+
+def schedule(ns: list[int], epochs: int, bs: int) -> tuple[np.ndarray, list]:
+    """Stack order and step plan for clients with ``ns`` samples.
+
+    Returns ``order`` (clients by decreasing step count, then decreasing last batch size) and, for each
+    step, a list of ``(size, members)``: the stack positions training a batch of ``size`` at that step,
+    as a ``slice`` when contiguous (always, for a single epoch) or an index array."""
+    sizes = [batch_sizes(n, epochs, bs) for n in ns]
+    order = sorted(range(len(ns)), key=lambda k: (-len(sizes[k]), -int(sizes[k][-1]), k))
+    steps = len(sizes[order[0]]) if order else 0
+    table = np.zeros((len(ns), steps), dtype=np.int64)
+    for pos, k in enumerate(order):
+        table[pos, :len(sizes[k])] = sizes[k]
+    plan = []
+    for s in range(steps):
+        col = table[:, s]
+        groups = []
+        for size in sorted(set(col[col > 0].tolist()), reverse=True):
+            pos = np.flatnonzero(col == size)
+            contiguous = pos[-1] - pos[0] + 1 == len(pos)
+            groups.append((size, slice(int(pos[0]), int(pos[-1]) + 1) if contiguous else pos))
+        plan.append(groups)
+    return np.asarray(order, dtype=np.int64), plan
+
+
+def _chunks(members, cap: int):
+    if cap <= 0:
+        yield members
+    elif isinstance(members, slice):
+        for a in range(members.start, members.stop, cap):
+            yield slice(a, min(a + cap, members.stop))
+    else:
+        for a in range(0, len(members), cap):
+            yield members[a:a + cap]
+
+
+def train_stacked(clients: list, round_idx: int, cfg, max_stack: int = 0) -> None:
+    """What ``c.train(round_idx)`` does for every client of ``clients`` (one class, one architecture),
+    with all their steps stacked: same batches, same SGD updates, one ``train_time`` entry each."""
+    start = time.perf_counter()
+    epochs, bs = cfg.local_epochs, cfg.batch_size
+    device = clients[0].device
+    order, plan = schedule([c.train_samples for c in clients], epochs, bs)
+    stack = [clients[k] for k in order]
+
+    # Batches: each client's own stream, drawn exactly as Client.batches draws them, as global indices
+    # into the round's concatenated training data.
+    offsets = np.cumsum([0] + [c.train_samples for c in stack])
+    steps = len(plan)
+    index = torch.zeros((len(stack), max(steps, 1), bs), dtype=torch.long)
+    for pos, c in enumerate(stack):
+        per_epoch = math.ceil(c.train_samples / bs)
+        rows = index[pos].view(-1)
+        for e in range(epochs):  # each epoch starts a new batch row; its last row may be partly empty
+            perm = torch.randperm(c.train_samples, generator=c.batch_gen) + int(offsets[pos])
+            rows[e * per_epoch * bs:e * per_epoch * bs + c.train_samples] = perm
+    index = index.to(device)
+    x_all = torch.cat([c.x_train for c in stack])
+    y_all = torch.cat([c.y_train for c in stack])
+
+    names = [n for n, _ in stack[0].model.named_parameters()]
+    params = {n: torch.stack([dict(c.model.named_parameters())[n].detach() for c in stack]) for n in names}
+    lrs = [c.learning_rate(round_idx) for c in stack]
+    penalty = stack[0].batched_penalty()
+    aux = None
+    if penalty is not None:
+        fn, _ = penalty
+        aux = torch.utils._pytree.tree_map(lambda *ts: torch.stack(ts), *[c.batched_penalty()[1] for c in stack])
+    loss_sum = torch.zeros(len(stack), device=device)
+
+    template = stack[0].model
+    amp = autocast(cfg, device)
+    if getattr(cfg, "amp", "off") == "fp16":
+        raise FLError("--amp fp16 is not supported by --engine batched; use --amp bf16 or --engine sequential")
+
+    def client_loss(p, x, y, a):
+        with amp:
+            logits = functional_call(template, p, (x,))
+        loss = nn.functional.cross_entropy(logits.float(), y)
+        if penalty is not None:
+            loss = loss + penalty[0](p, a)
+        return loss
+
+    step = vmap(grad_and_value(client_loss), in_dims=(0, 0, 0, 0 if aux is not None else None))
+    same_lr = all(lr == lrs[0] for lr in lrs)
+    lr_vec = torch.tensor(lrs, device=device)
+    template.train()
+
+    for s, groups in enumerate(plan):
+        for size, members in groups:
+            for m in _chunks(members, max_stack):
+                _step(step, params, aux, index, x_all, y_all, s, size, m, lrs[0] if same_lr else lr_vec,
+                      loss_sum)
+
+    with torch.no_grad():
+        for pos, c in enumerate(stack):
+            c.model.train()
+            for n, p in c.model.named_parameters():
+                p.copy_(params[n][pos])
+            for group in c.optimizer.param_groups:
+                group["lr"] = lrs[pos]
+    bad = torch.nonzero(~torch.isfinite(loss_sum)).flatten().tolist()
+    if bad:
+        c = stack[bad[0]]
+        raise FLError(f"client {c.id}: training loss became {float(loss_sum[bad[0]])}; lower -lr (now "
+                      f"{cfg.local_learning_rate}) or check the data")
+    # One timing entry per client (len(train_time) counts the rounds a client trained), the round's
+    # engine time shared out by steps.
+    elapsed = time.perf_counter() - start
+    total_steps = sum(len(batch_sizes(c.train_samples, epochs, bs)) for c in stack)
+    for c in stack:
+        c.train_time.append(elapsed * len(batch_sizes(c.train_samples, epochs, bs)) / max(total_steps, 1))
+
+
+def _step(step, params, aux, index, x_all, y_all, s, size, members, lr, loss_sum) -> None:
+    """One SGD step of the clients at stack positions ``members`` on their ``size``-sample batch ``s``."""
+    idx = index[members, s, :size]
+    x, y = x_all[idx], y_all[idx]
+    if isinstance(members, slice):
+        p = {n: t[members] for n, t in params.items()}  # views: the update below lands in ``params``
+    else:
+        members = torch.as_tensor(members, device=x.device)
+        p = {n: t.index_select(0, members) for n, t in params.items()}
+    a = None if aux is None else torch.utils._pytree.tree_map(lambda t: t[members], aux)
+    grads, losses = step(p, x, y, a)
+    with torch.no_grad():
+        if isinstance(lr, float):
+            torch._foreach_add_(list(p.values()), list(grads.values()), alpha=-lr)
+        else:
+            r = lr[members]
+            for n in p:
+                p[n].sub_(grads[n] * r.view(-1, *[1] * (grads[n].dim() - 1)))
+        if not isinstance(members, slice):
+            for n, t in params.items():
+                t.index_copy_(0, members, p[n])
+        loss_sum[members] += losses.detach().float()
+
+
+def make_engine(cfg) -> BatchedEngine | None:
+    """The engine named by ``--engine`` (None for ``sequential``)."""
+    if getattr(cfg, "engine", "sequential") != "batched":
+        return None
+    return BatchedEngine(cfg, getattr(cfg, "engine_stack", 0))
