@@ -122,6 +122,9 @@ class ScaledClient(FedAvgClient):
     def learning_rate(self, round_idx: int) -> float:
         return super().learning_rate(round_idx) * self.lr_scale
 
+    def refuse(self) -> None:
+        raise FLError(f"client {self.id} refuses")
+
 
 class ScaledServer(FedAvgServer):
     client_class = ScaledClient
@@ -146,6 +149,8 @@ def test_killed_worker_without_checkpoint_replays_from_round_0(digits_root, tmp_
         ScaledServer(cfg, data, 0, recs[-1], executor=executor).train()
     assert_same(recs[0].series, recs[1].series)
     assert ray_pool.handles[2].lr_scale == 1.0  # the set-up call was replayed on the rebuilt clients
+    with pytest.raises(FLError, match="client 3 refuses"):  # a client's error reaches the server as it is
+        ray_pool.handles[3].refuse()
 
 
 # ---- checkpoints and resume --------------------------------------------------------------------------

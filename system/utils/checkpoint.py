@@ -153,11 +153,12 @@ def begin(server) -> int:
     if server.cfg.resume and path is not None and path.exists():
         first = restore(server, load(path, server))
         server.restart_point = path
-        print(f"resuming {path.name}: rounds 0-{first - 1} were done")
+        print(f"resuming {path.name} after round {first - 1}")
     else:
         if server.cfg.resume:
             print(f"--resume: no checkpoint {path}; starting at round 0")
-        server.restart_point = snapshot(server, -1, with_clients=False)
+        # Where a lost worker sends the run before any checkpoint: round 0 (clients rebuild themselves).
+        server.restart_point = snapshot(server, -1, with_clients=False) if server.executor.can_lose_workers else None
     server.executor.end_setup()
     return first
 
@@ -165,8 +166,8 @@ def begin(server) -> int:
 def recover(server, error: Exception) -> int:
     """After a lost worker: rebuild the clients, go back to the last checkpoint (round 0 without one) and
     return the round to replay from."""
+    server.clients = server.executor.reset()
     point = server.restart_point
     ckpt = load(point, server) if isinstance(point, Path) else point
-    print(f"warning: {error}; rebuilding its clients and replaying from round {ckpt['round'] + 1}")
-    server.clients = server.executor.reset()
+    print(f"warning: {error}; rebuilt its clients, replaying from round {ckpt['round'] + 1}")
     return restore(server, ckpt)

@@ -94,6 +94,7 @@ class ClientFactory:
 class SequentialExecutor:
     """Clients are plain objects in this process, run one after the other."""
     name = "sequential"
+    can_lose_workers = False
 
     def start(self, factory: ClientFactory, datas: list) -> list:
         self.clients = [factory(i, d) for i, d in enumerate(datas)]
@@ -219,6 +220,7 @@ class RayExecutor:
     ``--gpus_per_worker`` share of its GPUs), each with 1 CPU and ``--gpus_per_worker`` GPUs. The actors
     are kept across the runs of one invocation (``-t``); ``close`` ends them."""
     name = "ray"
+    can_lose_workers = True
 
     def __init__(self, cfg):
         self.ray = import_ray()

@@ -20,6 +20,10 @@ class APPLEClient(Client):
     def eval_model(self):
         return self.personal
 
+    def learning_rate(self, round_idx: int) -> float:
+        """The core model's rate: -lr (with its decay) times --core_lr_scale."""
+        return super().learning_rate(round_idx) * self.cfg.core_lr_scale
+
     def receive_cores(self, cores: list, p0: torch.Tensor, participating: bool = True) -> None:
         """All clients' core models and p^0 (the clients' sample shares, also where p_i starts)."""
         if self.p is None:

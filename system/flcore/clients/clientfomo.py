@@ -52,12 +52,12 @@ class FedFomoClient(Client):
         if not states:
             return
         keys = [n for n, _ in self.model.named_parameters()]
-        own_state, own_loss = self.model.state_dict(), self.val_loss(self.model)
+        own, own_loss = flat(self.model.state_dict(), keys), self.val_loss(self.model)
         losses, dists = [], []
         for s in states.values():
             self.scratch.load_state_dict(s)
             losses.append(self.val_loss(self.scratch))
-            dists.append(float((flat(s, keys) - flat(own_state, keys)).norm()))
+            dists.append(float((flat(s, keys) - own).norm()))
         self.model.train()
         w = fomo_weights(own_loss, losses, dists)
         self.last_weights = dict(zip(states, w.tolist()))

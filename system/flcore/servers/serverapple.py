@@ -13,12 +13,14 @@ first personalised model is FedAvg's; λ(r) decays to 0 over the first -L fracti
 only stores the latest core of every client and sends all of them.
 
 Flags (official code's defaults): ``-dlr`` 0.001, ``-mu`` μ = 0.1, ``-L`` 0.1, ``--lambda_schedule``
-cosine (the official code also offers ``exponential``, its default). Plain SGD (the official code uses
-momentum 0.9); p_i is unconstrained, as there. The limited-bandwidth variant (download M cores) is not
-implemented. ``-ala`` is rejected: no single global model is received.
+cosine (the official code also offers ``exponential``, its default), ``--core_lr_scale`` 1 (the core's
+rate is -lr times this; its gradient carries the factor p_ii ~ 1/N, which PFLlib offsets with N).
+Plain SGD (the official code uses momentum 0.9); p_i is unconstrained, as there. The limited-bandwidth
+variant (download M cores) is not implemented. ``-ala`` is rejected: no single global model is received.
 
-Where PFLlib differs: it scales the core's learning rate by N, starts p_i at 1/N, replaces the inner
-product <∇L, θ_j> by a mean of per-tensor means, and its defaults ``-dlr 0 -mu 0`` freeze p_i.
+Where PFLlib differs: it scales the core's learning rate by N (``--core_lr_scale N``), starts p_i at 1/N,
+replaces the inner product <∇L, θ_j> by a mean of per-tensor means, and its defaults ``-dlr 0 -mu 0``
+freeze p_i.
 """
 import torch
 
@@ -40,14 +42,17 @@ class APPLEServer(Server):
                             help="fraction of the rounds over which λ(r) decays to 0 (official code: 0.1)")
         parser.add_argument("--lambda_schedule", default="cosine", choices=["cosine", "exponential"],
                             help="shape of λ(r) (both in the official code)")
+        parser.add_argument("--core_lr_scale", type=float, default=1.0,
+                            help="factor on -lr for the core model, whose gradient is scaled by p_ii ~ 1/N "
+                                 "(paper and official code: 1; PFLlib: N)")
 
     @classmethod
     def check_config(cls, cfg) -> None:
         if cfg.ala:
             raise FLError("-ala needs a received global model; APPLE's personalised model is a learned mix of "
                           "the clients' core models, so drop -ala")
-        if cfg.dr_learning_rate < 0 or cfg.mu < 0 or not 0 <= cfg.L <= 1:
-            raise FLError("APPLE needs -dlr >= 0, -mu >= 0 and 0 <= -L <= 1")
+        if cfg.dr_learning_rate < 0 or cfg.mu < 0 or not 0 <= cfg.L <= 1 or cfg.core_lr_scale <= 0:
+            raise FLError("APPLE needs -dlr >= 0, -mu >= 0, 0 <= -L <= 1 and --core_lr_scale > 0")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

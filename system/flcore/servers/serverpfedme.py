@@ -16,7 +16,8 @@ Flags (paper's non-convex MNIST settings, official README): ``-lam`` λ = 15, ``
 
 Where PFLlib differs: its server averages weighted by sample counts (the paper: plain mean over the
 sampled clients), its inner step adds a hidden weight decay of 0.001 (not in the paper) and its defaults
-are ``-bt 0 -lam 1 -lrp 0.01``. As in the official code, θ_i restarts from w at every local training.
+are ``-bt 0 -lam 1 -lrp 0.01`` (``-bt 0`` never moves the global model). As in the official code, θ_i
+restarts from w at every local training.
 """
 from flcore.clients.clientpfedme import PFedMeClient
 from flcore.servers.serverbase import Server
