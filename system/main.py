@@ -98,6 +98,9 @@ def base_parser() -> argparse.ArgumentParser:
                         "small batches)")
     g.add_argument("--engine_stack", type=int, default=0,
                    help="most clients in one stacked step of --engine batched (0: all of the round's)")
+    g.add_argument("--engine_workers", type=int, default=0,
+                   help="--engine batched: split each round's clients over this many single-thread "
+                        "processes (e.g. the number of CPU cores); 0 = train in this process")
     g.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"],
                    help="mixed precision for forward passes (bf16: CPU or CUDA; fp16: CUDA, loss-scaled)")
     g = p.add_argument_group("ALA (adaptive local aggregation, pluggable into any algorithm)")
@@ -183,7 +186,7 @@ def validate(cfg: Config) -> None:
         (not cfg.privacy or cfg.dp_sigma > 0, "-dps must be > 0 with -dp (sigma 0 adds no noise: drop -dp)"),
         (0 < cfg.dp_delta < 1, "--dp_delta must be in (0, 1)"),
         (0 < cfg.train_loss_fraction <= 1, "--train_loss_fraction must be in (0, 1]"),
-        (cfg.engine_stack >= 0, "--engine_stack must be >= 0"),
+        (cfg.engine_stack >= 0, "--engine_stack must be >= 0"), (cfg.engine_workers >= 0, "--engine_workers must be >= 0"),
         (cfg.engine != "batched" or cfg.executor == "sequential",
          "--engine batched trains clients in this process; use it with --executor sequential"),
         (cfg.amp != "fp16" or not cfg.privacy, "--amp fp16 does not combine with -dp; use --amp bf16 or off"),
@@ -238,6 +241,8 @@ def run(cfg: Config, executor=None) -> list[Path]:
     cfg = resolve_device(cfg)
     if cfg.amp == "fp16" and cfg.device == "cpu":
         raise FLError("--amp fp16 needs a CUDA device; on the CPU use --amp bf16")
+    if cfg.engine_workers and cfg.device != "cpu":
+        raise FLError("--engine_workers splits CPU cores; on a GPU use --engine_workers 0 (one stack per device)")
     ensure_split(cfg)
     # Ray workers receive CPU copies and move them to their own device.
     data = load_split(cfg.dataset, cfg.dataset_root, cfg.num_clients, "cpu" if cfg.executor == "ray" else cfg.device)

@@ -28,8 +28,10 @@ Also here: ``autocast`` / ``make_scaler`` for ``--amp``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
+import traceback
 
 import numpy as np
 import torch
@@ -75,50 +77,6 @@ def model_blocker(model: nn.Module) -> str | None:
     return None
 
 
-class BatchedEngine:
-    """Trains the eligible clients of a round together; ``train`` returns the others, which the caller
-    trains one by one. ``max_stack`` caps how many clients share one stacked step (0: no cap)."""
-
-    def __init__(self, cfg, max_stack: int = 0):
-        self.cfg, self.max_stack = cfg, max_stack
-        self._notes: set[str] = set()
-
-    def _note(self, msg: str) -> None:
-        if msg not in self._notes:
-            self._notes.add(msg)
-            print(f"note: {msg}")
-
-    def split(self, clients: list) -> tuple[list, list]:
-        """(clients trained here, clients left to the sequential path)."""
-        if self.cfg.privacy:
-            self._note("--engine batched: -dp clients train one by one (per-sample clipping)")
-            return [], list(clients)
-        batched, rest = [], []
-        for c in clients:
-            if not declares_batched(type(c)):
-                self._note(f"--engine batched: {type(c).__name__} does not declare batched_training; it "
-                           f"trains on the sequential path")
-                rest.append(c)
-                continue
-            why = model_blocker(c.model)
-            if why is not None:
-                self._note(f"--engine batched: the model cannot be stacked ({why}); clients train one by one")
-                rest.append(c)
-                continue
-            batched.append(c)
-        return batched, rest
-
-    def train(self, clients: list, round_idx: int) -> list:
-        """Train the eligible ``clients`` for round ``round_idx``; returns the ones not trained here."""
-        batched, rest = self.split(clients)
-        groups: dict[type, list] = {}
-        for c in batched:
-            groups.setdefault(type(c), []).append(c)
-        for group in groups.values():
-            train_stacked(group, round_idx, self.cfg, self.max_stack)
-        return rest
-
-
 # ---- the stacked training of one round -------------------------------------------------------------
 def batch_sizes(n: int, epochs: int, bs: int) -> np.ndarray:
     """The size of each of a client's batches over ``epochs`` passes (as ``Client.batches`` cuts them)."""
@@ -162,82 +120,118 @@ def _chunks(members, cap: int):
             yield members[a:a + cap]
 
 
-def train_stacked(clients: list, round_idx: int, cfg, max_stack: int = 0) -> None:
-    """What ``c.train(round_idx)`` does for every client of ``clients`` (one class, one architecture),
-    with all their steps stacked: same batches, same SGD updates, one ``train_time`` entry each."""
-    start = time.perf_counter()
+@dataclasses.dataclass
+class StackJob:
+    """One stack of clients' training for one round, self-contained so it runs here or in a worker.
+
+    ``params``: name -> (K, ...) stacked parameters, updated in place; ``xs`` / ``ys``: the clients'
+    training tensors; ``index``: (K, steps, bs) indices into their concatenation, one batch per row;
+    ``plan``: ``schedule``'s step plan; ``penalty`` / ``aux``: the declared extra term and its stacked
+    per-client tensors."""
+    template: nn.Module
+    params: dict
+    xs: list
+    ys: list
+    index: torch.Tensor
+    plan: list
+    lrs: list
+    penalty: object = None
+    aux: object = None
+    max_stack: int = 0
+    amp: str = "off"
+
+
+def prepare(clients: list, round_idx: int, cfg, max_stack: int) -> tuple[list, StackJob]:
+    """(clients in stack order, their job). Draws every client's batches from its own stream now,
+    exactly as ``Client.batches`` would during training."""
     epochs, bs = cfg.local_epochs, cfg.batch_size
-    device = clients[0].device
     order, plan = schedule([c.train_samples for c in clients], epochs, bs)
     stack = [clients[k] for k in order]
-
-    # Batches: each client's own stream, drawn exactly as Client.batches draws them, as global indices
-    # into the round's concatenated training data.
     offsets = np.cumsum([0] + [c.train_samples for c in stack])
-    steps = len(plan)
-    index = torch.zeros((len(stack), max(steps, 1), bs), dtype=torch.long)
+    index = torch.zeros((len(stack), len(plan), bs), dtype=torch.long)
     for pos, c in enumerate(stack):
         per_epoch = math.ceil(c.train_samples / bs)
         rows = index[pos].view(-1)
         for e in range(epochs):  # each epoch starts a new batch row; its last row may be partly empty
             perm = torch.randperm(c.train_samples, generator=c.batch_gen) + int(offsets[pos])
             rows[e * per_epoch * bs:e * per_epoch * bs + c.train_samples] = perm
-    index = index.to(device)
-    x_all = torch.cat([c.x_train for c in stack])
-    y_all = torch.cat([c.y_train for c in stack])
+    named = [dict(c.model.named_parameters()) for c in stack]
+    params = {n: torch.stack([m[n].detach() for m in named]) for n in named[0]}
+    penalty, aux = None, None
+    if stack[0].batched_penalty() is not None:
+        penalty = stack[0].batched_penalty()[0]
+        aux = torch.utils._pytree.tree_map(lambda *ts: torch.stack(ts),
+                                           *[c.batched_penalty()[1] for c in stack])
+    job = StackJob(stack[0].model, params, [c.x_train for c in stack], [c.y_train for c in stack],
+                   index.to(stack[0].device), plan, [c.learning_rate(round_idx) for c in stack], penalty, aux,
+                   max_stack, getattr(cfg, "amp", "off"))
+    return stack, job
 
-    names = [n for n, _ in stack[0].model.named_parameters()]
-    params = {n: torch.stack([dict(c.model.named_parameters())[n].detach() for c in stack]) for n in names}
-    lrs = [c.learning_rate(round_idx) for c in stack]
-    penalty = stack[0].batched_penalty()
-    aux = None
-    if penalty is not None:
-        fn, _ = penalty
-        aux = torch.utils._pytree.tree_map(lambda *ts: torch.stack(ts), *[c.batched_penalty()[1] for c in stack])
-    loss_sum = torch.zeros(len(stack), device=device)
 
-    template = stack[0].model
-    amp = autocast(cfg, device)
-    if getattr(cfg, "amp", "off") == "fp16":
-        raise FLError("--amp fp16 is not supported by --engine batched; use --amp bf16 or --engine sequential")
+def run_job(job: StackJob) -> torch.Tensor:
+    """Every step of ``job`` (updating ``job.params`` in place); returns each client's summed batch loss."""
+    x_all, y_all = torch.cat(job.xs), torch.cat(job.ys)
+    template, penalty = job.template, job.penalty
+    amp_dt = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(job.amp)
 
     def client_loss(p, x, y, a):
-        with amp:
+        with torch.autocast(x.device.type, dtype=amp_dt or torch.bfloat16, enabled=amp_dt is not None):
             logits = functional_call(template, p, (x,))
         loss = nn.functional.cross_entropy(logits.float(), y)
-        if penalty is not None:
-            loss = loss + penalty[0](p, a)
-        return loss
+        return loss if penalty is None else loss + penalty(p, a)
 
-    step = vmap(grad_and_value(client_loss), in_dims=(0, 0, 0, 0 if aux is not None else None))
-    same_lr = all(lr == lrs[0] for lr in lrs)
-    lr_vec = torch.tensor(lrs, device=device)
+    step = vmap(grad_and_value(client_loss), in_dims=(0, 0, 0, None if job.aux is None else 0))
+    lrs = job.lrs
+    lr = lrs[0] if all(v == lrs[0] for v in lrs) else torch.tensor(lrs, device=x_all.device)
+    loss_sum = torch.zeros(len(lrs), device=x_all.device)
     template.train()
-
-    for s, groups in enumerate(plan):
+    for s, groups in enumerate(job.plan):
         for size, members in groups:
-            for m in _chunks(members, max_stack):
-                _step(step, params, aux, index, x_all, y_all, s, size, m, lrs[0] if same_lr else lr_vec,
-                      loss_sum)
+            for m in _chunks(members, job.max_stack):
+                _step(step, job.params, job.aux, job.index, x_all, y_all, s, size, m, lr, loss_sum)
+    return loss_sum
 
+
+def finish(stack: list, job: StackJob, loss_sum: torch.Tensor, cfg, elapsed: float) -> None:
+    """Write the trained parameters back into the clients and do the rest of ``Client.train``: train
+    mode, the optimizer's learning rate, the non-finite loss check and one ``train_time`` entry each
+    (``len(train_time)`` counts the rounds a client trained; the time is the stack's, shared by steps)."""
     with torch.no_grad():
         for pos, c in enumerate(stack):
             c.model.train()
             for n, p in c.model.named_parameters():
-                p.copy_(params[n][pos])
+                p.copy_(job.params[n][pos])
             for group in c.optimizer.param_groups:
-                group["lr"] = lrs[pos]
+                group["lr"] = job.lrs[pos]
     bad = torch.nonzero(~torch.isfinite(loss_sum)).flatten().tolist()
     if bad:
         c = stack[bad[0]]
         raise FLError(f"client {c.id}: training loss became {float(loss_sum[bad[0]])}; lower -lr (now "
                       f"{cfg.local_learning_rate}) or check the data")
-    # One timing entry per client (len(train_time) counts the rounds a client trained), the round's
-    # engine time shared out by steps.
-    elapsed = time.perf_counter() - start
-    total_steps = sum(len(batch_sizes(c.train_samples, epochs, bs)) for c in stack)
-    for c in stack:
-        c.train_time.append(elapsed * len(batch_sizes(c.train_samples, epochs, bs)) / max(total_steps, 1))
+    steps = [len(batch_sizes(c.train_samples, cfg.local_epochs, cfg.batch_size)) for c in stack]
+    for c, k in zip(stack, steps):
+        c.train_time.append(elapsed * k / max(sum(steps), 1))
+
+
+def train_stacked(clients: list, round_idx: int, cfg, max_stack: int = 0) -> None:
+    """What ``c.train(round_idx)`` does, for every client of ``clients`` (one class, one architecture),
+    in this process: same batches, same SGD updates."""
+    start = time.perf_counter()
+    stack, job = prepare(clients, round_idx, cfg, max_stack)
+    loss_sum = run_job(job)
+    finish(stack, job, loss_sum, cfg, time.perf_counter() - start)
+
+
+def balance(steps: list[int], parts: int) -> list[list[int]]:
+    """Client positions split into ``parts`` groups of nearly equal total steps (longest first, each to
+    the lightest group)."""
+    groups: list[list[int]] = [[] for _ in range(min(parts, len(steps)))]
+    load = [0] * len(groups)
+    for k in sorted(range(len(steps)), key=lambda k: -steps[k]):
+        g = load.index(min(load))
+        groups[g].append(k)
+        load[g] += steps[k]
+    return [sorted(g) for g in groups if g]
 
 
 def _step(step, params, aux, index, x_all, y_all, s, size, members, lr, loss_sum) -> None:
@@ -264,8 +258,102 @@ def _step(step, params, aux, index, x_all, y_all, s, size, members, lr, loss_sum
         loss_sum[members] += losses.detach().float()
 
 
+# ---- worker processes (--engine_workers) ------------------------------------------------------------
+def _forked(job: StackJob, loss_out: torch.Tensor, errors) -> None:
+    torch.set_num_threads(1)
+    try:
+        loss_out.copy_(run_job(job))
+    except Exception:  # noqa: BLE001 -- reported to the parent, which raises it
+        errors.put(traceback.format_exc())
+        raise
+
+
+def run_forked(jobs: list) -> list:
+    """Run each job in its own forked single-thread process; returns their loss sums.
+
+    Why processes: small per-step kernels scale badly over OpenMP threads (every kernel ends in a
+    barrier, and on a loaded machine a descheduled thread stalls the others), while independent
+    processes scale with the cores. Why fork, per round: the children see the clients' data and the
+    stacked parameters without copying or pickling anything; the parameters and loss sums are moved to
+    shared memory first, so the children's in-place updates are the parent's. CPU only (CUDA does not
+    survive a fork; one GPU is one worker anyway)."""
+    ctx = torch.multiprocessing.get_context("fork")
+    errors = ctx.SimpleQueue()
+    losses = [torch.zeros(len(job.lrs)).share_memory_() for job in jobs]
+    for job in jobs:
+        for t in job.params.values():
+            t.share_memory_()
+    procs = [ctx.Process(target=_forked, args=(job, out, errors), daemon=True) for job, out in zip(jobs, losses)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+    if any(proc.exitcode != 0 for proc in procs):
+        detail = errors.get() if not errors.empty() else f"exit codes {[p.exitcode for p in procs]} (out of memory?)"
+        raise FLError(f"an --engine_workers process failed; rerun with --engine_workers 0 to see it here:\n{detail}")
+    return losses
+
+
+class BatchedEngine:
+    """Trains the eligible clients of a round together; ``train`` returns the others, which the caller
+    trains one by one. ``max_stack`` caps how many clients share one stacked step (0: no cap);
+    ``workers`` > 0 splits the round's clients over that many single-thread processes."""
+
+    def __init__(self, cfg, max_stack: int = 0, workers: int = 0):
+        self.cfg, self.max_stack, self.workers = cfg, max_stack, workers
+        self._notes: set[str] = set()
+
+    def _note(self, msg: str) -> None:
+        if msg not in self._notes:
+            self._notes.add(msg)
+            print(f"note: {msg}")
+
+    def split(self, clients: list) -> tuple[list, list]:
+        """(clients trained here, clients left to the sequential path)."""
+        if self.cfg.privacy:
+            self._note("--engine batched: -dp clients train one by one (per-sample clipping)")
+            return [], list(clients)
+        batched, rest = [], []
+        for c in clients:
+            if not declares_batched(type(c)):
+                self._note(f"--engine batched: {type(c).__name__} does not declare batched_training; it "
+                           f"trains on the sequential path")
+                rest.append(c)
+                continue
+            why = model_blocker(c.model)
+            if why is not None:
+                self._note(f"--engine batched: the model cannot be stacked ({why}); clients train one by one")
+                rest.append(c)
+                continue
+            batched.append(c)
+        return batched, rest
+
+    def train(self, clients: list, round_idx: int) -> list:
+        """Train the eligible ``clients`` for round ``round_idx``; returns the ones not trained here."""
+        batched, rest = self.split(clients)
+        groups: dict[type, list] = {}
+        for c in batched:
+            groups.setdefault(type(c), []).append(c)
+        for group in groups.values():
+            if self.workers > 0 and len(group) > 1:
+                self._train_in_workers(group, round_idx)
+            else:
+                train_stacked(group, round_idx, self.cfg, self.max_stack)
+        return rest
+
+    def _train_in_workers(self, clients: list, round_idx: int) -> None:
+        start = time.perf_counter()
+        steps = [len(batch_sizes(c.train_samples, self.cfg.local_epochs, self.cfg.batch_size)) for c in clients]
+        parts = [prepare([clients[k] for k in g], round_idx, self.cfg, self.max_stack)
+                 for g in balance(steps, self.workers)]
+        losses = run_forked([job for _, job in parts])
+        elapsed = time.perf_counter() - start
+        for (stack, job), loss in zip(parts, losses):
+            finish(stack, job, loss, self.cfg, elapsed)
+
+
 def make_engine(cfg) -> BatchedEngine | None:
     """The engine named by ``--engine`` (None for ``sequential``)."""
     if getattr(cfg, "engine", "sequential") != "batched":
         return None
-    return BatchedEngine(cfg, getattr(cfg, "engine_stack", 0))
+    return BatchedEngine(cfg, getattr(cfg, "engine_stack", 0), getattr(cfg, "engine_workers", 0))

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from utils.aggregate import weighted_average
+
 State = Mapping[str, torch.Tensor]
 
 
@@ -92,8 +94,6 @@ def compose_by_layer(local: State, glob: State, layer: Mapping[str, int],
 def attentive_message(states: Sequence[State], xi_row: torch.Tensor, i: int) -> dict[str, torch.Tensor]:
     """FedAMP's cloud model u_i = Σ_j ξ_ij w_j = w_i + s (m - w_i), with s = Σ_{j≠i} ξ_ij and m the
     ξ-weighted mean of the other clients' models (u_i = w_i when no other client gets weight)."""
-    from utils.aggregate import weighted_average
-
     others = [j for j in range(len(states)) if j != i]
     s = float(sum(xi_row[j] for j in others))
     if s <= 0:

@@ -1,4 +1,6 @@
 """FedProx client: the FedAvg client plus the proximal term in its loss (see servers/serverprox.py)."""
+import functools
+
 from flcore.clients.clientbase import Client
 from utils.proximal import anchor_of, proximal_term
 
@@ -18,5 +20,9 @@ class FedProxClient(Client):
         return super().loss(x, y) + proximal_term(self.model.parameters(), self.anchor, self.cfg.mu)
 
     def batched_penalty(self):
-        mu = self.cfg.mu
-        return (lambda params, anchor: proximal_term(params.values(), anchor, mu)), self.anchor
+        return functools.partial(proximal_penalty, mu=self.cfg.mu), self.anchor
+
+
+def proximal_penalty(params: dict, anchor, mu: float):
+    """``loss``'s extra term as a function of the parameters (``--engine batched``)."""
+    return proximal_term(params.values(), anchor, mu)
