@@ -7,7 +7,8 @@
 Groups (``--groups``): ``main`` (FedAvg, FedProx, FedALA, FedProx+ALA, Local on MNIST pathological,
 FMNIST Dir(0.1), CIFAR-10-partial Dir(0.1)), ``hetero`` (FedAvg vs FedALA on FMNIST Dir(alpha) for ``--hetero_alphas``, default 0.05 and 0.5:
 Dir(0.01) over FMNIST's 10 classes and 20 clients leaves clients empty, so no draw meets a minimum size),
-``sens`` (FedALA on FMNIST Dir(0.1) with p in {2, all} and s in {5, 20, 100}; p=1, s=80 is the main run).
+``baselines`` (the paper's other methods on FMNIST and CIFAR-10 Dir(0.1), with "+ALA" for the plug-in
+ones), ``sens`` (FedALA on FMNIST Dir(0.1) with p in {2, all} and s in {5, 20, 100}; p=1, s=80 is the main run).
 Every run is one ``system/main.py`` process; finished runs are skipped, so an interrupted sweep resumes.
 """
 from __future__ import annotations
@@ -21,6 +22,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# The FedALA paper's comparison beyond the main group's FedAvg, FedProx, FedALA, Local, FedProx+ALA.
+BASELINES = ["FedAvg-C", "FedProx-C", "Per-FedAvg", "FedRep", "pFedMe", "Ditto", "FedAMP", "FedPHP", "FedFomo",
+             "APPLE", "PartialFed"]
+ALA_PLUGINS = ["Per-FedAvg", "FedRep", "pFedMe", "Ditto", "FedAMP", "FedPHP", "PartialFed"]
 SOURCES = {"MNIST": "mnist.npz", "FashionMNIST": "fmnist.npz", "Cifar10": "cifar10_partial.npz"}
 
 
@@ -47,6 +52,10 @@ def plan(args) -> list[tuple[str, str, str, list[str]]]:
     if "hetero" in args.groups:
         runs += [("hetero", f"FMNIST_dir{al}{tag}", "repro", ["-algo", a])
                  for al in args.hetero_alphas for a in ("FedAvg", "FedALA")]
+    if "baselines" in args.groups:
+        for split in (f"FMNIST_dir0.1{tag}", f"Cifar10_dir0.1{tag}"):
+            runs += [("baselines", split, "repro", ["-algo", a]) for a in BASELINES]
+            runs += [("baselines", split, "repro", ["-algo", a, "-ala"]) for a in ALA_PLUGINS]
     if "sens" in args.groups:
         runs += [("sens", f"FMNIST_dir0.1{tag}", f"p{p}", ["-algo", "FedALA", "-p", p]) for p in ("2", "0")]
         runs += [("sens", f"FMNIST_dir0.1{tag}", f"s{s}", ["-algo", "FedALA", "-s", s]) for s in ("5", "20", "100")]
@@ -94,7 +103,7 @@ def cmd_run(args) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=["run", "report"])
-    p.add_argument("--groups", default="main,hetero,sens", help="comma-separated: main, hetero, sens")
+    p.add_argument("--groups", default="main,hetero,sens,baselines", help="comma-separated: main, hetero, sens, baselines")
     p.add_argument("--rounds", type=int, default=10, help="communication rounds (paper: 2000)")
     p.add_argument("--runs", type=int, default=1, help="runs (seeds 0..runs-1; paper: 5)")
     p.add_argument("--subsample", type=int, default=2000, help="samples kept per dataset (0 = all)")

@@ -119,6 +119,25 @@ def write_report(args, plan, result_stem) -> None:
                   f"| p = 1 | {cell(get.get(('sens', split, 's5', 'FedALA')))} | "
                   f"{cell(get.get(('sens', split, 's20', 'FedALA')))} | {cell(base)} | "
                   f"{cell(get.get(('sens', split, 's100', 'FedALA')))} |", ""]
+    base_splits = list(dict.fromkeys(s for g, s, _, _ in plan if g == "baselines"))
+    if base_splits:
+        from fedala_experiments import ALA_PLUGINS, BASELINES
+
+        def find(split, label):
+            return next((v for (g, s, goal, lab), v in get.items() if s == split and lab == label and goal == "repro"
+                         and v), None)
+
+        header = " | ".join(f"{s} | +ALA | s/round" for s in base_splits)
+        lines += ["### All methods: best / last test accuracy (%), with ALA plugged in, and seconds per round", "",
+                  f"| method | {header} |", "|---" * (1 + 3 * len(base_splits)) + "|"]
+        for algo in ["FedAvg", "FedProx", *BASELINES, "Local", "FedALA"]:
+            cells = []
+            for s in base_splits:
+                plug = "FedALA" if algo == "FedAvg" else f"{algo}+ALA"
+                has_plug = algo in ("FedAvg", "FedProx", *ALA_PLUGINS)
+                cells += [cell(find(s, algo)), cell(find(s, plug)) if has_plug else "n/a", sec_per_round(find(s, algo))]
+            lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+        lines.append("")
     metas = [r["meta"] for runs in get.values() if runs for r in runs]
     if metas:
         m = metas[0]["machine"]
