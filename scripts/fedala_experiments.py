@@ -7,8 +7,8 @@
 Groups (``--groups``): ``main`` (FedAvg, FedProx, FedALA, FedProx+ALA, Local on MNIST pathological,
 FMNIST Dir(0.1), CIFAR-10-partial Dir(0.1)), ``hetero`` (FedAvg vs FedALA on FMNIST Dir(alpha) for ``--hetero_alphas``, default 0.05 and 0.5:
 Dir(0.01) over FMNIST's 10 classes and 20 clients leaves clients empty, so no draw meets a minimum size),
-``baselines`` (the paper's other methods on FMNIST and CIFAR-10 Dir(0.1), with "+ALA" for the plug-in
-ones), ``sens`` (FedALA on FMNIST Dir(0.1) with p in {2, all} and s in {5, 20, 100}; p=1, s=80 is the main run).
+``baselines`` (every method on FMNIST and CIFAR-10 Dir(0.1), with "+ALA" for the plug-in ones; run it
+into its own ``--results`` folder when it uses other ``--rounds`` than the main group), ``sens`` (FedALA on FMNIST Dir(0.1) with p in {2, all} and s in {5, 20, 100}; p=1, s=80 is the main run).
 Every run is one ``system/main.py`` process; finished runs are skipped, so an interrupted sweep resumes.
 """
 from __future__ import annotations
@@ -54,7 +54,9 @@ def plan(args) -> list[tuple[str, str, str, list[str]]]:
                  for al in args.hetero_alphas for a in ("FedAvg", "FedALA")]
     if "baselines" in args.groups:
         for split in (f"FMNIST_dir0.1{tag}", f"Cifar10_dir0.1{tag}"):
-            runs += [("baselines", split, "repro", ["-algo", a]) for a in BASELINES]
+            runs += [("baselines", split, "repro", ["-algo", a]) for a in ["FedAvg", "FedProx", *BASELINES, "Local"]]
+            runs += [("baselines", split, "repro", ["-algo", a, "-ala"]) for a in ["FedProx"]]
+            runs += [("baselines", split, "repro", ["-algo", "FedALA"])]
             runs += [("baselines", split, "repro", ["-algo", a, "-ala"]) for a in ALA_PLUGINS]
     if "sens" in args.groups:
         runs += [("sens", f"FMNIST_dir0.1{tag}", f"p{p}", ["-algo", "FedALA", "-p", p]) for p in ("2", "0")]

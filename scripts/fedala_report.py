@@ -1,7 +1,7 @@
 """Tables and learning curves for docs/fedala_reproduction.md from the driver's result files.
 
 Called by ``python scripts/fedala_experiments.py report``: rewrites the part of the report between the
-``<!-- tables:begin -->`` and ``<!-- tables:end -->`` markers and the PNGs under docs/img/.
+``<!-- tables:<results folder>:begin -->`` and ``... end -->`` markers and the PNGs under docs/img/.
 """
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ IMG = REPO / "docs" / "img"
 ROWS = ["FedAvg", "FedProx", "FedALA", "FedProx+ALA", "Local"]
 
 
-def load(out: Path, stems: list[str]) -> dict | None:
+def load(out: Path, stems: list[str], rounds: int) -> dict | None:
     """Per-run series of the finished runs among ``stems`` (None when none finished)."""
     runs = []
     for stem in stems:
         h5, meta = out / f"{stem}.h5", out / f"{stem}.json"
-        if not (h5.exists() and meta.exists()):
+        if not (h5.exists() and meta.exists()) or json.loads(meta.read_text())["evaluations"] != rounds + 1:
             continue
         with h5py.File(h5, "r") as f:
             runs.append({"acc": f["rs_test_acc"][()], "round": f["rs_round"][()],
@@ -75,7 +75,7 @@ def write_report(args, plan, result_stem) -> None:
     for group, split, goal, flags in plan:
         stems = [result_stem(split, flags, goal, r) for r in range(args.runs)]
         label = flags[flags.index("-algo") + 1] + ("+ALA" if "-ala" in flags else "")
-        get[(group, split, goal, label)] = load(out, stems)
+        get[(group, split, goal, label)] = load(out, stems, args.rounds)
     main_splits = list(dict.fromkeys(s for g, s, _, _ in plan if g == "main"))
     lines = []
     if main_splits:
@@ -144,8 +144,11 @@ def write_report(args, plan, result_stem) -> None:
         wall = sum(x["wall_time_s"] for x in metas)
         lines += [f"Machine: {m['processor']}, {m['cpus']} CPUs, Python {m['python']}, {m['platform']}. "
                   f"{len(metas)} runs, {wall / 3600:.2f} h of wall time in all.", ""]
-    text = DOC.read_text() if DOC.exists() else "<!-- tables:begin -->\n<!-- tables:end -->\n"
-    begin, end = "<!-- tables:begin -->", "<!-- tables:end -->"
+    text = DOC.read_text() if DOC.exists() else ""
+    key = Path(args.results).name
+    begin, end = f"<!-- tables:{key}:begin -->", f"<!-- tables:{key}:end -->"
+    if begin not in text:
+        text += f"\n{begin}\n{end}\n"
     head, rest = text.split(begin, 1)
     tail = rest.split(end, 1)[1]
     DOC.write_text(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail)
