@@ -56,7 +56,9 @@ def base_parser() -> argparse.ArgumentParser:
     a("-pv", "--prev", type=int, default=0, help="first run index (resume a multi-run sweep)")
     a("-t", "--times", type=int, default=1, help="runs are indices prev..times-1 (PFLlib semantics)")
     a("-eg", "--eval_gap", type=int, default=1, help="evaluate every N rounds")
-    a("--eval_batch_size", type=int, default=1000, help="batch size of no-grad evaluation")
+    a("--eval_batch_size", type=int, default=256,
+      help="batch size of no-grad evaluation (256: the CNN's activations stay in a CPU's cache; larger "
+           "batches were slower on the CPU, docs/performance.md)")
     a("--train_loss_eval", default="full", choices=["full", "sampled", "off"],
       help="train loss over all training data every evaluation (comparable with PFLlib), over a fixed "
            "seeded sample of --train_loss_fraction of each client's data, or not at all")
@@ -96,11 +98,17 @@ def base_parser() -> argparse.ArgumentParser:
                    help="local training one client after the other, or the eligible clients stacked into "
                         "one computation (same numbers within float tolerance; several times faster with "
                         "small batches)")
-    g.add_argument("--engine_stack", type=int, default=0,
-                   help="most clients in one stacked step of --engine batched (0: all of the round's)")
+    g.add_argument("--engine_stack", type=int, default=8,
+                   help="most clients in one stacked step of --engine batched (0: no cap); 8 keeps the "
+                        "4-layer CNN's stacked weights and gradients within a CPU's cache (docs/performance.md)")
     g.add_argument("--engine_workers", type=int, default=0,
                    help="--engine batched: split each round's clients over this many single-thread "
                         "processes (e.g. the number of CPU cores); 0 = train in this process")
+    g.add_argument("--client_state", default="device", choices=["device", "cpu", "disk"],
+                   help="where idle clients' state lives: on the device, or (only a round's worth of "
+                        "clients stay live) serialised in CPU memory or in files")
+    g.add_argument("--client_state_dir", default=None,
+                   help="folder for --client_state disk (default: a temporary folder, removed at exit)")
     g.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"],
                    help="mixed precision for forward passes (bf16: CPU or CUDA; fp16: CUDA, loss-scaled)")
     g = p.add_argument_group("ALA (adaptive local aggregation, pluggable into any algorithm)")
@@ -187,6 +195,8 @@ def validate(cfg: Config) -> None:
         (0 < cfg.dp_delta < 1, "--dp_delta must be in (0, 1)"),
         (0 < cfg.train_loss_fraction <= 1, "--train_loss_fraction must be in (0, 1]"),
         (cfg.engine_stack >= 0, "--engine_stack must be >= 0"), (cfg.engine_workers >= 0, "--engine_workers must be >= 0"),
+        (cfg.client_state == "device" or cfg.executor == "sequential",
+         "--client_state cpu|disk parks clients of this process; Ray workers keep theirs (--executor sequential)"),
         (cfg.engine != "batched" or cfg.executor == "sequential",
          "--engine batched trains clients in this process; use it with --executor sequential"),
         (cfg.amp != "fp16" or not cfg.privacy, "--amp fp16 does not combine with -dp; use --amp bf16 or off"),

@@ -70,6 +70,14 @@ def test_match_recovers_a_permutation(digits):
     assert order.tolist() == [4, 2]
 
 
+def test_guess_scores_are_those_of_a_grey_image():
+    originals = torch.cat([torch.full((1, 1, 8, 8), 0.1), torch.full((1, 1, 8, 8), 0.8)])
+    psnr, ssim = privacy.guess_scores(originals, 1, [0.5], [0.5])  # one guess: its best match is 0.8
+    assert psnr.tolist() == pytest.approx([10 * math.log10(1 / 0.09)], abs=1e-4)
+    c1 = 0.01 ** 2
+    assert ssim.tolist() == pytest.approx([(2 * 0.5 * 0.8 + c1) / (0.25 + 0.64 + c1)], rel=1e-5)
+
+
 def test_denormalize_inverts_the_split_normalisation(digits):
     pixels, normed, _ = digits
     assert torch.allclose(dlg.denormalize(normed[:4], [0.5], [0.5]), pixels[:4], atol=1e-6)
@@ -100,14 +108,16 @@ def test_attack_reconstructs_a_digit_from_its_gradient(digits, mlp, method):
     assert all(torch.equal(v, before[k]) for k, v in mlp.state_dict().items())  # the model is left as it was
 
 
-def test_dp_noise_defeats_the_attack(digits, mlp):
+def test_dp_noise_defeats_the_attack_clipping_alone_does_not(digits, mlp):
+    """A DP-aware attacker (it clips its dummy gradient like DP-SGD does) still reconstructs from a clipped
+    gradient; the Gaussian noise is what stops it."""
     pixels, normed, labels = digits
     x, y = normed[7:8], labels[7:8]
-    clean = dlg.model_gradient(mlp, x, y)
-    noisy = privacy.dp_gradient(mlp, x, y, clip=1.0, sigma=1.0, generator=torch_gen(0, 0, "dp"))
     scores = []
-    for target in (clean, noisy):
-        rec = dlg.reconstruct(mlp, target, (1, 8, 8), 1, 10, method="idlg", iters=100, generator=torch_gen(0, 0, "t"))
+    for sigma in (0.0, 1.0):
+        target = privacy.dp_gradient(mlp, x, y, clip=1.0, sigma=sigma, generator=torch_gen(0, 0, "dp"))
+        rec = dlg.reconstruct(mlp, target, (1, 8, 8), 1, 10, method="idlg", iters=100,
+                              generator=torch_gen(0, 0, "t"), clip=1.0)
         scores.append(dlg.psnr(dlg.denormalize(rec.x, [0.5], [0.5]), pixels[7:8]).item())
     assert scores[0] > 40 and scores[1] < 15, scores
 
@@ -210,7 +220,8 @@ def test_dlg_in_a_fedala_run_writes_series_and_grid(digits_root, tmp_path):
     assert main.main(flags) == 0
     h5 = read_h5(tmp_path / "Digits_FedALA_test_0.h5")
     assert h5["rs_dlg_round"].tolist() == [0, 1]
-    for key in ("rs_dlg_psnr", "rs_dlg_ssim", "rs_dlg_label_acc", "rs_dlg_psnr_max", "rs_dlg_images"):
+    for key in ("rs_dlg_psnr", "rs_dlg_ssim", "rs_dlg_label_acc", "rs_dlg_psnr_max", "rs_dlg_images",
+                "rs_dlg_psnr_guess", "rs_dlg_ssim_guess"):
         assert len(h5[key]) == 2 and np.all(np.isfinite(h5[key])), key
     assert np.all((h5["rs_dlg_label_acc"] >= 0) & (h5["rs_dlg_label_acc"] <= 1))
     assert np.all(h5["rs_dlg_psnr"] > 0) and np.all(h5["rs_dlg_ssim"] <= 1)
@@ -229,10 +240,12 @@ def test_dlg_leaves_training_untouched(digits_root, tmp_path):
 
 
 def test_dp_run_records_epsilon_per_client(digits_root, tmp_path):
-    flags = cli(digits_root, tmp_path, "-algo", "FedAvg", "-gr", "1", "-lr", "0.1", "-dp", "-dps", "1.5",
+    """FedALA with DP-SGD (FedAvg's client is the base one, tested above): one round, epsilon per client
+    from the steps each took, and an attack on the DP-trained upload."""
+    flags = cli(digits_root, tmp_path, "-algo", "FedALA", "-gr", "1", "-lr", "0.1", "-dp", "-dps", "1.5",
                 "--dlg_target", "update", "-dlg", "--dlg_iters", "5", "-bnpc", "1", "--dlg_clients", "1")
     assert main.main(flags) == 0
-    h5 = read_h5(tmp_path / "Digits_FedAvg_test_0.h5")
+    h5 = read_h5(tmp_path / "Digits_FedALA_test_0.h5")
     from utils.data_utils import load_split
 
     sizes = [len(c.y_train) for c in load_split("Digits", digits_root).clients]

@@ -37,8 +37,11 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from flcore.trainmodel.models import layer_groups
+from flcore.trainmodel.models import layer_groups, split_head
+from utils.engine import model_blocker
 from utils.seeding import torch_gen
+
+FEATURE_BATCH = 1000  # samples per no-grad pass when the classifier's inputs are computed once
 
 
 def adapted_names(model: nn.Module, p: int) -> list[str]:
@@ -109,10 +112,21 @@ class ALA:
 
         idx = self.sample(len(y)).to(y.device)
         xs, ys = x[idx], y[idx]
+        feats = self.head_inputs(global_model, xs)
+        if feats is None:  # every batch runs the whole model, its lower layers frozen at Θ
+            inputs = xs
+
+            def forward(top, xb):
+                return functional_call(local_model, {**frozen, **top}, (xb,))
+        else:  # only the classifier is adapted: its inputs were computed once
+            inputs = feats
+
+            def forward(top, fb):
+                return functional_call(local_model.fc, {k[len("fc."):]: v for k, v in top.items()}, (fb,))
         epochs = self.max_epochs if self.start_phase else 1
         losses: list[float] = []
         for _ in range(epochs):
-            losses.append(self._epoch(local_model, frozen, local_top, glob_top, xs, ys))
+            losses.append(self._epoch(forward, local_top, glob_top, inputs, ys))
             if self.start_phase and converged(losses, self.window, self.threshold):
                 break
         self.start_phase = False
@@ -126,15 +140,32 @@ class ALA:
             for k in self.names:
                 dst[k].copy_(combine(local_top[k], glob_top[k], self.weights[k]))
 
-    def _epoch(self, model, frozen, local_top, glob_top, xs, ys) -> float:
-        """One pass of W updates over the sample in batches; returns the mean batch loss."""
+    def head_inputs(self, global_model: nn.Module, xs: torch.Tensor) -> torch.Tensor | None:
+        """The classifier's inputs on the sample, when they are the same in every batch and epoch: only
+        the classifier ``fc`` is adapted (the paper's default p = 1, on any model that follows the head
+        contract of flcore/trainmodel/models.py) and no layer below it depends on the batch (BatchNorm)
+        or draws randomness (dropout). The frozen lower layers then run once per round, in large
+        batches, instead of once per batch and epoch (the start phase runs up to ``max_epochs``
+        epochs). Same numbers up to float rounding. None when that does not hold."""
+        fc = getattr(global_model, "fc", None)
+        if not isinstance(fc, nn.Module) or set(self.names) != {f"fc.{n}" for n, _ in fc.named_parameters()}:
+            return None
+        if model_blocker(global_model) is not None:
+            return None
+        base = split_head(global_model).base
+        with torch.no_grad():
+            return torch.cat([base(xs[i:i + FEATURE_BATCH]) for i in range(0, len(xs), FEATURE_BATCH)])
+
+    def _epoch(self, forward, local_top, glob_top, inputs, ys) -> float:
+        """One pass of W updates over the sample in batches; returns the mean batch loss.
+        ``forward(top, inputs[b])``: logits with the top layers' parameters ``top``."""
         total, steps = 0.0, 0
         perm = torch.randperm(len(ys), generator=self.generator).to(ys.device)
         for i in range(0, len(ys), self.batch_size):
             b = perm[i:i + self.batch_size]
             w = {k: v.requires_grad_(True) for k, v in self.weights.items()}
-            params = {**frozen, **{k: combine(local_top[k], glob_top[k], w[k]) for k in self.names}}
-            loss = nn.functional.cross_entropy(functional_call(model, params, (xs[b],)), ys[b])
+            top = {k: combine(local_top[k], glob_top[k], w[k]) for k in self.names}
+            loss = nn.functional.cross_entropy(forward(top, inputs[b]), ys[b])
             grads = torch.autograd.grad(loss, [w[k] for k in self.names])
             with torch.no_grad():
                 self.weights = {k: weight_step(w[k].detach(), g, self.eta) for k, g in zip(self.names, grads)}

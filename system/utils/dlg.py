@@ -86,20 +86,32 @@ class Reconstruction:
     history: list[float]           # matching loss after each chunk of L-BFGS iterations
 
 
-def _matching_loss(model, params, names, target, x, soft_or_hard):
+def _dummy_gradient(model, params, names, x, soft_or_hard):
     out = functional_call(model, params, (x,))
     if soft_or_hard.dtype == torch.long:
         loss = F.cross_entropy(out, soft_or_hard)
     else:
         loss = -(F.softmax(soft_or_hard, dim=-1) * F.log_softmax(out, dim=-1)).sum(dim=-1).mean()
-    grads = torch.autograd.grad(loss, [params[n] for n in names], create_graph=True)
+    return torch.autograd.grad(loss, [params[n] for n in names], create_graph=True)
+
+
+def _matching_loss(model, params, names, target, x, soft_or_hard, clip=None):
+    if clip is None:
+        grads = _dummy_gradient(model, params, names, x, soft_or_hard)
+    else:  # what DP-SGD releases before its noise: the mean of per-sample gradients clipped to norm C
+        grads = [0.0] * len(names)
+        for i in range(len(x)):
+            gi = _dummy_gradient(model, params, names, x[i:i + 1], soft_or_hard[i:i + 1])
+            scale = (clip / (torch.sqrt(sum((g ** 2).sum() for g in gi)) + 1e-6)).clamp(max=1.0)
+            grads = [acc + g * scale / len(x) for acc, g in zip(grads, gi)]
     return sum(((g - target[n]) ** 2).sum() for n, g in zip(names, grads))
 
 
 def reconstruct(model: nn.Module, target: dict[str, torch.Tensor], input_shape: tuple[int, ...], batch: int,
                 num_classes: int, *, method: str = "dlg", labels: torch.Tensor | None = None,
                 iters: int = 300, tol: float = 1e-8, generator: torch.Generator | None = None,
-                chunk: int = 20, stall: int = 5, line_search: str | None = None) -> Reconstruction:
+                chunk: int = 20, stall: int = 5, line_search: str | None = None,
+                clip: float | None = None) -> Reconstruction:
     """Recover ``batch`` inputs whose gradient on ``model`` matches ``target``.
 
     ``method`` "dlg" optimises inputs and soft labels jointly; "idlg" fixes the labels (``labels`` if
@@ -110,7 +122,12 @@ def reconstruct(model: nn.Module, target: dict[str, torch.Tensor], input_shape: 
     at most ``iters`` iterations, ``chunk`` at a time, and stops early when the matching loss drops below
     ``tol`` or stalls (the best loss less than 0.1 % lower than ``stall`` chunks ago). Steps without a
     line search are not monotone, so the dummy with the lowest loss seen is returned (a diverging step,
-    e.g. to NaN, is never kept)."""
+    e.g. to NaN, is never kept).
+
+    ``clip`` makes the attack DP-aware: the dummy gradient is then what DP-SGD would release for the
+    dummies before adding noise (per-sample gradients clipped to norm ``clip``, averaged). The clip norm
+    is part of the public protocol; without it, a clipped gradient is mismatched in scale only, and an
+    attack defeated by clipping alone would credit DP's noise with what is really an attacker's mistake."""
     if method not in ("dlg", "idlg"):
         raise ValueError(f"unknown attack '{method}'; use 'dlg' or 'idlg'")
     device = next(iter(target.values())).device
@@ -132,7 +149,7 @@ def reconstruct(model: nn.Module, target: dict[str, torch.Tensor], input_shape: 
 
     def closure():
         opt.zero_grad(set_to_none=True)
-        loss = _matching_loss(model, params, names, target, x, y)
+        loss = _matching_loss(model, params, names, target, x, y, clip)
         loss.backward()
         return loss
 
@@ -147,7 +164,7 @@ def reconstruct(model: nn.Module, target: dict[str, torch.Tensor], input_shape: 
         ran = int(state.get("n_iter", 0)) - done
         done += max(ran, 0)
         finite = bool(torch.isfinite(x).all() and torch.isfinite(y.float()).all())
-        loss = float(_matching_loss(model, params, names, target, x, y).detach()) if finite else float("nan")
+        loss = float(_matching_loss(model, params, names, target, x, y, clip).detach()) if finite else float("nan")
         history.append(loss)
         if loss < best[0]:
             best = (loss, x.detach().clone(), y.detach().clone())

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import queue
 import time
 import traceback
 
@@ -259,39 +260,56 @@ def _step(step, params, aux, index, x_all, y_all, s, size, members, lr, loss_sum
 
 
 # ---- worker processes (--engine_workers) ------------------------------------------------------------
-def _forked(job: StackJob, loss_out: torch.Tensor, errors) -> None:
+def _forked(fn, i: int, item, results) -> None:
     torch.set_num_threads(1)
     try:
-        loss_out.copy_(run_job(job))
+        results.put((i, True, fn(item)))
     except Exception:  # noqa: BLE001 -- reported to the parent, which raises it
-        errors.put(traceback.format_exc())
-        raise
+        results.put((i, False, traceback.format_exc()))
 
 
-def run_forked(jobs: list) -> list:
-    """Run each job in its own forked single-thread process; returns their loss sums.
+def fork_map(fn, items: list) -> list:
+    """``[fn(item) for item in items]``, each call in its own forked single-thread process.
 
-    Why processes: small per-step kernels scale badly over OpenMP threads (every kernel ends in a
-    barrier, and on a loaded machine a descheduled thread stalls the others), while independent
-    processes scale with the cores. Why fork, per round: the children see the clients' data and the
-    stacked parameters without copying or pickling anything; the parameters and loss sums are moved to
-    shared memory first, so the children's in-place updates are the parent's. CPU only (CUDA does not
-    survive a fork; one GPU is one worker anyway)."""
+    Why processes: small kernels scale badly over OpenMP threads (every kernel ends in a barrier, and on
+    a loaded machine a descheduled thread stalls the others), while independent processes scale with the
+    cores. Why fork, per call: the children see the clients' data and models as they are, without
+    copying or pickling anything; only ``fn``'s (small) results travel back, and tensors the parent
+    moved to shared memory beforehand (the stacked parameters) are updated in place. CPU only (CUDA does
+    not survive a fork; one GPU is one worker anyway)."""
     ctx = torch.multiprocessing.get_context("fork")
-    errors = ctx.SimpleQueue()
-    losses = [torch.zeros(len(job.lrs)).share_memory_() for job in jobs]
-    for job in jobs:
-        for t in job.params.values():
-            t.share_memory_()
-    procs = [ctx.Process(target=_forked, args=(job, out, errors), daemon=True) for job, out in zip(jobs, losses)]
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_forked, args=(fn, i, item, results), daemon=True) for i, item in enumerate(items)]
     for proc in procs:
         proc.start()
+    out: dict = {}
+    while len(out) < len(items):
+        try:
+            i, ok, value = results.get(timeout=1)
+        except queue.Empty:
+            if any(proc.exitcode not in (None, 0) for proc in procs):
+                break
+            continue
+        if not ok:
+            raise FLError(f"an --engine_workers process failed; rerun with --engine_workers 0 to see it here:\n"
+                          f"{value}")
+        out[i] = value
     for proc in procs:
         proc.join()
-    if any(proc.exitcode != 0 for proc in procs):
-        detail = errors.get() if not errors.empty() else f"exit codes {[p.exitcode for p in procs]} (out of memory?)"
-        raise FLError(f"an --engine_workers process failed; rerun with --engine_workers 0 to see it here:\n{detail}")
-    return losses
+    if len(out) < len(items):
+        raise FLError(f"an --engine_workers process died (exit codes {[p.exitcode for p in procs]}; out of "
+                      f"memory?); rerun with fewer --engine_workers, or 0")
+    return [out[i] for i in range(len(items))]
+
+
+def plain_evaluation(client) -> bool:
+    """True when evaluating ``client`` changes nothing on it (the base class's evaluation of its own
+    model), so a forked process can do it: e.g. FedAvg-C's fine-tuned evaluation draws from a stream
+    and caches its copy, and stays in this process."""
+    from flcore.clients.clientbase import Client
+
+    cls = type(client)
+    return all(getattr(cls, m) is getattr(Client, m) for m in ("eval_model", "test_metrics", "train_metrics"))
 
 
 class BatchedEngine:
@@ -346,10 +364,31 @@ class BatchedEngine:
         steps = [len(batch_sizes(c.train_samples, self.cfg.local_epochs, self.cfg.batch_size)) for c in clients]
         parts = [prepare([clients[k] for k in g], round_idx, self.cfg, self.max_stack)
                  for g in balance(steps, self.workers)]
-        losses = run_forked([job for _, job in parts])
+        for _, job in parts:
+            for t in job.params.values():
+                t.share_memory_()  # the children's in-place updates land here
+        losses = [torch.tensor(v) for v in fork_map(lambda job: run_job(job).tolist(), [job for _, job in parts])]
         elapsed = time.perf_counter() - start
         for (stack, job), loss in zip(parts, losses):
             finish(stack, job, loss, self.cfg, elapsed)
+
+
+    def evaluate(self, clients: list, train_loss: bool) -> tuple[list, list | None]:
+        """``(test_metrics, train_metrics)`` of every client, the plain ones split over the worker
+        processes (balanced by samples), the others evaluated here."""
+        plain = [c for c in clients if plain_evaluation(c)]
+        if train_loss and self.cfg.train_loss_eval == "sampled":
+            for c in plain:
+                c.train_loss_sample()  # drawn here, so it is drawn once
+        sizes = [c.test_samples + (c.train_samples if train_loss else 0) for c in plain]
+        groups = [[plain[k] for k in g] for g in balance(sizes, self.workers)]
+        done = {}
+        for group, res in zip(groups, fork_map(
+                lambda g: [(c.test_metrics(), c.train_metrics() if train_loss else None) for c in g], groups)):
+            done.update({c.id: r for c, r in zip(group, res)})
+        out = [done[c.id] if c.id in done else (c.test_metrics(), c.train_metrics() if train_loss else None)
+               for c in clients]
+        return [t for t, _ in out], [r for _, r in out] if train_loss else None
 
 
 def make_engine(cfg) -> BatchedEngine | None:

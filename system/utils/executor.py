@@ -366,4 +366,8 @@ def make_executor(cfg):
     if len([d for d in str(cfg.device_id).split(",") if d.strip()]) > 1 and str(cfg.device).startswith("cuda"):
         print(f"note: the sequential executor uses one device ({cfg.device}); add --executor ray to place "
               f"clients on all of -did {cfg.device_id}")
+    if getattr(cfg, "client_state", "device") != "device":  # clients parked off the device when idle
+        from utils.clientstate import make_parking_executor
+
+        return make_parking_executor(cfg)
     return SequentialExecutor()

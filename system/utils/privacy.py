@@ -147,6 +147,29 @@ class DPSGD:
 
 
 # ---- the server-side monitor -----------------------------------------------------------------------
+def attacked_positions(seed: int, run: int, round_idx: int, n_active: int, k: int) -> np.ndarray:
+    """Positions (in the round's active list) of the clients attacked in a round: ``k`` drawn without
+    replacement from the round's own stream, so the choice never depends on the algorithm."""
+    rng = np_rng(seed, run, "dlg-clients", round_idx)
+    return np.sort(rng.choice(n_active, size=min(k, n_active), replace=False))
+
+
+def attacked_batch(seed: int, run: int, round_idx: int, cid: int, b: int, n: int, batch: int) -> torch.Tensor:
+    """Indices (into the client's training data) of its ``b``-th attacked batch in a round."""
+    return torch.randperm(n, generator=torch_gen(seed, run, "dlg-batch", round_idx, cid, b))[:batch]
+
+
+def guess_scores(originals: torch.Tensor, k: int, mean, std) -> tuple[torch.Tensor, torch.Tensor]:
+    """PSNR and SSIM that ``k`` know-nothing guesses reach under the same matching: images at the
+    normalisation mean (mid-grey), matched to ``originals`` as reconstructions are. The floor to read
+    scores against: best-of-N matching against a whole training set (the update target) or a smooth,
+    low-contrast image can score well above a random image without revealing anything."""
+    shape = (k, *originals.shape[1:])
+    grey = dlg.denormalize(torch.zeros(shape, device=originals.device), mean, std)
+    order, psnr = dlg.match(originals, grey)
+    return psnr, dlg.ssim(originals[order.to(originals.device)], grey)
+
+
 def align_state(model: nn.Module, state: dict) -> dict:
     """An upload's state keyed by ``model``'s own names. Uploads of a part of the model (FedRep's body:
     ``model.base.state_dict()``) carry names relative to that part; they are prefixed with the submodule
@@ -191,9 +214,7 @@ class PrivacyMonitor:
         self.starts = {}
         if not self.attacks(round_idx) or not active:
             return
-        rng = np_rng(self.cfg.seed, self.run, "dlg-clients", round_idx)
-        k = min(self.cfg.dlg_clients, len(active))
-        for i in np.sort(rng.choice(len(active), size=k, replace=False)):
+        for i in attacked_positions(self.cfg.seed, self.run, round_idx, len(active), self.cfg.dlg_clients):
             self.starts[active[i].id] = copy.deepcopy(active[i].model)
 
     def after_upload(self, round_idx: int, active: list, uploads: list[dict]) -> None:
@@ -223,9 +244,8 @@ class PrivacyMonitor:
         rows = []
         for b in range(cfg.batch_num_per_client):
             if cfg.dlg_target == "gradient":
-                pick = torch_gen(cfg.seed, self.run, "dlg-batch", round_idx, client.id, b)
-                idx = torch.randperm(client.train_samples, generator=pick)[:batch].to(client.x_train.device)
-                x, y = client.x_train[idx], client.y_train[idx]
+                idx = attacked_batch(cfg.seed, self.run, round_idx, client.id, b, client.train_samples, batch)
+                x, y = client.x_train[idx.to(client.x_train.device)], client.y_train[idx.to(client.x_train.device)]
                 if cfg.privacy:
                     noise = torch_gen(cfg.seed, self.run, "dlg-dp", round_idx, client.id, b, device=cfg.device)
                     target = dp_gradient(start, x, y, cfg.dp_clip, cfg.dp_sigma, noise)
@@ -234,8 +254,9 @@ class PrivacyMonitor:
             else:
                 x, y = client.x_train, client.y_train  # the update mixes every local batch
             gen = torch_gen(cfg.seed, self.run, "dlg-init", round_idx, client.id, b, device=cfg.device)
+            clip = cfg.dp_clip if cfg.privacy and cfg.dlg_target == "gradient" else None  # a DP-aware attacker
             rec = dlg.reconstruct(start, target, self.input_shape, batch, self.num_classes, method=cfg.dlg_attack,
-                                  iters=cfg.dlg_iters, generator=gen)
+                                  iters=cfg.dlg_iters, generator=gen, clip=clip)
             rows.append(self._score(x, y, rec, exact_batch=cfg.dlg_target == "gradient"))
         return rows
 
@@ -245,22 +266,27 @@ class PrivacyMonitor:
         order, psnr = dlg.match(orig, recon)
         order = order.to(orig.device)
         ssim = dlg.ssim(orig[order], recon)
+        base_psnr, base_ssim = guess_scores(orig, len(recon), self.mean, self.std)
         true = y[order].cpu()
         if exact_batch:  # label recovery as a multiset: the attacker does not know the batch order
             hits = sum((Counter(rec.labels.cpu().tolist()) & Counter(y.cpu().tolist())).values())
         else:  # an update mixes many images: a label counts if it is that of the image matched
             hits = int((rec.labels.cpu() == true).sum())
         return {"orig": orig[order].cpu(), "recon": recon.cpu(), "psnr": psnr.cpu(), "ssim": ssim.cpu(),
-                "label_hits": hits, "n": len(recon), "loss": rec.loss}
+                "base_psnr": base_psnr.cpu(), "base_ssim": base_ssim.cpu(), "label_hits": hits, "n": len(recon),
+                "loss": rec.loss}
 
     def _report(self, round_idx: int, rows: list[dict]) -> None:
         psnr = torch.cat([r["psnr"] for r in rows])
         ssim = torch.cat([r["ssim"] for r in rows])
         n = sum(r["n"] for r in rows)
         values = {"psnr": float(psnr.mean()), "psnr_max": float(psnr.max()), "ssim": float(ssim.mean()),
-                  "label_acc": sum(r["label_hits"] for r in rows) / n, "images": n}
+                  "label_acc": sum(r["label_hits"] for r in rows) / n, "images": n,
+                  "psnr_guess": float(torch.cat([r["base_psnr"] for r in rows]).mean()),
+                  "ssim_guess": float(torch.cat([r["base_ssim"] for r in rows]).mean())}
         tqdm.write(f"round {round_idx:4d} | {self.cfg.dlg_attack.upper()} on {self.cfg.dlg_target} | "
-                   f"PSNR {values['psnr']:.2f} dB (max {values['psnr_max']:.2f}) | SSIM {values['ssim']:.3f} | "
+                   f"PSNR {values['psnr']:.2f} dB (max {values['psnr_max']:.2f}; grey guess "
+                   f"{values['psnr_guess']:.2f}) | SSIM {values['ssim']:.3f} (guess {values['ssim_guess']:.3f}) | "
                    f"labels {values['label_acc']:.2f} | {n} image(s)")
         if self.recorder is None:
             return
@@ -276,5 +302,5 @@ class PrivacyMonitor:
         server prints the maximum with the round's accuracy."""
         if not self.cfg.privacy:
             return {}
-        eps = np.array([c.dp.epsilon(self.cfg.dp_delta) for c in clients])
+        eps = np.array([c.dp_epsilon(self.cfg.dp_delta) for c in clients])
         return {"dp_epsilon_max": float(eps.max()), "dp_epsilon_mean": float(eps.mean()), "dp_client_epsilon": eps}

@@ -54,6 +54,15 @@ class Client:
 
             self.dp = DPSGD.from_config(cfg, cid, run, self.model, self.train_samples)
 
+    def __getattr__(self, name: str):
+        # Reached only for attributes not found the normal way: a client parked off the device
+        # (--client_state, utils/clientstate.py) is brought back on first use.
+        store = vars(self).get("parked_in")
+        if store is None or name.startswith("__"):
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        store.unpark(self)
+        return getattr(self, name)
+
     # ---- hooks -------------------------------------------------------------------------------------
     def make_optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.model.parameters(), lr=self.cfg.local_learning_rate)
@@ -89,6 +98,11 @@ class Client:
     def upload(self) -> dict:
         """What crosses the wire to the server: the model state and its aggregation weight."""
         return {"id": self.id, "weight": self.train_samples, "state": self.model.state_dict()}
+
+    def dp_epsilon(self, delta: float) -> float:
+        """Epsilon (at ``delta``) of this client's DP-SGD steps so far; 0.0 without ``-dp`` or before it
+        trains. A method, so the server reaches it through any executor."""
+        return 0.0 if self.dp is None else self.dp.epsilon(delta)
 
     def eval_model(self) -> nn.Module:
         """The client's personalised model, the one evaluated on its own test split."""

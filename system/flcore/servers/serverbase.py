@@ -5,7 +5,9 @@ Round t (0-based, ``-gr`` rounds in all):
     initialisation, e.g. ALA) -> evaluate (every ``-eg`` rounds, on the models just initialised, as PFLlib
     does) -> train_clients -> receive_models -> aggregate -> after_round.
 After the last round the final global model is sent once more and evaluated, so a run of R rounds has
-evaluations at rounds 0 (initial model), eg, 2eg, ... and R.
+evaluations at rounds 0 (initial model), eg, 2eg, ... and R. With ``-dlg`` / ``-dp`` the privacy monitor
+(utils/privacy.py) snapshots the attacked clients' start models before training, attacks their uploads
+before aggregation and adds DP epsilon to each evaluation; the algorithms need not know.
 
 A new algorithm subclasses ``Server`` (setting ``client_class``) and overrides only the hooks it changes.
 
@@ -133,11 +135,14 @@ class Server:
 
     # ---- evaluation --------------------------------------------------------------------------------
     def evaluate(self) -> dict:
-        tests = np.array(self.executor.map(self.clients, "test_metrics"), dtype=np.float64)
-        if self.cfg.train_loss_eval == "off":
-            trains = np.zeros((len(self.clients), 2))
+        train_loss = self.cfg.train_loss_eval != "off"
+        if self.engine is not None and self.engine.workers:  # --engine_workers: split over processes
+            tests, trains = self.engine.evaluate(self.clients, train_loss)
         else:
-            trains = np.array(self.executor.map(self.clients, "train_metrics"), dtype=np.float64)
+            tests = self.executor.map(self.clients, "test_metrics")
+            trains = self.executor.map(self.clients, "train_metrics") if train_loss else None
+        tests = np.array(tests, dtype=np.float64)
+        trains = np.array(trains, dtype=np.float64) if train_loss else np.zeros((len(self.clients), 2))
         summary = summarize(tests[:, 0], tests[:, 1], tests[:, 2], trains[:, 0], trains[:, 1])
         summary.update(self.extra_metrics())
         if self.privacy is not None:

@@ -1,0 +1,128 @@
+"""Client state off the device (``--client_state cpu|disk``): memory grows with a round's clients, not
+with all clients.
+
+A client is "parked" when it has not been used for a while: every attribute except its identity, its
+data and its timing (``KEEP``) is serialised with the checkpoint machinery (utils/checkpoint.py, so
+models, optimizers, generators, ALA weights and any algorithm's extras are included without code of
+their own) into one compact CPU buffer (``cpu``) or one file (``disk``), and the live objects are
+dropped. The first attribute access brings it back exactly as it was (``Client.__getattr__``), onto its
+device. Parking and unparking are exact: same numbers as ``--client_state device`` (the default), bit for
+bit (tests/test_engine.py).
+
+Which clients stay live: the ``capacity`` most recently used, ``capacity`` = the clients of one round
+(``-jr`` x ``-nc``). The executor (``ParkingExecutor``) records every call and keeps a client live while
+one of its methods runs. A round still touches every client (the broadcast, and evaluation every ``-eg``
+rounds), so each round loads and stores every client once or twice: memory is bounded, time is not free.
+Servers must talk to clients through method calls (the executor contract, utils/executor.py): a
+reference into a client's objects kept by the server goes stale when the client is parked.
+"""
+from __future__ import annotations
+
+import collections
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+from utils.checkpoint import pack_state, unpack_state
+from utils.executor import SequentialExecutor
+
+# What a parked client keeps: identity, data (rebuilt from the split, not per-client state to move) and
+# the per-round training times (len(train_time) = rounds trained, read by ALA and others).
+KEEP = frozenset({"cfg", "id", "run", "device", "x_train", "y_train", "x_test", "y_test", "train_samples",
+                  "test_samples", "num_classes", "train_time", "parked_in"})
+
+
+class ClientStore:
+    """Parked client states, in memory (``mode="cpu"``) or as files under ``folder`` (``"disk"``)."""
+
+    def __init__(self, mode: str, capacity: int, folder: str | None = None):
+        self.mode, self.capacity = mode, max(1, capacity)
+        self.live: collections.OrderedDict = collections.OrderedDict()  # id -> client, oldest first
+        self.pinned: set[int] = set()
+        self.blobs: dict[int, bytes] = {}
+        self.folder = None
+        if mode == "disk":
+            own = folder is None
+            self.folder = Path(tempfile.mkdtemp(prefix="fl-clients-") if own else folder)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            if own:
+                weakref.finalize(self, shutil.rmtree, self.folder, True)
+        self.loads = self.stores = 0
+
+    def __getstate__(self):  # a checkpoint of the server keeps the settings, not the parked states
+        return {**self.__dict__, "live": collections.OrderedDict(), "blobs": {}, "pinned": set()}
+
+    def park(self, c) -> None:
+        """Serialise everything but ``KEEP`` (and what the client's checkpoints skip) and drop it."""
+        skip = KEEP | set(getattr(c, "checkpoint_skip", ()))
+        blob = pack_state(c, c.checkpoint_links(), tuple(skip))
+        for k in [k for k in vars(c) if k not in skip]:
+            del vars(c)[k]
+        if self.folder is not None:
+            (self.folder / f"{c.id}.pt").write_bytes(blob)
+        else:
+            self.blobs[c.id] = blob
+        vars(c)["parked_in"] = self
+        self.live.pop(c.id, None)
+        self.stores += 1
+
+    def unpark(self, c) -> None:
+        """Bring a parked client back (called by ``Client.__getattr__`` on first use)."""
+        blob = (self.folder / f"{c.id}.pt").read_bytes() if self.folder is not None else self.blobs.pop(c.id)
+        del vars(c)["parked_in"]
+        unpack_state(c, blob, c.device, c.checkpoint_links())
+        self.loads += 1
+        self.touch(c)
+
+    def touch(self, c) -> None:
+        """``c`` was just used: it stays live; the least recently used beyond ``capacity`` are parked."""
+        self.live[c.id] = c
+        self.live.move_to_end(c.id)
+        for cid in list(self.live):
+            if len(self.live) <= self.capacity:
+                break
+            if cid not in self.pinned:
+                self.park(self.live[cid])
+
+
+class ParkingExecutor(SequentialExecutor):
+    """The sequential executor with clients parked in a ``ClientStore`` when not in use."""
+    name = "sequential"
+
+    def __init__(self, store: ClientStore):
+        self.store = store
+
+    def start(self, factory, datas: list) -> list:
+        self.clients = []
+        for i, d in enumerate(datas):  # parked as they are built: peak memory stays bounded
+            self.clients.append(factory(i, d))
+            self.store.touch(self.clients[-1])
+        return self.clients
+
+    def _run(self, c, method: str, args, kwargs):
+        if "parked_in" in vars(c):  # back before the call (a method may also replace attributes wholesale)
+            self.store.unpark(c)
+        self.store.pinned.add(c.id)
+        try:
+            return getattr(c, method)(*args, **kwargs)
+        finally:
+            self.store.pinned.discard(c.id)
+            if "parked_in" not in vars(c):
+                self.store.touch(c)
+
+    def map(self, clients, method: str, *args, **kwargs) -> list:
+        return [self._run(c, method, args, kwargs) for c in clients]
+
+    def call_each(self, method: str, calls) -> list:
+        return [self._run(c, method, args, {}) for c, args in calls]
+
+    def call(self, cid: int, method: str, *args, **kwargs):
+        return self._run(self.clients[cid], method, args, kwargs)
+
+
+def make_parking_executor(cfg) -> ParkingExecutor:
+    """``--client_state cpu|disk``: a round's worth of clients (``-jr`` x ``-nc``) stay live."""
+    n = cfg.num_clients or 1
+    capacity = max(1, int(round(cfg.join_ratio * n)))
+    return ParkingExecutor(ClientStore(cfg.client_state, capacity, cfg.client_state_dir))
