@@ -50,8 +50,9 @@ def flops_per_sample(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, t
 
 
 def reference_throughput(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, cfg, seconds: float,
-                         batch: int = 200) -> float:
-    """Samples per second of plain SGD on one model with batches of ``batch`` (the compute limit)."""
+                         batch: int = 200) -> tuple[float, float]:
+    """(samples per second, samples per CPU second) of plain SGD on one model with batches of ``batch``:
+    the compute limit small-batch federated training is compared with."""
     model = copy.deepcopy(model).train()
     opt = torch.optim.SGD(model.parameters(), lr=cfg.local_learning_rate)
     reps = -(-batch // len(y))
@@ -68,12 +69,22 @@ def reference_throughput(model: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
     for _ in range(3):
         step()
     sync(device)
-    n, start = 0, time.perf_counter()
+    n, start, cpu = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - start < seconds:
         step()
         n += 1
     sync(device)
-    return n * batch / (time.perf_counter() - start)
+    return n * batch / (time.perf_counter() - start), n * batch / max(time.process_time() - cpu, 1e-9)
+
+
+def reference_one_thread(model, x, y, cfg, seconds: float) -> float:
+    """Samples per CPU second of the reference on one thread (the yardstick for CPU-time figures)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return reference_throughput(model, x, y, cfg, seconds)[1]
+    finally:
+        torch.set_num_threads(threads)
 
 
 def sync(device: torch.device) -> None:
@@ -88,10 +99,11 @@ def instrumented(server_cls: type, cfg, train_flops: float) -> type:
     class Timed(server_cls):
         def timed(self, phase: str, fn, *args):
             sync(self.device)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), cpu_seconds()
             out = fn(*args)
             sync(self.device)
             self.bench_log[phase] = self.bench_log.get(phase, 0.0) + time.perf_counter() - start
+            self.bench_log[f"{phase}_cpu"] = self.bench_log.get(f"{phase}_cpu", 0.0) + cpu_seconds() - cpu
             return out
 
         def send_models(self, participants):
@@ -120,18 +132,27 @@ def instrumented(server_cls: type, cfg, train_flops: float) -> type:
             now = time.perf_counter()
             log = self.bench_log
             r = {"round": self.round_idx, "wall": now - self.bench_clock, **{k: log.get(k, 0.0) for k in PHASES},
+                 **{f"{k}_cpu": log.get(f"{k}_cpu", 0.0) for k in PHASES},
                  "samples": log.get("samples", 0), "load": os.getloadavg()[0]}
             self.bench_rounds.append(r)
             self.bench_log, self.bench_clock = {}, now
             print(f"round {r['round']}: {r['wall']:6.2f} s | " + " | ".join(f"{k} {r[k]:6.2f}" for k in PHASES)
                   + f" | train {r['samples'] / r['train']:7.0f} samples/s = "
-                  f"{r['samples'] * train_flops / r['train'] / 1e9:5.1f} GFLOP/s | load {r['load']:.2f}", flush=True)
+                  f"{r['samples'] * train_flops / r['train'] / 1e9:5.1f} GFLOP/s ({r['samples'] / r['train_cpu']:.0f} "
+                  f"samples/CPU-s) | load {r['load']:.2f}", flush=True)
 
     return Timed
 
 
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+def peak_rss_mb(who=resource.RUSAGE_SELF) -> float:
+    return resource.getrusage(who).ru_maxrss / 1024  # Linux reports KiB
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (forked workers): on a shared machine
+    the figure that load inflates least, unlike wall time."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def main_benchmark(argv=None) -> dict:
@@ -149,7 +170,8 @@ def main_benchmark(argv=None) -> dict:
     train_flops = flops_per_sample(model, x, y, train=True)
     eval_flops = flops_per_sample(model, x, y, train=False)
     load = [os.getloadavg()[0]]
-    ref_before = reference_throughput(model, x, y, cfg, ours.ref_seconds)
+    ref_before, _ = reference_throughput(model, x, y, cfg, ours.ref_seconds)
+    ref_cpu = reference_one_thread(model, x, y, cfg, ours.ref_seconds) if device.type == "cpu" else float("nan")
 
     server = instrumented(get_server_class(cfg.algorithm), cfg, train_flops)(cfg, data, 0, None)
     server.bench_log, server.bench_rounds, server.bench_curve = {}, [], []
@@ -157,10 +179,11 @@ def main_benchmark(argv=None) -> dict:
     server.train()
     total = time.perf_counter() - start
     load.append(os.getloadavg()[0])
-    ref_after = reference_throughput(model, x, y, cfg, ours.ref_seconds)
+    ref_after, _ = reference_throughput(model, x, y, cfg, ours.ref_seconds)
     ref = (ref_before + ref_after) / 2
     per_round = server.bench_rounds
     train_s = sum(r["train"] for r in per_round)
+    train_cpu = sum(r["train_cpu"] for r in per_round)
     samples = sum(r["samples"] for r in per_round)
     out = {
         "config": {k: getattr(cfg, k) for k in ("dataset", "algorithm", "model", "num_clients", "join_ratio",
@@ -175,7 +198,11 @@ def main_benchmark(argv=None) -> dict:
         "reference_b200_samples_per_s": [ref_before, ref_after],
         "reference_gflops": ref * train_flops / 1e9,
         "train_vs_reference": (samples / train_s) / ref if train_s else float("nan"),
-        "peak_rss_mb": peak_rss_mb(), "load_before_after": load,
+        "train_samples_per_cpu_s": samples / train_cpu if train_cpu else float("nan"),
+        "reference_1thread_samples_per_cpu_s": ref_cpu,
+        "train_cpu_vs_reference": (samples / train_cpu) / ref_cpu if train_cpu else float("nan"),
+        "peak_rss_mb": peak_rss_mb(), "peak_rss_children_mb": peak_rss_mb(resource.RUSAGE_CHILDREN),
+        "load_before_after": load,
     }
     if device.type == "cuda":
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2 ** 20
@@ -185,7 +212,9 @@ def main_benchmark(argv=None) -> dict:
           f"samples/s before / after ({out['reference_gflops']:.1f} GFLOP/s): training at "
           f"{100 * out['train_vs_reference']:.0f} % of it; peak RSS {out['peak_rss_mb']:.0f} MB"
           + (f", peak CUDA {out['peak_cuda_mb']:.0f} MB" if "peak_cuda_mb" in out else "")
-          + f"; load average {load[0]:.2f} -> {load[1]:.2f}; {torch.get_num_threads()} thread(s)")
+          + f" (workers {out['peak_rss_children_mb']:.0f} MB); load average {load[0]:.2f} -> {load[1]:.2f}; "
+          f"{torch.get_num_threads()} thread(s)\nCPU time: training {out['train_samples_per_cpu_s']:.0f} samples/CPU-s, "
+          f"reference on one thread {ref_cpu:.0f} samples/CPU-s: {100 * out['train_cpu_vs_reference']:.0f} %")
     if ours.json:
         Path(ours.json).write_text(json.dumps(out, indent=1, default=float))
     return out

@@ -376,6 +376,8 @@ class BatchedEngine:
     def evaluate(self, clients: list, train_loss: bool) -> tuple[list, list | None]:
         """``(test_metrics, train_metrics)`` of every client, the plain ones split over the worker
         processes (balanced by samples), the others evaluated here."""
+        import sklearn.metrics  # noqa: F401 -- the AUC's import, done once here rather than in every child
+
         plain = [c for c in clients if plain_evaluation(c)]
         if train_loss and self.cfg.train_loss_eval == "sampled":
             for c in plain:
