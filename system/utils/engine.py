@@ -372,7 +372,6 @@ class BatchedEngine:
         for (stack, job), loss in zip(parts, losses):
             finish(stack, job, loss, self.cfg, elapsed)
 
-
     def evaluate(self, clients: list, train_loss: bool) -> tuple[list, list | None]:
         """``(test_metrics, train_metrics)`` of every client, the plain ones split over the worker
         processes (balanced by samples), the others evaluated here."""
