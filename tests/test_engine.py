@@ -11,7 +11,8 @@ from conftest import cli
 from flcore.clients.clientavg import FedAvgClient
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
-from utils.engine import BatchedEngine, balance, batch_sizes, schedule
+from utils.engine import BatchedEngine, batch_sizes, schedule
+from utils.forking import balance
 from utils.errors import FLError
 
 
@@ -118,6 +119,28 @@ def test_worker_processes_equal_in_process(digits_dir_root):
     assert np.array_equal(a["client_test_acc"], b["client_test_acc"])
     assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-6)
     assert a["test_auc"] == pytest.approx(b["test_auc"], rel=1e-6)
+
+
+@pytest.mark.parametrize("algo", ["FedALA", "Ditto"])
+def test_worker_processes_run_ala_and_other_training_exactly(digits_dir_root, algo):
+    """ALA (in the broadcast) and Ditto's own training run in the forked workers and their state comes
+    back whole: bit for bit the numbers of this process (stacks of one client, so both sides compute
+    the same kernels)."""
+    args = ("--engine", "batched", "--engine_stack", "1", "--ala_max_epochs", "2")
+    here = build(digits_dir_root, algo, *args)
+    forked = build(digits_dir_root, algo, *args, "--engine_workers", "2")
+    a, b = run_rounds(here, 2), run_rounds(forked, 2)
+    assert [x["train_loss"] for x in a] == [x["train_loss"] for x in b]
+    for pa, pb in zip(states(here), states(forked)):
+        assert all(torch.equal(u, v) for u, v in zip(pa, pb))
+    for ch, cf in zip(here.clients, forked.clients):
+        assert torch.equal(ch.batch_gen.get_state(), cf.batch_gen.get_state())
+        assert len(ch.train_time) == len(cf.train_time)
+        if algo == "FedALA":
+            assert torch.equal(ch.ala.generator.get_state(), cf.ala.generator.get_state())
+            assert all(torch.equal(ch.ala.weights[k], cf.ala.weights[k]) for k in ch.ala.weights)
+        else:
+            assert all(torch.equal(u, v) for u, v in zip(ch.pmodel.parameters(), cf.pmodel.parameters()))
 
 
 def test_stack_cap_changes_nothing(digits_dir_root):

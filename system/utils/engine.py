@@ -1,11 +1,14 @@
-"""The batched engine (``--engine batched``): many clients' local SGD steps as one stacked computation.
+"""The batched engine (``--engine batched``): many clients' local SGD steps as one stacked computation,
+optionally spread over single-thread worker processes (``--engine_workers``).
 
-Why: with PFLlib's small local batches (``-lbs 10``) a client's step is a handful of tiny kernels, so a
-sequential round spends most of its time on per-call overhead, not arithmetic. Here the round's
-participants are trained together: their parameters are stacked (one leading client dimension per
-tensor) and every step runs ``vmap(grad(loss))`` over all clients still training, which turns the
-convolutions into grouped ones and the linear layers into batched matrix products: 20 clients x 10
-samples cost about what one model's batch of 200 does.
+Why: with PFLlib's small local batches (``-lbs 10``) a client's step is a handful of tiny kernels. One at
+a time they waste the CPU: per-call overhead, and with several OpenMP threads a barrier after every
+kernel (on a busy machine a descheduled thread stalls the others). Here the round's participants train
+together: their parameters are stacked (a leading client dimension on every tensor) and each step runs
+``vmap(grad(loss))`` over the clients still training, which turns convolutions into grouped ones and
+linear layers into batched matrix products. ``--engine_workers N`` splits the clients (balanced by
+steps) over N forked processes with one thread each, which scale with the cores where threads do not.
+Figures and the measurements behind the defaults: docs/performance.md.
 
 Same numbers as the sequential path (within float tolerance; tests/test_engine.py): every client keeps
 its own parameters and learning rate, and its batches come from its own stream exactly as
@@ -15,24 +18,25 @@ the last one smaller). Only the float summation order inside the kernels differs
 Heterogeneous clients (Dir(0.1): 100 to 6,000 samples): clients are ordered by their number of steps, so
 the ones still training at step s are always a prefix of the stack and each step works on views, with no
 copies; a client's short last batch is a separate small group. A round takes as many stacked steps as
-its largest client takes steps, which is the critical path of any schedule.
+its largest client takes steps, the critical path of any schedule. ``--engine_stack`` (8) caps the
+clients per stacked kernel so that their weights and gradients stay in the CPU's cache.
 
 Which clients qualify (never inferred): a client class must declare ``batched_training = True`` in its
 own body (a subclass does not inherit it), which says that its training is the base loop, plain SGD on
 ``loss`` = cross-entropy + the term ``batched_penalty()`` returns (FedProx's proximal term), with no
 ``after_backward``. Clients without it, runs with ``-dp``, and models with buffers (BatchNorm statistics)
-or dropout train on the sequential path, in the same round.
+or dropout train on the sequential path, in the same round (with workers: in the worker processes, one
+by one, their whole state brought back, as a Ray executor would).
 
-Also here: ``autocast`` / ``make_scaler`` for ``--amp``.
+With workers, evaluation of clients evaluated by the base class, and ALA's local initialisation, run in
+the worker processes too. Also here: ``autocast`` / ``make_scaler`` for ``--amp``.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import math
-import queue
 import time
-import traceback
 
 import numpy as np
 import torch
@@ -40,6 +44,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from utils.errors import FLError
+from utils.forking import balance, fork_calls, fork_map, plain_evaluation
 
 
 # ---- mixed precision (--amp) ------------------------------------------------------------------------
@@ -223,18 +228,6 @@ def train_stacked(clients: list, round_idx: int, cfg, max_stack: int = 0) -> Non
     finish(stack, job, loss_sum, cfg, time.perf_counter() - start)
 
 
-def balance(steps: list[int], parts: int) -> list[list[int]]:
-    """Client positions split into ``parts`` groups of nearly equal total steps (longest first, each to
-    the lightest group)."""
-    groups: list[list[int]] = [[] for _ in range(min(parts, len(steps)))]
-    load = [0] * len(groups)
-    for k in sorted(range(len(steps)), key=lambda k: -steps[k]):
-        g = load.index(min(load))
-        groups[g].append(k)
-        load[g] += steps[k]
-    return [sorted(g) for g in groups if g]
-
-
 def _step(step, params, aux, index, x_all, y_all, s, size, members, lr, loss_sum) -> None:
     """One SGD step of the clients at stack positions ``members`` on their ``size``-sample batch ``s``."""
     idx = index[members, s, :size]
@@ -257,59 +250,6 @@ def _step(step, params, aux, index, x_all, y_all, s, size, members, lr, loss_sum
             for n, t in params.items():
                 t.index_copy_(0, members, p[n])
         loss_sum[members] += losses.detach().float()
-
-
-# ---- worker processes (--engine_workers) ------------------------------------------------------------
-def _forked(fn, i: int, item, results) -> None:
-    torch.set_num_threads(1)
-    try:
-        results.put((i, True, fn(item)))
-    except Exception:  # noqa: BLE001 -- reported to the parent, which raises it
-        results.put((i, False, traceback.format_exc()))
-
-
-def fork_map(fn, items: list) -> list:
-    """``[fn(item) for item in items]``, each call in its own forked single-thread process.
-
-    Why processes: small kernels scale badly over OpenMP threads (every kernel ends in a barrier, and on
-    a loaded machine a descheduled thread stalls the others), while independent processes scale with the
-    cores. Why fork, per call: the children see the clients' data and models as they are, without
-    copying or pickling anything; only ``fn``'s (small) results travel back, and tensors the parent
-    moved to shared memory beforehand (the stacked parameters) are updated in place. CPU only (CUDA does
-    not survive a fork; one GPU is one worker anyway)."""
-    ctx = torch.multiprocessing.get_context("fork")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_forked, args=(fn, i, item, results), daemon=True) for i, item in enumerate(items)]
-    for proc in procs:
-        proc.start()
-    out: dict = {}
-    while len(out) < len(items):
-        try:
-            i, ok, value = results.get(timeout=1)
-        except queue.Empty:
-            if any(proc.exitcode not in (None, 0) for proc in procs):
-                break
-            continue
-        if not ok:
-            raise FLError(f"an --engine_workers process failed; rerun with --engine_workers 0 to see it here:\n"
-                          f"{value}")
-        out[i] = value
-    for proc in procs:
-        proc.join()
-    if len(out) < len(items):
-        raise FLError(f"an --engine_workers process died (exit codes {[p.exitcode for p in procs]}; out of "
-                      f"memory?); rerun with fewer --engine_workers, or 0")
-    return [out[i] for i in range(len(items))]
-
-
-def plain_evaluation(client) -> bool:
-    """True when evaluating ``client`` changes nothing on it (the base class's evaluation of its own
-    model), so a forked process can do it: e.g. FedAvg-C's fine-tuned evaluation draws from a stream
-    and caches its copy, and stays in this process."""
-    from flcore.clients.clientbase import Client
-
-    cls = type(client)
-    return all(getattr(cls, m) is getattr(Client, m) for m in ("eval_model", "test_metrics", "train_metrics"))
 
 
 class BatchedEngine:
@@ -357,7 +297,21 @@ class BatchedEngine:
                 self._train_in_workers(group, round_idx)
             else:
                 train_stacked(group, round_idx, self.cfg, self.max_stack)
+        if self.workers > 0 and len(rest) > 1 and not any(c.checkpoint_skip for c in rest):
+            fork_calls("train", [(c, (round_idx,)) for c in rest], self.workers)  # one by one, in parallel
+            return []
         return rest
+
+    def receive(self, calls: list, executor) -> None:
+        """The ``receive_global`` calls of a broadcast: those that run ALA (the costly local
+        initialisation: a forward pass over the s % sample, then W's training) in the worker processes,
+        the others through ``executor``."""
+        heavy = [k for k, (c, (_, participating)) in enumerate(calls)
+                 if participating and c.ala is not None and c.train_time]
+        if len(heavy) < 2:
+            heavy = []
+        fork_calls("receive_global", [calls[k] for k in heavy], self.workers)
+        executor.call_each("receive_global", [call for k, call in enumerate(calls) if k not in set(heavy)])
 
     def _train_in_workers(self, clients: list, round_idx: int) -> None:
         start = time.perf_counter()
@@ -372,9 +326,9 @@ class BatchedEngine:
         for (stack, job), loss in zip(parts, losses):
             finish(stack, job, loss, self.cfg, elapsed)
 
-    def evaluate(self, clients: list, train_loss: bool) -> tuple[list, list | None]:
+    def evaluate(self, clients: list, train_loss: bool, executor) -> tuple[list, list | None]:
         """``(test_metrics, train_metrics)`` of every client, the plain ones split over the worker
-        processes (balanced by samples), the others evaluated here."""
+        processes (balanced by samples), the others through ``executor``."""
         import sklearn.metrics  # noqa: F401 -- the AUC's import, done once here rather than in every child
 
         plain = [c for c in clients if plain_evaluation(c)]
@@ -387,9 +341,12 @@ class BatchedEngine:
         for group, res in zip(groups, fork_map(
                 lambda g: [(c.test_metrics(), c.train_metrics() if train_loss else None) for c in g], groups)):
             done.update({c.id: r for c, r in zip(group, res)})
-        out = [done[c.id] if c.id in done else (c.test_metrics(), c.train_metrics() if train_loss else None)
-               for c in clients]
-        return [t for t, _ in out], [r for _, r in out] if train_loss else None
+        others = [c for c in clients if c.id not in done]
+        tests = dict(zip([c.id for c in others], executor.map(others, "test_metrics")))
+        trains = dict(zip([c.id for c in others], executor.map(others, "train_metrics"))) if train_loss else {}
+        for c in others:
+            done[c.id] = (tests[c.id], trains.get(c.id))
+        return [done[c.id][0] for c in clients], [done[c.id][1] for c in clients] if train_loss else None
 
 
 def make_engine(cfg) -> BatchedEngine | None:

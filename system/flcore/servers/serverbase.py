@@ -99,7 +99,11 @@ class Server:
 
     def send_models(self, participants: list[Client]) -> None:
         chosen = {c.id for c in participants}
-        self.executor.call_each("receive_global", [(c, (self.global_model, c.id in chosen)) for c in self.clients])
+        calls = [(c, (self.global_model, c.id in chosen)) for c in self.clients]
+        if self.engine is not None and self.engine.workers:  # --engine_workers: ALA in the worker processes
+            self.engine.receive(calls, self.executor)
+        else:
+            self.executor.call_each("receive_global", calls)
 
     def active_clients(self, participants: list[Client]) -> list[Client]:
         """Participants that do not drop out this round (``-cdr``): each drops independently with that
@@ -137,7 +141,7 @@ class Server:
     def evaluate(self) -> dict:
         train_loss = self.cfg.train_loss_eval != "off"
         if self.engine is not None and self.engine.workers:  # --engine_workers: split over processes
-            tests, trains = self.engine.evaluate(self.clients, train_loss)
+            tests, trains = self.engine.evaluate(self.clients, train_loss, self.executor)
         else:
             tests = self.executor.map(self.clients, "test_metrics")
             trains = self.executor.map(self.clients, "train_metrics") if train_loss else None
