@@ -8,7 +8,8 @@ prints the wall time of each phase: send (the broadcast, with ALA or another loc
 evaluate, train, aggregate (receive + aggregate); training samples per second and the GFLOP/s they
 amount to (FLOPs counted once by ``torch.utils.flop_counter`` on one batch). The reference, measured in
 the same process on the same device before the first and after the last round, is one model trained on
-batches of 200 for ``--ref_seconds``: the throughput small-batch federated training is compared with.
+batches of 200 for ``--ref_seconds`` (in the faster of the contiguous and channels-last layouts): the
+throughput small-batch federated training is compared with.
 Last: peak RSS and, on CUDA, peak allocated device memory. See docs/performance.md for figures.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "system"))
 
 import main  # noqa: E402
 from flcore.registry import get_server_class  # noqa: E402
-from flcore.trainmodel.models import build_model  # noqa: E402
+from flcore.trainmodel.models import build_model, set_memory_format  # noqa: E402
 from utils.data_utils import load_split  # noqa: E402
 from utils.engine import autocast  # noqa: E402
 
@@ -51,9 +52,18 @@ def flops_per_sample(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, t
 
 def reference_throughput(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, cfg, seconds: float,
                          batch: int = 200) -> tuple[float, float]:
-    """(samples per second, samples per CPU second) of plain SGD on one model with batches of ``batch``:
-    the compute limit small-batch federated training is compared with."""
-    model = copy.deepcopy(model).train()
+    """(samples per second, samples per CPU second) of plain SGD on one model with batches of ``batch``,
+    in the faster of the two weight layouts: the compute limit small-batch federated training is
+    compared with."""
+    best = (0.0, 0.0)
+    for layout in ("contiguous", "channels_last"):
+        m = set_memory_format(copy.deepcopy(model), layout, x.device)
+        best = max(best, one_reference(m, x, y, cfg, seconds / 2, batch))
+    return best
+
+
+def one_reference(model, x, y, cfg, seconds: float, batch: int) -> tuple[float, float]:
+    model = model.train()
     opt = torch.optim.SGD(model.parameters(), lr=cfg.local_learning_rate)
     reps = -(-batch // len(y))
     xb, yb = x.repeat(reps, *[1] * (x.dim() - 1))[:batch], y.repeat(reps)[:batch]

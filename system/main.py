@@ -109,6 +109,10 @@ def base_parser() -> argparse.ArgumentParser:
                         "clients stay live) serialised in CPU memory or in files")
     g.add_argument("--client_state_dir", default=None,
                    help="folder for --client_state disk (default: a temporary folder, removed at exit)")
+    g.add_argument("--memory_format", default="auto", choices=["auto", "channels_last", "contiguous"],
+                   help="layout of convolution weights (and so of activations): channels_last is several "
+                        "times faster with oneDNN on a CPU (docs/performance.md); auto = channels_last on "
+                        "a CPU, contiguous on CUDA")
     g.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"],
                    help="mixed precision for forward passes (bf16: CPU or CUDA; fp16: CUDA, loss-scaled)")
     g = p.add_argument_group("ALA (adaptive local aggregation, pluggable into any algorithm)")

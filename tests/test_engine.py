@@ -92,9 +92,10 @@ def test_balance_splits_steps_evenly():
     ("Local", 1, ()),
     ("FedAvg", 1, ("-ls", "2", "-lbs", "7", "-jr", "0.5")),  # short batches inside the round, a subset trains
 ])
-def test_batched_equals_sequential(digits_dir_root, algo, rounds, extra):
-    seq = build(digits_dir_root, algo, *extra)
-    bat = build(digits_dir_root, algo, "--engine", "batched", *extra)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_batched_equals_sequential(digits_dir_root, algo, rounds, extra, layout):
+    seq = build(digits_dir_root, algo, "--memory_format", layout, *extra)
+    bat = build(digits_dir_root, algo, "--engine", "batched", "--memory_format", layout, *extra)
     a, b = run_rounds(seq, rounds), run_rounds(bat, rounds)
     for x, y in zip(a, b):
         assert x["test_acc"] == y["test_acc"]  # sums of correct predictions: identical curves
@@ -124,8 +125,8 @@ def test_worker_processes_equal_in_process(digits_dir_root):
 @pytest.mark.parametrize("algo", ["FedALA", "Ditto"])
 def test_worker_processes_run_ala_and_other_training_exactly(digits_dir_root, algo):
     """ALA (in the broadcast) and Ditto's own training run in the forked workers and their state comes
-    back whole: bit for bit the numbers of this process (stacks of one client, so both sides compute
-    the same kernels)."""
+    back whole: bit for bit the numbers of this process (stacks of one: every client trains through its
+    own loop on both sides, so both compute the same kernels)."""
     args = ("--engine", "batched", "--engine_stack", "1", "--ala_max_epochs", "2")
     here = build(digits_dir_root, algo, *args)
     forked = build(digits_dir_root, algo, *args, "--engine_workers", "2")
@@ -288,3 +289,38 @@ def test_parked_clients_give_the_same_run_with_a_round_of_memory(digits_dir_root
     run_rounds(server, 1)
     live = [c for c in server.clients if "parked_in" not in vars(c)]
     assert len(live) == server.executor.store.capacity == 2  # round(0.34 * 6) clients stay live
+
+
+def test_tensor_pool_holds_equal_tensors_once():
+    from utils.checkpoint import TensorPool, pack_state, unpack_state
+
+    class Holder:
+        pass
+
+    pool = TensorPool(min_numel=16)
+    w = torch.randn(8, 4, 3, 3)
+    a, b, c = Holder(), Holder(), Holder()
+    a.w, a.small = w.clone(), torch.ones(3)
+    b.w = torch.nn.Parameter(w.clone())
+    c.w = w.clone().to(memory_format=torch.channels_last)  # same values, other layout: kept apart
+    blobs = []
+    for h in (a, b, c):
+        blobs.append((pack_state(h, {}, (), pool), pool.used))
+    assert [len(u) for _, u in blobs] == [1, 1, 1]  # the 3-element tensor stays in the blob
+    assert len(pool.entries) == 2 and pool.nbytes() == 2 * w.numel() * 4
+    for h, (blob, used) in zip((a, b, c), blobs):
+        restored = Holder()
+        unpack_state(restored, blob, "cpu", {}, pool)
+        pool.release(used)
+        assert torch.equal(restored.w, w) and restored.w.stride() == h.w.stride()
+        assert type(restored.w) is type(h.w) and restored.w is not h.w
+    assert pool.entries == {} and pool.index == {}
+
+
+def test_parked_fedavg_clients_share_the_broadcast_model(digits_dir_root):
+    """After a broadcast every FedAvg client holds the global model: parked, they cost one copy."""
+    server = build(digits_dir_root, "FedAvg", "-jr", "0.34", "--client_state", "cpu")
+    run_rounds(server, 1)
+    large = sum(p.numel() * 4 for p in server.global_model.parameters() if p.numel() >= 4096)
+    store = server.executor.store
+    assert len(store.blobs) == 4 and store.pool.nbytes() == large

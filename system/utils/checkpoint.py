@@ -39,10 +39,82 @@ def _linked(key: str):
     return _LINKS.get()[key]
 
 
+# A TensorPool that tensors are saved into by reference while packing / taken from while unpacking.
+_POOL: contextvars.ContextVar = contextvars.ContextVar("checkpoint_pool", default=None)
+
+
+class TensorPool:
+    """Tensors stored once however many packed states hold them, by content: e.g. a thousand parked
+    FedAvg clients whose models all equal the last broadcast, or FedALA's lower layers (equal to the
+    global model's). Each entry is a CPU copy with a reference count; ``release`` the ids a state used
+    once it is unpacked, and entries nobody refers to are dropped. Tensors match on shape, strides,
+    dtype and values (``torch.equal``), so an unpacked state is bit for bit, layout included, the one
+    packed. Only floating-point tensors of at least ``min_numel`` elements are pooled."""
+
+    def __init__(self, min_numel: int = 4096):
+        self.min_numel = min_numel
+        self.entries: dict[int, list] = {}  # id -> [tensor, references]
+        self.index: dict[tuple, list[int]] = {}  # cheap fingerprint -> ids
+        self.next_id = 0
+        self.used: list[int] | None = None  # ids taken by the pack in progress
+
+    @staticmethod
+    def _fingerprint(t: torch.Tensor) -> tuple:
+        flat = t.detach().reshape(-1)
+        probe = flat[::max(1, flat.numel() // 16)][:16].cpu()
+        return tuple(t.shape), t.stride(), t.dtype, probe.numpy().tobytes()
+
+    def put(self, t: torch.Tensor) -> int | None:
+        if t.numel() < self.min_numel or t.is_sparse or not t.is_floating_point():
+            return None
+        fp = self._fingerprint(t)
+        ids = self.index.setdefault(fp, [])
+        for i in ids:
+            if torch.equal(self.entries[i][0], t.detach().cpu()):
+                break
+        else:
+            i = self.next_id
+            self.next_id += 1
+            self.entries[i] = [t.detach().to("cpu", copy=True), 0]
+            ids.append(i)
+        self.entries[i][1] += 1
+        self.used.append(i)
+        return i
+
+    def get(self, i: int, device) -> torch.Tensor:
+        return self.entries[i][0].to(device, copy=True)
+
+    def release(self, ids: list[int]) -> None:
+        for i in ids:
+            entry = self.entries[i]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self.entries[i]
+                fp = self._fingerprint(entry[0])
+                self.index[fp].remove(i)
+                if not self.index[fp]:
+                    del self.index[fp]
+
+    def nbytes(self) -> int:
+        return sum(t.element_size() * t.numel() for t, _ in self.entries.values())
+
+
+def _pooled(i: int, param: bool, requires_grad: bool, device: str):
+    t = _POOL.get().get(i, device)
+    return torch.nn.Parameter(t, requires_grad) if param else t.requires_grad_(requires_grad)
+
+
 class _LinkingPickler(pickle.Pickler):
     def reducer_override(self, obj):
         key = _LINKS.get().get(id(obj))
-        return NotImplemented if key is None else (_linked, (key,))
+        if key is not None:
+            return (_linked, (key,))
+        pool = _POOL.get()
+        if pool is not None and type(obj) in (torch.Tensor, torch.nn.Parameter):
+            i = pool.put(obj)
+            if i is not None:
+                return (_pooled, (i, type(obj) is torch.nn.Parameter, obj.requires_grad, str(obj.device)))
+        return NotImplemented
 
 
 _pickle = types.ModuleType("checkpoint_pickle")
@@ -50,12 +122,16 @@ _pickle.__dict__.update({k: v for k, v in vars(pickle).items() if not k.startswi
 _pickle.Pickler = _LinkingPickler
 
 
-def pack_state(obj, links: dict, skip=()) -> bytes:
+def pack_state(obj, links: dict, skip=(), pool: TensorPool | None = None) -> bytes:
     """Every attribute of ``obj`` except those named in ``skip``, as bytes. The objects in ``links``
-    (key -> object) are saved as references wherever they occur, at any depth."""
+    (key -> object) are saved as references wherever they occur, at any depth; with ``pool``, large
+    tensors are saved into it by reference (``pool.used`` then lists the ids this state holds)."""
     state = {k: v for k, v in vars(obj).items() if k not in skip}
     buf = io.BytesIO()
     token = _LINKS.set({id(v): k for k, v in links.items() if v is not None})
+    pool_token = _POOL.set(pool)
+    if pool is not None:
+        pool.used = []
     try:
         torch.save(state, buf, pickle_module=_pickle)
     except (pickle.PicklingError, TypeError, AttributeError) as e:
@@ -64,6 +140,7 @@ def pack_state(obj, links: dict, skip=()) -> bytes:
                       f"servers, or name the attribute in checkpoint_skip if it is rebuilt from the flags") from None
     finally:
         _LINKS.reset(token)
+        _POOL.reset(pool_token)
     return buf.getvalue()
 
 
@@ -75,14 +152,17 @@ def _picklable(v) -> bool:
     return True
 
 
-def unpack_state(obj, blob: bytes, device, links: dict) -> None:
+def unpack_state(obj, blob: bytes, device, links: dict, pool: TensorPool | None = None) -> None:
     """Set the attributes saved by ``pack_state`` on ``obj`` (tensors onto ``device``; references to the
-    objects of ``links``, key -> object, resolved to those objects)."""
+    objects of ``links``, key -> object, resolved to those objects; pooled tensors copied from ``pool``
+    onto the device they were packed from)."""
     token = _LINKS.set(links)
+    pool_token = _POOL.set(pool)
     try:
         state = torch.load(io.BytesIO(blob), map_location=device, weights_only=False)
     finally:
         _LINKS.reset(token)
+        _POOL.reset(pool_token)
     vars(obj).update(state)
 
 

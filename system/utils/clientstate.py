@@ -5,7 +5,8 @@ A client is "parked" when it has not been used for a while: every attribute exce
 data and its timing (``KEEP``) is serialised with the checkpoint machinery (utils/checkpoint.py, so
 models, optimizers, generators, ALA weights and any algorithm's extras are included without code of
 their own) into one compact CPU buffer (``cpu``) or one file (``disk``), and the live objects are
-dropped. The first attribute access brings it back exactly as it was (``Client.__getattr__``), onto its
+dropped; in ``cpu`` mode large tensors go into a pool that holds each distinct tensor once (a thousand
+FedAvg clients holding the broadcast model cost one model, not a thousand). The first attribute access brings it back exactly as it was (``Client.__getattr__``), onto its
 device. Parking and unparking are exact: same numbers as ``--client_state device`` (the default), bit for
 bit (tests/test_engine.py).
 
@@ -24,7 +25,7 @@ import tempfile
 import weakref
 from pathlib import Path
 
-from utils.checkpoint import pack_state, unpack_state
+from utils.checkpoint import TensorPool, pack_state, unpack_state
 from utils.executor import SequentialExecutor
 
 # What a parked client keeps: identity, data (rebuilt from the split, not per-client state to move) and
@@ -41,6 +42,10 @@ class ClientStore:
         self.live: collections.OrderedDict = collections.OrderedDict()  # id -> client, oldest first
         self.pinned: set[int] = set()
         self.blobs: dict[int, bytes] = {}
+        # cpu: large tensors held once by content (clients that hold the same model, e.g. every FedAvg
+        # client after a broadcast, share one copy); the ids each parked client's blob refers to.
+        self.pool = TensorPool() if mode == "cpu" else None
+        self.pooled: dict[int, list[int]] = {}
         self.folder = None
         if mode == "disk":
             own = folder is None
@@ -51,12 +56,15 @@ class ClientStore:
         self.loads = self.stores = 0
 
     def __getstate__(self):  # a checkpoint of the server keeps the settings, not the parked states
-        return {**self.__dict__, "live": collections.OrderedDict(), "blobs": {}, "pinned": set()}
+        return {**self.__dict__, "live": collections.OrderedDict(), "blobs": {}, "pinned": set(), "pooled": {},
+                "pool": TensorPool() if self.pool is not None else None}
 
     def park(self, c) -> None:
         """Serialise everything but ``KEEP`` (and what the client's checkpoints skip) and drop it."""
         skip = KEEP | set(getattr(c, "checkpoint_skip", ()))
-        blob = pack_state(c, c.checkpoint_links(), tuple(skip))
+        blob = pack_state(c, c.checkpoint_links(), tuple(skip), self.pool)
+        if self.pool is not None:
+            self.pooled[c.id] = self.pool.used
         for k in [k for k in vars(c) if k not in skip]:
             del vars(c)[k]
         if self.folder is not None:
@@ -71,7 +79,9 @@ class ClientStore:
         """Bring a parked client back (called by ``Client.__getattr__`` on first use)."""
         blob = (self.folder / f"{c.id}.pt").read_bytes() if self.folder is not None else self.blobs.pop(c.id)
         del vars(c)["parked_in"]
-        unpack_state(c, blob, c.device, c.checkpoint_links())
+        unpack_state(c, blob, c.device, c.checkpoint_links(), self.pool)
+        if self.pool is not None:
+            self.pool.release(self.pooled.pop(c.id))
         self.loads += 1
         self.touch(c)
 

@@ -162,7 +162,10 @@ def prepare(clients: list, round_idx: int, cfg, max_stack: int) -> tuple[list, S
             perm = torch.randperm(c.train_samples, generator=c.batch_gen) + int(offsets[pos])
             rows[e * per_epoch * bs:e * per_epoch * bs + c.train_samples] = perm
     named = [dict(c.model.named_parameters()) for c in stack]
-    params = {n: torch.stack([m[n].detach() for m in named]) for n in named[0]}
+    # Contiguous whatever the models' layout (--memory_format): stacked channels-last weights send vmap's
+    # grouped convolutions and max pooling down kernels that break ties between equal activations (common
+    # on blank image regions) differently from the sequential path, and so route gradients elsewhere.
+    params = {n: torch.stack([m[n].detach() for m in named]).contiguous() for n in named[0]}
     penalty, aux = None, None
     if stack[0].batched_penalty() is not None:
         penalty = stack[0].batched_penalty()[0]
@@ -287,8 +290,10 @@ class BatchedEngine:
         return batched, rest
 
     def train(self, clients: list, round_idx: int) -> list:
-        """Train the eligible ``clients`` for round ``round_idx``; returns the ones not trained here."""
-        batched, rest = self.split(clients)
+        """Train the eligible ``clients`` for round ``round_idx``; returns the ones not trained here.
+        Stacks of one (``--engine_stack 1``) are each client's own training loop: in the worker
+        processes, one client after the other, or (no workers) left to the caller."""
+        batched, rest = self.split(clients) if self.max_stack != 1 else ([], list(clients))
         groups: dict[type, list] = {}
         for c in batched:
             groups.setdefault(type(c), []).append(c)

@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from flcore.clients.clientbase import Client
-from flcore.trainmodel.models import build_model
+from flcore.trainmodel.models import build_model, set_memory_format
 from utils import checkpoint
 from utils.aggregate import weighted_average
 from utils.data_utils import FederatedData
@@ -59,7 +59,8 @@ class Server:
         self.cfg, self.data, self.run = cfg, data, run
         self.device = torch.device(cfg.device)
         with torch_seeded(cfg.seed, run, "model"):
-            self.global_model = self.build_model().to(self.device)
+            self.global_model = set_memory_format(self.build_model().to(self.device),
+                                                  getattr(cfg, "memory_format", "auto"), self.device)
         self.executor = executor if executor is not None else make_executor(cfg)
         self.engine = make_engine(cfg)  # None: every client trains through the executor
         self.clients = self.executor.start(self.client_factory(), data.clients)
