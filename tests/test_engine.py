@@ -95,7 +95,7 @@ def test_balance_splits_steps_evenly():
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 def test_batched_equals_sequential(digits_dir_root, algo, rounds, extra, layout):
     seq = build(digits_dir_root, algo, "--memory_format", layout, *extra)
-    bat = build(digits_dir_root, algo, "--engine", "batched", "--memory_format", layout, *extra)
+    bat = build(digits_dir_root, algo, "--engine", "batched", "--engine_stack", "8", "--memory_format", layout, *extra)
     a, b = run_rounds(seq, rounds), run_rounds(bat, rounds)
     for x, y in zip(a, b):
         assert x["test_acc"] == y["test_acc"]  # sums of correct predictions: identical curves
@@ -111,8 +111,8 @@ def test_batched_equals_sequential(digits_dir_root, algo, rounds, extra, layout)
 
 
 def test_worker_processes_equal_in_process(digits_dir_root):
-    here = build(digits_dir_root, "FedAvg", "--engine", "batched")
-    forked = build(digits_dir_root, "FedAvg", "--engine", "batched", "--engine_workers", "2")
+    here = build(digits_dir_root, "FedAvg", "--engine", "batched", "--engine_stack", "8")
+    forked = build(digits_dir_root, "FedAvg", "--engine", "batched", "--engine_stack", "8", "--engine_workers", "2")
     (a,), (b,) = run_rounds(here, 1), run_rounds(forked, 1)  # training and evaluation in 2 processes
     for pa, pb in zip(states(here), states(forked)):
         for u, v in zip(pa, pb):
@@ -145,12 +145,23 @@ def test_worker_processes_run_ala_and_other_training_exactly(digits_dir_root, al
 
 
 def test_stack_cap_changes_nothing(digits_dir_root):
-    whole = build(digits_dir_root, "FedAvg", "--engine", "batched")
+    whole = build(digits_dir_root, "FedAvg", "--engine", "batched", "--engine_stack", "0")
     capped = build(digits_dir_root, "FedAvg", "--engine", "batched", "--engine_stack", "2")
     run_rounds(whole, 1), run_rounds(capped, 1)
     for pa, pb in zip(states(whole), states(capped)):
         for u, v in zip(pa, pb):
             torch.testing.assert_close(u, v, atol=1e-6, rtol=1e-5)
+
+
+def test_default_stack_is_per_client_on_the_cpu(digits_dir_root):
+    """The CPU default (each client's own loop, no stack) and a 2-client stack train the same models."""
+    own = build(digits_dir_root, "FedAvg", "--engine", "batched")
+    assert own.engine.max_stack == 1
+    stacked = build(digits_dir_root, "FedAvg", "--engine", "batched", "--engine_stack", "2")
+    run_rounds(own, 1), run_rounds(stacked, 1)
+    for pa, pb in zip(states(own), states(stacked)):
+        for u, v in zip(pa, pb):
+            torch.testing.assert_close(u, v, atol=1e-5, rtol=1e-4)
 
 
 class LossOverridingClient(FedAvgClient):
@@ -162,7 +173,7 @@ class LossOverridingClient(FedAvgClient):
 
 def test_eligibility_is_declared_not_inherited(digits_root):
     server = build(digits_root, "FedAvg", "--engine", "batched")
-    engine = BatchedEngine(server.cfg)
+    engine = BatchedEngine(server.cfg, max_stack=8)
     plain = server.clients[0]
     custom = LossOverridingClient(server.cfg, 1, server.data.clients[1], server.global_model)
     assert engine.split([plain, custom]) == ([plain], [custom])
@@ -180,8 +191,10 @@ def test_undeclared_algorithm_runs_sequentially_with_the_same_numbers(digits_roo
 
 
 def test_batched_non_finite_loss_is_a_clear_error(digits_root, tmp_path, capsys):
-    assert main.main(cli(digits_root, tmp_path, "-gr", "1", "-lr", "1e12", "--engine", "batched")) == 2
-    assert "training loss became" in capsys.readouterr().err
+    for stack in ("8", "1"):
+        assert main.main(cli(digits_root, tmp_path, "-gr", "1", "-lr", "1e12", "--engine", "batched",
+                             "--engine_stack", stack)) == 2
+        assert "training loss became" in capsys.readouterr().err
 
 
 def test_batched_rejects_ray(digits_root):

@@ -41,7 +41,7 @@ from flcore.trainmodel.models import layer_groups, split_head
 from utils.engine import model_blocker
 from utils.seeding import torch_gen
 
-FEATURE_BATCH = 1000  # samples per no-grad pass when the classifier's inputs are computed once
+FEATURE_BATCH = 256  # samples per no-grad pass when the classifier's inputs are computed once (CPU: 1.6x faster than 1000)
 
 
 def adapted_names(model: nn.Module, p: int) -> list[str]:

@@ -18,8 +18,14 @@ the last one smaller). Only the float summation order inside the kernels differs
 Heterogeneous clients (Dir(0.1): 100 to 6,000 samples): clients are ordered by their number of steps, so
 the ones still training at step s are always a prefix of the stack and each step works on views, with no
 copies; a client's short last batch is a separate small group. A round takes as many stacked steps as
-its largest client takes steps, the critical path of any schedule. ``--engine_stack`` (8) caps the
-clients per stacked kernel so that their weights and gradients stay in the CPU's cache.
+its largest client takes steps, the critical path of any schedule. ``--engine_stack K`` caps the
+clients per stacked kernel (8 keeps the CNN's stacked weights and gradients in a CPU's cache).
+
+On a CPU the default is ``--engine_stack 1``: no stacking, each client runs its own loop, in the worker
+processes. Since the models run channels-last there (``--memory_format``), oneDNN's per-client batch-10
+kernels beat the stacked grouped ones, which vmap runs in the default layout (measured in
+docs/performance.md: 18.0 against 20.2 s per round). Stacking is for devices where a kernel launch costs
+more than a small kernel's arithmetic (CUDA: default 0, no cap).
 
 Which clients qualify (never inferred): a client class must declare ``batched_training = True`` in its
 own body (a subclass does not inherit it), which says that its training is the base loop, plain SGD on
@@ -358,4 +364,7 @@ def make_engine(cfg) -> BatchedEngine | None:
     """The engine named by ``--engine`` (None for ``sequential``)."""
     if getattr(cfg, "engine", "sequential") != "batched":
         return None
-    return BatchedEngine(cfg, getattr(cfg, "engine_stack", 0), getattr(cfg, "engine_workers", 0))
+    stack = getattr(cfg, "engine_stack", None)
+    if stack is None:  # measured (docs/performance.md): per-client channels-last loops win on a CPU
+        stack = 1 if torch.device(cfg.device).type == "cpu" else 0
+    return BatchedEngine(cfg, stack, getattr(cfg, "engine_workers", 0))
