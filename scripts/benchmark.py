@@ -7,7 +7,9 @@ Takes every flag of ``system/main.py`` (one run, no result files) plus ``--ref_s
 prints the wall time of each phase: send (the broadcast, with ALA or another local initialisation),
 evaluate, train, aggregate (receive + aggregate); training samples per second and the GFLOP/s they
 amount to (FLOPs counted once by ``torch.utils.flop_counter`` on one batch). The reference, measured in
-the same process on the same device before the first and after the last round, is one model trained on
+the same process on the same device before the first round, after every round (outside the round's
+time: each round is compared with the reference measured right after it, as a shared machine's speed
+drifts) and after the last one, is one model trained on
 batches of 200 for ``--ref_seconds`` (in the faster of the contiguous and channels-last layouts): the
 throughput small-batch federated training is compared with.
 Last: peak RSS and, on CUDA, peak allocated device memory. See docs/performance.md for figures.
@@ -102,9 +104,11 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def instrumented(server_cls: type, cfg, train_flops: float) -> type:
+def instrumented(server_cls: type, cfg, train_flops: float, reference=None) -> type:
     """``server_cls`` with each phase of a round timed and one line printed per round (the round loop
-    itself is the library's: ``Server.run_rounds`` calls ``after_round`` last in every round)."""
+    itself is the library's: ``Server.run_rounds`` calls ``after_round`` last in every round). With
+    ``reference`` (a function returning samples per second), the reference is measured again after every
+    round, outside the round's time, so that each round is compared with the machine as it was then."""
 
     class Timed(server_cls):
         def timed(self, phase: str, fn, *args):
@@ -145,11 +149,15 @@ def instrumented(server_cls: type, cfg, train_flops: float) -> type:
                  **{f"{k}_cpu": log.get(f"{k}_cpu", 0.0) for k in PHASES},
                  "samples": log.get("samples", 0), "load": os.getloadavg()[0]}
             self.bench_rounds.append(r)
-            self.bench_log, self.bench_clock = {}, now
+            ref = ""
+            if reference is not None:
+                r["reference"] = reference()
+                ref = f" | reference {r['reference']:.0f} samples/s: {100 * r['samples'] / r['train'] / r['reference']:.0f} %"
+            self.bench_log, self.bench_clock = {}, time.perf_counter()
             print(f"round {r['round']}: {r['wall']:6.2f} s | " + " | ".join(f"{k} {r[k]:6.2f}" for k in PHASES)
                   + f" | train {r['samples'] / r['train']:7.0f} samples/s = "
                   f"{r['samples'] * train_flops / r['train'] / 1e9:5.1f} GFLOP/s ({r['samples'] / r['train_cpu']:.0f} "
-                  f"samples/CPU-s) | load {r['load']:.2f}", flush=True)
+                  f"samples/CPU-s){ref} | load {r['load']:.2f}", flush=True)
 
     return Timed
 
@@ -183,11 +191,14 @@ def main_benchmark(argv=None) -> dict:
     ref_before, _ = reference_throughput(model, x, y, cfg, ours.ref_seconds)
     ref_cpu = reference_one_thread(model, x, y, cfg, ours.ref_seconds) if device.type == "cpu" else float("nan")
 
-    server = instrumented(get_server_class(cfg.algorithm), cfg, train_flops)(cfg, data, 0, None)
+    def reference():
+        return reference_throughput(model, x, y, cfg, ours.ref_seconds)[0]
+
+    server = instrumented(get_server_class(cfg.algorithm), cfg, train_flops, reference)(cfg, data, 0, None)
     server.bench_log, server.bench_rounds, server.bench_curve = {}, [], []
     start = server.bench_clock = time.perf_counter()
     server.train()
-    total = time.perf_counter() - start
+    end = time.perf_counter()
     load.append(os.getloadavg()[0])
     ref_after, _ = reference_throughput(model, x, y, cfg, ours.ref_seconds)
     ref = (ref_before + ref_after) / 2
@@ -201,13 +212,15 @@ def main_benchmark(argv=None) -> dict:
                                                  "train_loss_eval", "eval_batch_size", "device")},
         "threads": torch.get_num_threads(), "rounds": per_round, "curve": server.bench_curve,
         "mean_round_s": sum(r["wall"] for r in per_round) / max(len(per_round), 1),
-        "final_evaluation_s": total - sum(r["wall"] for r in per_round),
+        "final_evaluation_s": end - server.bench_clock,  # the evaluation after the last round
         "train_samples_per_s": samples / train_s if train_s else float("nan"),
         "train_gflops": samples * train_flops / train_s / 1e9 if train_s else float("nan"),
         "train_mflop_per_sample": train_flops / 1e6, "eval_mflop_per_sample": eval_flops / 1e6,
         "reference_b200_samples_per_s": [ref_before, ref_after],
         "reference_gflops": ref * train_flops / 1e9,
         "train_vs_reference": (samples / train_s) / ref if train_s else float("nan"),
+        # each round against the reference measured right after it (the machine's speed drifts)
+        "train_vs_reference_per_round": [r["samples"] / r["train"] / r["reference"] for r in per_round],
         "train_samples_per_cpu_s": samples / train_cpu if train_cpu else float("nan"),
         "reference_1thread_samples_per_cpu_s": ref_cpu,
         "train_cpu_vs_reference": (samples / train_cpu) / ref_cpu if train_cpu else float("nan"),
@@ -220,7 +233,8 @@ def main_benchmark(argv=None) -> dict:
           f"{out['train_samples_per_s']:.0f} samples/s ({out['train_gflops']:.1f} GFLOP/s, "
           f"{train_flops / 1e6:.1f} MFLOP/sample); reference batch-200 {ref_before:.0f} / {ref_after:.0f} "
           f"samples/s before / after ({out['reference_gflops']:.1f} GFLOP/s): training at "
-          f"{100 * out['train_vs_reference']:.0f} % of it; peak RSS {out['peak_rss_mb']:.0f} MB"
+          f"{100 * out['train_vs_reference']:.0f} % of it (round by round: "
+          f"{', '.join(f'{100 * v:.0f}' for v in out['train_vs_reference_per_round'])} %); peak RSS {out['peak_rss_mb']:.0f} MB"
           + (f", peak CUDA {out['peak_cuda_mb']:.0f} MB" if "peak_cuda_mb" in out else "")
           + f" (workers {out['peak_rss_children_mb']:.0f} MB); load average {load[0]:.2f} -> {load[1]:.2f}; "
           f"{torch.get_num_threads()} thread(s)\nCPU time: training {out['train_samples_per_cpu_s']:.0f} samples/CPU-s, "
