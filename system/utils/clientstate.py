@@ -20,6 +20,7 @@ reference into a client's objects kept by the server goes stale when the client 
 from __future__ import annotations
 
 import collections
+import ctypes
 import shutil
 import tempfile
 import weakref
@@ -32,6 +33,17 @@ from utils.executor import SequentialExecutor
 # the per-round training times (len(train_time) = rounds trained, read by ALA and others).
 KEEP = frozenset({"cfg", "id", "run", "device", "x_train", "y_train", "x_test", "y_test", "train_samples",
                   "test_samples", "num_classes", "train_time", "parked_in"})
+
+
+def _trim_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``; elsewhere a no-op).
+    Parking and unparking free and allocate a model's worth of memory per client; glibc keeps freed
+    blocks of that size in its heap, where they fragment, so without this the process's resident size
+    grows well past what it holds (1,000 FedALA clients on MNIST, 10 rounds: 4.5 GB peak RSS)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class ClientStore:
@@ -74,6 +86,8 @@ class ClientStore:
         vars(c)["parked_in"] = self
         self.live.pop(c.id, None)
         self.stores += 1
+        if self.stores % self.capacity == 0:  # about once per round's worth of clients
+            _trim_heap()
 
     def unpark(self, c) -> None:
         """Bring a parked client back (called by ``Client.__getattr__`` on first use)."""
