@@ -61,7 +61,7 @@ class TensorPool:
     @staticmethod
     def _fingerprint(t: torch.Tensor) -> tuple:
         flat = t.detach().reshape(-1)
-        probe = flat[::max(1, flat.numel() // 16)][:16].cpu()
+        probe = flat[::max(1, flat.numel() // 16)][:16].contiguous().view(torch.uint8).cpu()  # any float dtype
         return tuple(t.shape), t.stride(), t.dtype, probe.numpy().tobytes()
 
     def put(self, t: torch.Tensor) -> int | None:
