@@ -319,7 +319,7 @@ class BatchedEngine:
         the others through ``executor``."""
         heavy = [k for k, (c, (_, participating)) in enumerate(calls)
                  if participating and c.ala is not None and c.train_time]
-        if len(heavy) < 2:
+        if len(heavy) < 2 or any(calls[k][0].checkpoint_skip for k in heavy):  # (skipped state would be lost)
             heavy = []
         fork_calls("receive_global", [calls[k] for k in heavy], self.workers)
         executor.call_each("receive_global", [call for k, call in enumerate(calls) if k not in set(heavy)])
