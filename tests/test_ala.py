@@ -147,3 +147,51 @@ def test_fedala_beats_fedavg_on_pathological_split(digits_noniid_root, tmp_path)
     ala = read_h5(tmp_path / "Digits_FedALA_test_0.h5")["rs_test_acc"][-1]
     avg = read_h5(tmp_path / "Digits_FedAvg_test_0.h5")["rs_test_acc"][-1]
     assert ala > avg + 0.1, (ala, avg)
+
+
+def test_kept_features_are_the_lower_layers_outputs_until_they_change():
+    """keep_features: the classifier inputs on every training sample, valid only while the model's lower
+    layers are the ones they came from."""
+    glob, local = pair(3)
+    x, y = torch.randn(40, 2), torch.randint(0, 2, (40,))
+    ala = ALA(adapted_names(local, 1), rand_percent=50, batch_size=5, keep_features=True)
+    ala.adaptive_local_aggregation(glob, local, x, y)
+    feats = ala.features_for(local)
+    with torch.no_grad():
+        expected = torch.relu(glob.fc1(x))  # the lower layers are the global model's after ALA
+    torch.testing.assert_close(feats, expected)
+    with torch.no_grad():
+        local.fc.weight.add_(1.0)  # the classifier may change: the inputs stay valid
+    assert ala.features_for(local) is feats
+    with torch.no_grad():
+        local.fc1.weight.add_(1e-3)  # a lower layer changes: they are not
+    assert ala.features_for(local) is None
+
+
+def test_train_loss_from_kept_features_equals_full_evaluation(digits_noniid_root, tmp_path):
+    """FedALA's train loss read from the features ALA kept equals running the whole model, round by
+    round (ALA's W steps see the same inputs either way, up to float rounding)."""
+    from flcore.registry import get_server_class
+    from utils.data_utils import load_split
+
+    losses = {}
+    for keep in (True, False):
+        cfg = main.parse_config(cli(digits_noniid_root, tmp_path, "-algo", "FedALA", "-lr", "0.05",
+                                    "--ala_max_epochs", "3"))
+        data = load_split("Digits", digits_noniid_root, None, "cpu")
+        cfg = cfg.replace(num_classes=data.num_classes, num_clients=len(data.clients))
+        server = get_server_class("FedALA")(cfg, data, 0, None)
+        for c in server.clients:
+            c.ala.keep_features = keep
+        out = []
+        for t in range(3):
+            server.round_idx = t
+            chosen = server.select_clients()
+            server.send_models(chosen)
+            used = [c.ala.features_for(c.model) is not None for c in server.clients]
+            out.append(server.evaluate()["train_loss"])
+            server.train_clients(chosen)
+            server.aggregate(server.receive_models(chosen))
+            assert all(used) == (keep and t > 0)  # ALA runs from a client's second round
+        losses[keep] = out
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5)

@@ -20,6 +20,12 @@ counts as one (``flcore.trainmodel.models.layer_groups``); ``-p 0`` adapts all l
 counts parameter *tensors* instead (its default ``-p 2`` on the CNN = fc.weight + fc.bias = our
 ``-p 1``, the paper's default), and its ``-p 0`` means "all" only through a ``[-0:]`` slicing quirk.
 
+Speed, same numbers up to float rounding: when only the classifier is adapted (p = 1 on a model with
+the ``fc`` head contract and no batch-dependent lower layers), its inputs, the frozen lower layers'
+outputs, are computed once per round in large no-grad batches instead of in every W step; and when every
+round evaluates the train loss they are computed for all training samples and kept for that evaluation
+(``keep_features`` / ``features_for``), which would otherwise run the same lower layers again.
+
 Where this differs from PFLlib's ALA.py (which the official repository shares):
 - D_i^s is a random subset drawn from the client's own generator, not a contiguous window at an
   unseeded random offset;
@@ -75,8 +81,14 @@ class ALA:
 
     def __init__(self, names: list[str], eta: float = 1.0, rand_percent: int = 80, threshold: float = 0.1,
                  window: int = 10, max_epochs: int = 100, batch_size: int = 10,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, keep_features: bool = False):
         self.names = list(names)
+        # keep_features: when only the classifier is adapted, compute its inputs on *all* the client's
+        # training samples (ALA uses its s % of them) and keep them with a copy of the lower layers they
+        # came from, so that this round's train-loss evaluation of the same lower layers reads them
+        # instead of running them again (``features_for``). Set when every round evaluates the train loss.
+        self.keep_features = keep_features
+        self.features: tuple[dict, torch.Tensor] | None = None
         self.eta, self.rand_percent, self.batch_size = eta, rand_percent, batch_size
         self.threshold, self.window, self.max_epochs = threshold, window, max_epochs
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
@@ -87,8 +99,9 @@ class ALA:
 
     @classmethod
     def from_config(cls, cfg, cid: int, run: int, model: nn.Module) -> "ALA":
+        keep = cfg.train_loss_eval != "off" and cfg.eval_gap == 1 and cfg.amp == "off"
         return cls(adapted_names(model, cfg.layer_idx), cfg.eta, cfg.rand_percent, cfg.ala_threshold,
-                   cfg.ala_window, cfg.ala_max_epochs, cfg.batch_size, torch_gen(cfg.seed, run, "ala", cid))
+                   cfg.ala_window, cfg.ala_max_epochs, cfg.batch_size, torch_gen(cfg.seed, run, "ala", cid), keep)
 
     def sample(self, n: int) -> torch.Tensor:
         """A random s % subset of the n training indices (at least one)."""
@@ -112,7 +125,8 @@ class ALA:
 
         idx = self.sample(len(y)).to(y.device)
         xs, ys = x[idx], y[idx]
-        feats = self.head_inputs(global_model, xs)
+        all_feats = self.head_inputs(global_model, x) if self.keep_features else None
+        feats = all_feats[idx] if all_feats is not None else self.head_inputs(global_model, xs)
         if feats is None:  # every batch runs the whole model, its lower layers frozen at Θ
             inputs = xs
 
@@ -139,6 +153,21 @@ class ALA:
                     dst[k].copy_(v)
             for k in self.names:
                 dst[k].copy_(combine(local_top[k], glob_top[k], self.weights[k]))
+        self.features = None
+        if all_feats is not None:
+            self.features = ({k: v.detach().clone() for k, v in local_model.named_parameters() if k not in top},
+                             all_feats)
+
+    def features_for(self, model: nn.Module) -> torch.Tensor | None:
+        """The classifier's inputs on all training samples kept by the last ALA (``keep_features``), if
+        ``model``'s lower layers are still exactly those they came from; None otherwise."""
+        if self.features is None:
+            return None
+        base, feats = self.features
+        params = dict(model.named_parameters())
+        if all(k in params and torch.equal(params[k], v) for k, v in base.items()):
+            return feats
+        return None
 
     def head_inputs(self, global_model: nn.Module, xs: torch.Tensor) -> torch.Tensor | None:
         """The classifier's inputs on the sample, when they are the same in every batch and epoch: only

@@ -144,6 +144,8 @@ class Client:
 
     def train(self, round_idx: int = 0) -> None:
         start = time.perf_counter()
+        if self.ala is not None:
+            self.ala.features = None  # training changes the lower layers they came from
         self.model.train()
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate(round_idx)
@@ -218,8 +220,13 @@ class Client:
         was_training = model.training
         idx = self.train_loss_sample() if self.cfg.train_loss_eval == "sampled" else None
         x, y = (self.x_train, self.y_train) if idx is None else (self.x_train[idx], self.y_train[idx])
-        with autocast(self.cfg, self.device):
-            logits = predict(model, x, self.cfg.eval_batch_size)
+        feats = self.ala.features_for(model) if self.ala is not None else None
+        if feats is not None:  # this round's ALA already ran these lower layers on every training sample
+            feats, bs = (feats if idx is None else feats[idx]), self.cfg.eval_batch_size
+            logits = torch.cat([model.fc(feats[i:i + bs]) for i in range(0, len(feats), bs)])
+        else:
+            with autocast(self.cfg, self.device):
+                logits = predict(model, x, self.cfg.eval_batch_size)
         model.train(was_training)
         loss = nn.functional.cross_entropy(logits.float(), y, reduction="sum")
         if idx is not None:
