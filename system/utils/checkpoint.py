@@ -53,7 +53,7 @@ class TensorPool:
 
     def __init__(self, min_numel: int = 4096):
         self.min_numel = min_numel
-        self.entries: dict[int, list] = {}  # id -> [tensor, references]
+        self.entries: dict[int, list] = {}  # id -> [tensor, references, fingerprint]
         self.index: dict[tuple, list[int]] = {}  # cheap fingerprint -> ids
         self.next_id = 0
         self.used: list[int] | None = None  # ids taken by the pack in progress
@@ -69,13 +69,14 @@ class TensorPool:
             return None
         fp = self._fingerprint(t)
         ids = self.index.setdefault(fp, [])
+        here = t.detach().cpu()
         for i in ids:
-            if torch.equal(self.entries[i][0], t.detach().cpu()):
+            if torch.equal(self.entries[i][0], here):
                 break
         else:
             i = self.next_id
             self.next_id += 1
-            self.entries[i] = [t.detach().to("cpu", copy=True), 0]
+            self.entries[i] = [t.detach().to("cpu", copy=True), 0, fp]
             ids.append(i)
         self.entries[i][1] += 1
         self.used.append(i)
@@ -90,13 +91,13 @@ class TensorPool:
             entry[1] -= 1
             if entry[1] == 0:
                 del self.entries[i]
-                fp = self._fingerprint(entry[0])
+                fp = entry[2]
                 self.index[fp].remove(i)
                 if not self.index[fp]:
                     del self.index[fp]
 
     def nbytes(self) -> int:
-        return sum(t.element_size() * t.numel() for t, _ in self.entries.values())
+        return sum(t.element_size() * t.numel() for t, _, _ in self.entries.values())
 
 
 def _pooled(i: int, param: bool, requires_grad: bool, device: str):

@@ -6,8 +6,8 @@ data and its timing (``KEEP``) is serialised with the checkpoint machinery (util
 models, optimizers, generators, ALA weights and any algorithm's extras are included without code of
 their own) into one compact CPU buffer (``cpu``) or one file (``disk``), and the live objects are
 dropped; in ``cpu`` mode large tensors go into a pool that holds each distinct tensor once (a thousand
-FedAvg clients holding the broadcast model cost one model, not a thousand). The first attribute access brings it back exactly as it was (``Client.__getattr__``), onto its
-device. Parking and unparking are exact: same numbers as ``--client_state device`` (the default), bit for
+FedAvg clients holding the broadcast model cost one model, not a thousand). The first attribute access
+brings it back exactly as it was (``Client.__getattr__``), onto its device. Parking and unparking are exact: same numbers as ``--client_state device`` (the default), bit for
 bit (tests/test_engine.py).
 
 Which clients stay live: the ``capacity`` most recently used, ``capacity`` = the clients of one round

@@ -322,7 +322,8 @@ class BatchedEngine:
         if len(heavy) < 2 or any(calls[k][0].checkpoint_skip for k in heavy):  # (skipped state would be lost)
             heavy = []
         fork_calls("receive_global", [calls[k] for k in heavy], self.workers)
-        executor.call_each("receive_global", [call for k, call in enumerate(calls) if k not in set(heavy)])
+        forked = set(heavy)
+        executor.call_each("receive_global", [call for k, call in enumerate(calls) if k not in forked])
 
     def _train_in_workers(self, clients: list, round_idx: int) -> None:
         start = time.perf_counter()

@@ -222,8 +222,7 @@ class Client:
         x, y = (self.x_train, self.y_train) if idx is None else (self.x_train[idx], self.y_train[idx])
         feats = self.ala.features_for(model) if self.ala is not None else None
         if feats is not None:  # this round's ALA already ran these lower layers on every training sample
-            feats, bs = (feats if idx is None else feats[idx]), self.cfg.eval_batch_size
-            logits = torch.cat([model.fc(feats[i:i + bs]) for i in range(0, len(feats), bs)])
+            logits = predict(model.fc, feats if idx is None else feats[idx], self.cfg.eval_batch_size)
         else:
             with autocast(self.cfg, self.device):
                 logits = predict(model, x, self.cfg.eval_batch_size)
