@@ -70,18 +70,26 @@ def base_parser() -> argparse.ArgumentParser:
     a("--seed", type=int, default=0, help="run i uses seed + i for every random stream")
     a("--results_dir", default=None, help="where result files go (default: results/ in the repository)")
     a("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm progress bar")
-    g = p.add_argument_group("execution, faults and checkpoints (docs/distributed.md)")
-    g.add_argument("--executor", default="sequential", choices=["sequential", "ray"],
-                   help="where clients live: this process, or Ray workers on several devices/machines "
-                        "(same numbers either way)")
+    g = p.add_argument_group("execution, faults and checkpoints (docs/distributed.md, docs/performance.md)")
+    g.add_argument("--executor", default="auto", choices=["auto", "sequential", "fork", "ray"],
+                   help="where clients live: this process; single-thread worker processes forked from it "
+                        "(CPU); Ray workers on several devices/machines. Same numbers on each. auto = fork "
+                        "on a CPU with several cores (the fastest there), else sequential")
+    g.add_argument("--workers", type=int, default=0,
+                   help="fork or Ray workers holding the clients; 0 = one per CPU core (Ray: per CPU of the "
+                        "cluster, or per GPU share)")
     g.add_argument("--ray_address", default=None,
                    help="join this Ray cluster (e.g. auto, or ray://head:10001); default: start a local one")
-    g.add_argument("--workers", type=int, default=0,
-                   help="Ray workers (actors) holding the clients; 0 = one per CPU, or per GPU share")
     g.add_argument("--gpus_per_worker", type=float, default=None,
                    help="GPUs per Ray worker (0.5 = two workers share a GPU); default 1 on CUDA, else 0")
     g.add_argument("--max_restarts", type=int, default=3,
-                   help="lost Ray workers survived per run (each replays from the last checkpoint)")
+                   help="lost workers survived per run (each replays from the last checkpoint)")
+    g.add_argument("--client_state", default="device", choices=["device", "cpu", "disk"],
+                   help="where idle clients' state lives: on the device, or (only a round's worth of "
+                        "clients stay live, in every process holding clients) serialised in CPU memory or "
+                        "in files")
+    g.add_argument("--client_state_dir", default=None,
+                   help="folder for --client_state disk (default: a temporary folder, removed at exit)")
     g.add_argument("-tsr", "--train_slow_rate", type=float, default=0.0,
                    help="fraction of clients that are slow to train (simulated time, PFLlib's flag)")
     g.add_argument("-ssr", "--send_slow_rate", type=float, default=0.0,
@@ -93,27 +101,6 @@ def base_parser() -> argparse.ArgumentParser:
                    help="save server + all client states every N rounds to <results>/<run>.ckpt (0: never)")
     g.add_argument("--resume", action="store_true",
                    help="continue each run from its checkpoint (same flags); runs without one start over")
-    g = p.add_argument_group("speed (docs/performance.md)")
-    g.add_argument("--engine", default="sequential", choices=["sequential", "batched"],
-                   help="local training one client after the other, or the eligible clients stacked into "
-                        "one computation (same numbers within float tolerance; several times faster with "
-                        "small batches)")
-    g.add_argument("--engine_stack", type=int, default=None,
-                   help="most clients in one stacked step of --engine batched (0: no cap); 1 = every client "
-                        "runs its own loop (in the --engine_workers processes). Default: 1 on a CPU, where "
-                        "per-client channels-last training is fastest, 0 on CUDA (docs/performance.md)")
-    g.add_argument("--engine_workers", type=int, default=0,
-                   help="--engine batched: split each round's clients over this many single-thread "
-                        "processes (e.g. the number of CPU cores); 0 = train in this process")
-    g.add_argument("--client_state", default="device", choices=["device", "cpu", "disk"],
-                   help="where idle clients' state lives: on the device, or (only a round's worth of "
-                        "clients stay live) serialised in CPU memory or in files")
-    g.add_argument("--client_state_dir", default=None,
-                   help="folder for --client_state disk (default: a temporary folder, removed at exit)")
-    g.add_argument("--memory_format", default="auto", choices=["auto", "channels_last", "contiguous"],
-                   help="layout of convolution weights (and so of activations): channels_last is several "
-                        "times faster with oneDNN on a CPU (docs/performance.md); auto = channels_last on "
-                        "a CPU, contiguous on CUDA")
     g.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"],
                    help="mixed precision for forward passes (bf16: CPU or CUDA; fp16: CUDA, loss-scaled)")
     g = p.add_argument_group("ALA (adaptive local aggregation, pluggable into any algorithm)")
@@ -199,14 +186,7 @@ def validate(cfg: Config) -> None:
         (not cfg.privacy or cfg.dp_sigma > 0, "-dps must be > 0 with -dp (sigma 0 adds no noise: drop -dp)"),
         (0 < cfg.dp_delta < 1, "--dp_delta must be in (0, 1)"),
         (0 < cfg.train_loss_fraction <= 1, "--train_loss_fraction must be in (0, 1]"),
-        (cfg.engine_stack is None or cfg.engine_stack >= 0, "--engine_stack must be >= 0"), (cfg.engine_workers >= 0, "--engine_workers must be >= 0"),
-        (cfg.client_state == "device" or cfg.executor == "sequential",
-         "--client_state cpu|disk parks clients of this process; Ray workers keep theirs (--executor sequential)"),
-        (cfg.engine != "batched" or cfg.executor == "sequential",
-         "--engine batched trains clients in this process; use it with --executor sequential"),
         (cfg.amp != "fp16" or not cfg.privacy, "--amp fp16 does not combine with -dp; use --amp bf16 or off"),
-        (cfg.amp != "fp16" or cfg.engine == "sequential",
-         "--amp fp16 needs --engine sequential (per-client loss scaling); use --amp bf16 with --engine batched"),
     ]
     for ok, msg in checks:
         if not ok:
@@ -250,14 +230,12 @@ def label(cfg: Config) -> str:
 
 def run(cfg: Config, executor=None) -> list[Path]:
     """All runs of one configuration; returns the result files written. The runs share one executor
-    (Ray workers start once): ``executor`` if given (the caller closes it), else one made from the flags."""
-    from utils.executor import make_executor
+    (workers start once): ``executor`` if given (the caller closes it), else one made from the flags."""
+    from runtime.executors import make_executor
 
     cfg = resolve_device(cfg)
     if cfg.amp == "fp16" and cfg.device == "cpu":
         raise FLError("--amp fp16 needs a CUDA device; on the CPU use --amp bf16")
-    if cfg.engine_workers and cfg.device != "cpu":
-        raise FLError("--engine_workers splits CPU cores; on a GPU use --engine_workers 0 (one stack per device)")
     ensure_split(cfg)
     # Ray workers receive CPU copies and move them to their own device.
     data = load_split(cfg.dataset, cfg.dataset_root, cfg.num_clients, "cpu" if cfg.executor == "ray" else cfg.device)

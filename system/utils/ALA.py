@@ -16,13 +16,14 @@ round (the paper's t = 2) W is trained until the std of the last ``window`` epoc
 that has never trained yet (the paper's t = 1) has no local model worth keeping and takes Θ as is.
 
 Layers (``-p``): a layer is a module that owns parameters (conv, linear, norm), and a residual block
-counts as one (``flcore.trainmodel.models.layer_groups``); ``-p 0`` adapts all layers. PFLlib's ``-p``
+counts as one (``flcore.trainmodel.parts.adapted_names`` gives the names ALA is built with); ``-p 0``
+adapts all layers. PFLlib's ``-p``
 counts parameter *tensors* instead (its default ``-p 2`` on the CNN = fc.weight + fc.bias = our
 ``-p 1``, the paper's default), and its ``-p 0`` means "all" only through a ``[-0:]`` slicing quirk.
 
 Speed, same numbers up to float rounding: when only the classifier is adapted (p = 1 on a model with
-the ``fc`` head contract and no batch-dependent lower layers), its inputs, the frozen lower layers'
-outputs, are computed once per round in large no-grad batches instead of in every W step; and when every
+the ``fc`` head contract and no batch-dependent layers, passed as ``head``), its inputs, the frozen lower
+layers' outputs, are computed once per round in large no-grad batches instead of in every W step; and when every
 round evaluates the train loss they are computed for all training samples and kept for that evaluation
 (``keep_features`` / ``features_for``), which would otherwise run the same lower layers again.
 
@@ -43,20 +44,9 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from flcore.trainmodel.models import layer_groups, split_head
-from utils.engine import model_blocker
 from utils.seeding import torch_gen
 
 FEATURE_BATCH = 256  # samples per no-grad pass when the classifier's inputs are computed once (CPU: 1.6x faster than 1000)
-
-
-def adapted_names(model: nn.Module, p: int) -> list[str]:
-    """Names of the parameter tensors in the top ``p`` layers (all layers when ``p`` is 0)."""
-    groups = layer_groups(model)
-    if p < 0 or p > len(groups):
-        raise ValueError(f"-p {p}: the model has {len(groups)} layers; choose 0 (all) to {len(groups)}")
-    chosen = groups if p == 0 else groups[len(groups) - p:]
-    return [n for g in chosen for n in g]
 
 
 def combine(local: torch.Tensor, glob: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -81,8 +71,11 @@ class ALA:
 
     def __init__(self, names: list[str], eta: float = 1.0, rand_percent: int = 80, threshold: float = 0.1,
                  window: int = 10, max_epochs: int = 100, batch_size: int = 10,
-                 generator: torch.Generator | None = None, keep_features: bool = False):
+                 generator: torch.Generator | None = None, keep_features: bool = False, head: str | None = None):
         self.names = list(names)
+        # head: the model's classifier attribute when no layer of the model depends on the batch (the
+        # caller checks): if ``names`` are exactly its parameters, its inputs are computed once per round.
+        self.head = head
         # keep_features: when only the classifier is adapted, compute its inputs on *all* the client's
         # training samples (ALA uses its s % of them) and keep them with a copy of the lower layers they
         # came from, so that this round's train-loss evaluation of the same lower layers reads them
@@ -98,10 +91,10 @@ class ALA:
         self.last_losses: list[float] = []
 
     @classmethod
-    def from_config(cls, cfg, cid: int, run: int, model: nn.Module) -> "ALA":
+    def from_config(cls, cfg, cid: int, run: int, names: list[str], head: str | None = None) -> "ALA":
         keep = cfg.train_loss_eval != "off" and cfg.eval_gap == 1 and cfg.amp == "off"
-        return cls(adapted_names(model, cfg.layer_idx), cfg.eta, cfg.rand_percent, cfg.ala_threshold,
-                   cfg.ala_window, cfg.ala_max_epochs, cfg.batch_size, torch_gen(cfg.seed, run, "ala", cid), keep)
+        return cls(names, cfg.eta, cfg.rand_percent, cfg.ala_threshold, cfg.ala_window, cfg.ala_max_epochs,
+                   cfg.batch_size, torch_gen(cfg.seed, run, "ala", cid), keep, head)
 
     def sample(self, n: int) -> torch.Tensor:
         """A random s % subset of the n training indices (at least one)."""
@@ -135,8 +128,10 @@ class ALA:
         else:  # only the classifier is adapted: its inputs were computed once
             inputs = feats
 
+            head, cut = getattr(local_model, self.head), len(self.head) + 1
+
             def forward(top, fb):
-                return functional_call(local_model.fc, {k[len("fc."):]: v for k, v in top.items()}, (fb,))
+                return functional_call(head, {k[cut:]: v for k, v in top.items()}, (fb,))
         epochs = self.max_epochs if self.start_phase else 1
         losses: list[float] = []
         for _ in range(epochs):
@@ -171,19 +166,23 @@ class ALA:
 
     def head_inputs(self, global_model: nn.Module, xs: torch.Tensor) -> torch.Tensor | None:
         """The classifier's inputs on the sample, when they are the same in every batch and epoch: only
-        the classifier ``fc`` is adapted (the paper's default p = 1, on any model that follows the head
-        contract of flcore/trainmodel/models.py) and no layer below it depends on the batch (BatchNorm)
-        or draws randomness (dropout). The frozen lower layers then run once per round, in large
-        batches, instead of once per batch and epoch (the start phase runs up to ``max_epochs``
-        epochs). Same numbers up to float rounding. None when that does not hold."""
-        fc = getattr(global_model, "fc", None)
-        if not isinstance(fc, nn.Module) or set(self.names) != {f"fc.{n}" for n, _ in fc.named_parameters()}:
+        the classifier ``head`` is adapted (the paper's default p = 1) and no layer of the model depends
+        on the batch or draws randomness (``head`` is None otherwise). The frozen lower layers then run
+        once per round, in large no-grad batches, instead of once per batch and epoch (the start phase
+        runs up to ``max_epochs`` epochs). Same numbers up to float rounding. None when that does not hold."""
+        module = getattr(global_model, self.head, None) if self.head else None
+        if not isinstance(module, nn.Module) or \
+                set(self.names) != {f"{self.head}.{n}" for n, _ in module.named_parameters()}:
             return None
-        if model_blocker(global_model) is not None:
-            return None
-        base = split_head(global_model).base
-        with torch.no_grad():
-            return torch.cat([base(xs[i:i + FEATURE_BATCH]) for i in range(0, len(xs), FEATURE_BATCH)])
+        captured: list[torch.Tensor] = []
+        hook = module.register_forward_hook(lambda m, args, out: captured.append(args[0]))
+        try:
+            with torch.no_grad():
+                for i in range(0, len(xs), FEATURE_BATCH):
+                    global_model(xs[i:i + FEATURE_BATCH])
+        finally:
+            hook.remove()
+        return torch.cat(captured)
 
     def _epoch(self, forward, local_top, glob_top, inputs, ys) -> float:
         """One pass of W updates over the sample in batches; returns the mean batch loss.

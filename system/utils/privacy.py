@@ -24,7 +24,6 @@ steps outside the loss hook, e.g. ALA's weight learning on local data, are not p
 from __future__ import annotations
 
 import copy
-import math
 from collections import Counter
 
 import numpy as np
@@ -217,11 +216,11 @@ class PrivacyMonitor:
         for i in attacked_positions(self.cfg.seed, self.run, round_idx, len(active), self.cfg.dlg_clients):
             self.starts[active[i].id] = copy.deepcopy(active[i].model)
 
-    def after_upload(self, round_idx: int, active: list, uploads: list[dict]) -> None:
+    def after_upload(self, round_idx: int, active: list, uploads: list) -> None:
         """Attack each snapshotted client ``-bnpc`` times; record and print the round's scores."""
         if not self.starts:
             return
-        by_id = {u.get("id"): u for u in uploads}
+        by_id = {u.id: u for u in uploads}
         rows = []
         for c in active:
             if c.id in self.starts:
@@ -229,17 +228,17 @@ class PrivacyMonitor:
         self.starts = {}
         self._report(round_idx, rows)
 
-    def _attack_client(self, round_idx: int, client, start: nn.Module, upload: dict | None) -> list[dict]:
+    def _attack_client(self, round_idx: int, client, start: nn.Module, upload) -> list[dict]:
         cfg = self.cfg
         names = dlg.trainable_names(start)
         batch = min(cfg.dlg_batch, client.train_samples)
         if cfg.dlg_target == "update":
-            state = align_state(start, (upload or {}).get("state") or {})
+            state = align_state(start, (upload.state if upload is not None else None) or {})
             names = [n for n in names if n in state]
             if not names:
                 raise FLError(f"--dlg_target update: {cfg.algorithm}'s upload holds no model parameters to "
                               f"attack; use --dlg_target gradient")
-            steps = cfg.local_epochs * math.ceil(client.train_samples / cfg.batch_size)
+            steps = client.steps_per_round()
             target = dlg.pseudo_gradient(start.state_dict(), state, client.learning_rate(round_idx), steps, names)
         rows = []
         for b in range(cfg.batch_num_per_client):

@@ -4,4 +4,3 @@ from flcore.clients.clientbase import Client
 
 class FedALAClient(Client):
     use_ala = True
-    batched_training = True  # ALA changes the initialisation only; training is the base loop

@@ -9,7 +9,8 @@ class FedAMPClient(Client):
         super().__init__(*args, **kwargs)
         self.cloud = anchor_of(self.model)  # u_i, the last cloud model received
 
-    def receive_global(self, cloud_model, participating: bool = True) -> None:
+    def receive(self, cloud_model, participating: bool = True) -> None:
+        """The cloud model u_i the server built for this client (``FedAMPServer.broadcast``)."""
         self.cloud = anchor_of(cloud_model)
         self.initialize_local(self.model, cloud_model, participating)
 

@@ -24,8 +24,10 @@ class APPLEClient(Client):
         """The core model's rate: -lr (with its decay) times --core_lr_scale."""
         return super().learning_rate(round_idx) * self.cfg.core_lr_scale
 
-    def receive_cores(self, cores: list, p0: torch.Tensor, participating: bool = True) -> None:
-        """All clients' core models and p^0 (the clients' sample shares, also where p_i starts)."""
+    def receive(self, payload: dict, participating: bool = True) -> None:
+        """``payload["cores"]``: all clients' core models; ``payload["p0"]``: p^0 (the clients' sample
+        shares, also where p_i starts)."""
+        cores, p0 = payload["cores"], payload["p0"]
         if self.p is None:
             self.p0 = p0.to(self.device, torch.float32)
             self.p = self.p0.clone()

@@ -3,4 +3,4 @@ from flcore.clients.clientbase import Client
 
 
 class FedAvgClient(Client):
-    batched_training = True  # the base loop on cross-entropy (utils/engine.py)
+    """Everything is the base class's behaviour."""

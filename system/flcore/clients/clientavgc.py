@@ -23,8 +23,8 @@ class FineTunedEval:
         self.tune_gen = torch_gen(self.cfg.seed, self.run, "fine-tune", self.id)
         self.tuned: nn.Module | None = None
 
-    def receive_global(self, global_model, participating: bool = True) -> None:
-        super().receive_global(global_model, participating)
+    def receive(self, payload, participating: bool = True) -> None:
+        super().receive(payload, participating)
         self.tuned = None
 
     def eval_model(self) -> nn.Module:
@@ -43,4 +43,4 @@ class FineTunedEval:
 
 
 class FedAvgCClient(FineTunedEval, FedAvgClient):
-    batched_training = True  # FedAvg's training; only evaluation differs
+    """FedAvg's training; only evaluation differs."""

@@ -1,32 +1,48 @@
 """Client: one participant's data, model, optimizer, local training and evaluation.
 
-Subclasses override small hooks, never the loop: ``loss`` (extra terms such as FedProx's proximal term),
-``after_backward`` (gradient corrections), ``receive_global`` / ``initialize_local`` (local initialisation;
-ALA lives here), ``upload`` (what crosses the wire) and ``eval_model`` (which model is evaluated).
+Subclasses override small hooks, never the loop: ``receive`` / ``initialize_local`` (what arrives from
+the server, and local initialisation: ALA lives here), ``loss`` (extra terms such as FedProx's proximal
+term), ``after_backward`` (gradient corrections), ``local_update`` (a round's training procedure, built
+from ``run_epochs``), ``steps_per_round`` (when that procedure takes another number of steps),
+``upload`` (what crosses the wire: an ``Upload``) and ``eval_model`` (which model is evaluated).
+
+The server reaches a client only through method calls (runtime/executors.py), so a client may live in
+this process or in a worker process; its state has one home, the client object.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 
 import torch
 from torch import nn
 
-from utils.checkpoint import pack_state, unpack_state
+from flcore.trainmodel.parts import adapted_names, batch_dependent
+from runtime.checkpoint import pack_state, unpack_state
+from utils.amp import autocast, make_scaler
 from utils.data_utils import ClientData
-from utils.engine import autocast, make_scaler
 from utils.errors import FLError
 from utils.metrics import auc_ovr, predict
 from utils.seeding import torch_gen
 
 
+@dataclasses.dataclass
+class Upload:
+    """What a client sends the server after training.
+
+    ``weight``: its aggregation weight (training samples for FedAvg); ``state``: model entries by name
+    (the whole model, a part such as FedRep's body, or None when no model is sent); ``extras``: whatever
+    else the algorithm sends (SCAFFOLD's control-variate change, prototypes, logits), by name."""
+    id: int
+    weight: float
+    state: dict | None = None
+    extras: dict = dataclasses.field(default_factory=dict)
+
+
 class Client:
     use_ala = False  # FedALA sets this; any other algorithm gets ALA with -ala
-    # --engine batched (utils/engine.py) trains a client stacked with others only when its class declares
-    # this in its own body (never inherited): its training is this loop, plain SGD on ``loss`` =
-    # cross-entropy + ``batched_penalty()``, with no ``after_backward``.
-    batched_training = False
 
     def __init__(self, cfg, cid: int, data: ClientData, model: nn.Module, run: int = 0):
         self.cfg, self.id, self.run = cfg, cid, run
@@ -46,7 +62,9 @@ class Client:
         if cfg.ala or self.use_ala:
             from utils.ALA import ALA
 
-            self.ala = ALA.from_config(cfg, cid, run, self.model)
+            # The classifier's inputs can be computed once per round unless a layer mixes a batch's samples.
+            head = "fc" if batch_dependent(self.model) is None else None
+            self.ala = ALA.from_config(cfg, cid, run, adapted_names(self.model, cfg.layer_idx), head)
         self.train_time: list[float] = []  # seconds of each local training, one entry per round trained
         self.dp = None  # -dp: this client's DP-SGD noise stream and accountant history
         if cfg.privacy:
@@ -56,7 +74,7 @@ class Client:
 
     def __getattr__(self, name: str):
         # Reached only for attributes not found the normal way: a client parked off the device
-        # (--client_state, utils/clientstate.py) is brought back on first use.
+        # (--client_state, runtime/parking.py) is brought back on first use.
         store = vars(self).get("parked_in")
         if store is None or name.startswith("__"):
             raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
@@ -73,21 +91,18 @@ class Client:
     def after_backward(self) -> None:
         """Called between ``backward`` and ``optimizer.step`` (gradient corrections)."""
 
-    def batched_penalty(self):
-        """The part of ``loss`` beyond cross-entropy, for ``--engine batched``: ``(fn, aux)`` with
-        ``fn(params, aux)`` a pure function of the parameters (dict name -> tensor) and of this client's
-        tensors ``aux`` (e.g. FedProx's anchor), or None when ``loss`` is plain cross-entropy."""
-        return None
-
-    def receive_global(self, global_model: nn.Module, participating: bool = True) -> None:
-        """The server's broadcast. By default the client's model becomes the global model (or, with ALA, is
-        initialised from it by adaptive local aggregation when the client takes part in the round)."""
-        self.initialize_local(self.model, global_model, participating)
+    def receive(self, payload, participating: bool = True) -> None:
+        """What ``Server.broadcast`` sent this client (by default the global model). By default the
+        client's model becomes the global model (or, with ALA, is initialised from it by adaptive local
+        aggregation when the client takes part in the round). ``participating``: whether the client
+        trains this round (the others receive only to be evaluated)."""
+        self.initialize_local(self.model, payload, participating)
 
     def initialize_local(self, target: nn.Module, global_model: nn.Module, participating: bool = True) -> None:
         """The one place where a local model is initialised from the global model: a plain copy, or ALA
         (``-ala``) for the round's participants. Algorithms that receive into another model (Ditto's,
-        FedRep's body) call this with their own ``target``, which is how they all get "+ALA"."""
+        FedRep's body) call this from ``receive`` with their own ``target``, which is how they all get
+        "+ALA"."""
         if self.ala is None or not self.train_time:
             # Without ALA, or before this client has trained at all (its model is still the common
             # initialisation: the paper's round 1), the global model is taken as is.
@@ -95,9 +110,18 @@ class Client:
         elif participating:
             self.ala.adaptive_local_aggregation(global_model, target, self.x_train, self.y_train)
 
-    def upload(self) -> dict:
-        """What crosses the wire to the server: the model state and its aggregation weight."""
-        return {"id": self.id, "weight": self.train_samples, "state": self.model.state_dict()}
+    def upload(self) -> Upload:
+        """What crosses the wire to the server: the model state, weighted by the training samples."""
+        return Upload(self.id, self.train_samples, self.model.state_dict())
+
+    def steps_per_round(self) -> int:
+        """Local optimizer steps that move the uploaded model in one round of ``local_update``: ``-ls``
+        epochs of ceil(samples / ``-lbs``) batches here. An algorithm whose procedure takes another
+        number overrides it (Per-FedAvg's steps use two batches each); FedRep's head epochs, Ditto's
+        personal epochs and pFedMe's inner steps do not move the uploaded model and are not counted. Every
+        reader uses this one count: the DLG update target, the simulated slow clients (``-tsr``), and an
+        algorithm's own K (SCAFFOLD's control-variate update)."""
+        return self.cfg.local_epochs * math.ceil(self.train_samples / self.cfg.batch_size)
 
     def dp_epsilon(self, delta: float) -> float:
         """Epsilon (at ``delta``) of this client's DP-SGD steps so far; 0.0 without ``-dp`` or before it
@@ -108,7 +132,7 @@ class Client:
         """The client's personalised model, the one evaluated on its own test split."""
         return self.model
 
-    # ---- checkpoints (utils/checkpoint.py) ------------------------------------------------------
+    # ---- checkpoints (runtime/checkpoint.py) ----------------------------------------------------
     checkpoint_skip = ()  # attributes a checkpoint leaves out (state an algorithm rebuilds by itself)
 
     def checkpoint_links(self) -> dict:

@@ -18,9 +18,9 @@ class DittoClient(Client):
         self.poptimizer = torch.optim.SGD(self.pmodel.parameters(), lr=self.cfg.local_learning_rate)
         self.anchor = anchor_of(self.model)  # w^t: the last global model received
 
-    def receive_global(self, global_model, participating: bool = True) -> None:
-        super().receive_global(global_model, participating)
-        self.anchor = anchor_of(global_model)
+    def receive(self, payload, participating: bool = True) -> None:
+        super().receive(payload, participating)
+        self.anchor = anchor_of(payload)
 
     def personal_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.loss_fn(self.pmodel(x), y) + proximal_term(self.pmodel.parameters(), self.anchor, self.cfg.mu)

@@ -46,9 +46,10 @@ class FedFomoClient(Client):
         logits = predict(model, self.x_val, self.cfg.eval_batch_size)
         return float(nn.functional.cross_entropy(logits.float(), self.y_val))
 
-    def receive_neighbours(self, states: dict, participating: bool = True) -> None:
-        """Weight the neighbours' models on the validation split and initialise from their weighted mean
-        (θ_i + Σ w_n (θ_n - θ_i) with Σ w_n = 1); keep θ_i when none lowers the loss."""
+    def receive(self, states: dict, participating: bool = True) -> None:
+        """``states``: the models of the neighbours this client asked for (``choose_neighbours``), by id.
+        Weight them on the validation split and initialise from their weighted mean (θ_i + Σ w_n (θ_n - θ_i)
+        with Σ w_n = 1); keep θ_i when none lowers the loss."""
         if not states:
             return
         keys = [n for n, _ in self.model.named_parameters()]

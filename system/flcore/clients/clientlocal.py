@@ -1,10 +1,8 @@
 """Local client: plain local SGD on its own model (see servers/serverlocal.py)."""
-from flcore.clients.clientbase import Client
+from flcore.clients.clientbase import Client, Upload
 
 
 class LocalClient(Client):
-    batched_training = True  # the base loop on cross-entropy (utils/engine.py)
-
-    def upload(self) -> dict:
+    def upload(self) -> Upload:
         """Nothing crosses the wire."""
-        return {"id": self.id, "weight": self.train_samples}
+        return Upload(self.id, self.train_samples)

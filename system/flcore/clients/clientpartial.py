@@ -9,7 +9,7 @@ from torch import nn
 from torch.func import functional_call
 
 from flcore.clients.clientbase import Client
-from flcore.trainmodel.models import layer_groups
+from flcore.trainmodel.parts import layer_groups
 from utils.personal_aggregation import compose_by_layer, gumbel_straight_through, layer_of
 from utils.seeding import torch_gen
 
@@ -27,7 +27,7 @@ class PartialFedClient(Client):
         """The current per-layer choice (ties load the global layer)."""
         return (self.logits[:, 0] >= self.logits[:, 1]).tolist()
 
-    def receive_global(self, global_model, participating: bool = True) -> None:
+    def receive(self, global_model, participating: bool = True) -> None:
         if participating and self.train_time:  # before its first training the local model is the init
             self.learn_strategy(global_model)
         mix = compose_by_layer(self.model.state_dict(), global_model.state_dict(), self.layer, self.from_global())

@@ -2,6 +2,8 @@
 servers/serverperavg.py)."""
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.func import functional_call
 
@@ -31,6 +33,10 @@ class PerFedAvgClient(FineTunedEval, Client):
         for group in self.optimizer.param_groups:  # -ld decays β like α
             group["lr"] = self.cfg.beta * self.alpha / self.cfg.local_learning_rate
         self.run_epochs(self.cfg.local_epochs, 2 * self.cfg.batch_size, objective=self.meta_loss)
+
+    def steps_per_round(self) -> int:
+        """Each step takes a batch of 2 x ``-lbs`` samples."""
+        return self.cfg.local_epochs * math.ceil(self.train_samples / (2 * self.cfg.batch_size))
 
     def fine_tune(self, model: torch.nn.Module) -> torch.nn.Module:
         """The paper's personalisation: one SGD step of size α = ``-lr`` on one local batch."""

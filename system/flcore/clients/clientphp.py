@@ -7,6 +7,7 @@ from torch import nn
 
 from flcore.clients.clientbase import Client
 from utils.personal_aggregation import lerp_state
+from utils.selection import expected_count
 
 
 class FedPHPClient(Client):
@@ -19,7 +20,9 @@ class FedPHPClient(Client):
 
     def momentum(self) -> float:
         """μ_τ = min(μ τ / (ρ R), μ) for the τ-th participation (τ = 0 the first time: v_i ← w)."""
-        expected = max(1, round(self.cfg.join_ratio * self.cfg.global_rounds))
+        # ρ R: the expected participations, ρ the expected share of clients per round (-jr, -rjr).
+        n = self.cfg.num_clients
+        expected = max(1, round(expected_count(self.cfg, n) / n * self.cfg.global_rounds))
         return min(self.cfg.mu * len(self.train_time) / expected, self.cfg.mu)
 
     def loss(self, x, y):

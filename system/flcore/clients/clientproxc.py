@@ -4,4 +4,4 @@ from flcore.clients.clientprox import FedProxClient
 
 
 class FedProxCClient(FineTunedEval, FedProxClient):
-    batched_training = True  # FedProx's training; only evaluation differs
+    """FedProx's training; only evaluation differs."""

@@ -59,22 +59,21 @@ class FedAMPServer(Server):
         return amp_attention(pairwise_sq_dists(self.client_states, self.param_keys),
                              self.cfg.alphaK, self.cfg.sigma)
 
-    def send_models(self, participants) -> None:
-        """Each client receives its own cloud model u_i."""
-        chosen = {c.id for c in participants}
-        xi = self.attention()
-        if not self.warned and bool((xi.diagonal() < 0).any()):
+    def prepare_broadcast(self, participants) -> None:
+        """The round's attention weights ξ, from the stored models."""
+        self.xi = self.attention()
+        if not self.warned and bool((self.xi.diagonal() < 0).any()):
             self.warned = True
             print(f"WARNING: FedAMP self-attention ξ_ii < 0 in round {self.round_idx}: cloud models extrapolate; "
                   f"lower -alk below -sg/(N-1) = {self.cfg.sigma / max(len(self.clients) - 1, 1):.3g}", file=sys.stderr)
-        calls = []
-        for c in self.clients:
-            cloud = copy.deepcopy(self.global_model)
-            cloud.load_state_dict(attentive_message(self.client_states, xi[c.id], c.id))
-            calls.append((c, (cloud, c.id in chosen)))
-        self.executor.call_each("receive_global", calls)
+
+    def broadcast(self, client):
+        """Each client receives its own cloud model u_i."""
+        cloud = copy.deepcopy(self.global_model)
+        cloud.load_state_dict(attentive_message(self.client_states, self.xi[client.id], client.id))
+        return cloud
 
     def aggregate(self, uploads) -> None:
         """No averaging: the uploaded w_i replace the stored ones."""
         for u in uploads:
-            self.client_states[u["id"]] = {k: v.detach().clone() for k, v in u["state"].items()}
+            self.client_states[u.id] = {k: v.detach().clone() for k, v in u.state.items()}

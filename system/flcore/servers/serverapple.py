@@ -61,12 +61,13 @@ class APPLEServer(Server):
         n = torch.tensor([float(c.train_samples) for c in self.clients])
         self.p0 = n / n.sum()  # p^0: the clients' shares of the training samples
 
-    def send_models(self, participants) -> None:
-        """Every client gets all core models and rebuilds its personalised model."""
-        chosen = {c.id for c in participants}
-        self.executor.call_each("receive_cores", [(c, (list(self.cores), self.p0, c.id in chosen))
-                                                 for c in self.clients])
+    def prepare_broadcast(self, participants) -> None:
+        self.payload = {"cores": list(self.cores), "p0": self.p0}  # one object: pickled once per worker
+
+    def broadcast(self, client) -> dict:
+        """Every client gets all core models (and p^0) and rebuilds its personalised model."""
+        return self.payload
 
     def aggregate(self, uploads) -> None:
         for u in uploads:
-            self.cores[u["id"]] = {k: v.detach().clone() for k, v in u["state"].items()}
+            self.cores[u.id] = {k: v.detach().clone() for k, v in u.state.items()}

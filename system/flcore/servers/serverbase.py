@@ -1,21 +1,24 @@
 """Server: the one round loop, client selection, aggregation, evaluation and result files.
 
-Round t (0-based, ``-gr`` rounds in all):
-    select_clients -> send_models (every client receives the global model; participants run their local
-    initialisation, e.g. ALA) -> evaluate (every ``-eg`` rounds, on the models just initialised, as PFLlib
-    does) -> train_clients -> receive_models -> aggregate -> after_round.
+Round t (0-based, ``-gr`` rounds in all), ``run_round(t)``:
+    select_clients -> send_models (``broadcast(client)`` decides each client's payload, by default the
+    global model; ``client.receive(payload, participating)`` runs its local initialisation, e.g. ALA)
+    -> evaluate (every ``-eg`` rounds, on the models just initialised, as PFLlib does) -> train_clients
+    -> receive_models (each active client's ``upload()``, an ``Upload``) -> aggregate -> after_round.
 After the last round the final global model is sent once more and evaluated, so a run of R rounds has
 evaluations at rounds 0 (initial model), eg, 2eg, ... and R. With ``-dlg`` / ``-dp`` the privacy monitor
 (utils/privacy.py) snapshots the attacked clients' start models before training, attacks their uploads
 before aggregation and adds DP epsilon to each evaluation; the algorithms need not know.
 
-A new algorithm subclasses ``Server`` (setting ``client_class``) and overrides only the hooks it changes.
+A new algorithm subclasses ``Server`` (setting ``client_class``) and overrides only the hooks it changes:
+``broadcast`` / ``prepare_broadcast`` (what goes down), ``aggregate`` (what the uploads become),
+``select_clients``, ``extra_metrics``, ``after_round``.
 
-Clients live where the executor puts them (utils/executor.py): in this process (``--executor
-sequential``) or inside Ray workers (``--executor ray``), where ``self.clients`` holds ``ClientHandle``
-proxies. To work with both, a server talks to its clients through method calls only (``c.receive_x(...)``
-runs on the client wherever it lives); reading an attribute gives a copy, and writing one is refused.
-Fault tolerance, checkpoints and resume: utils/checkpoint.py; simulated slow clients: utils/faults.py.
+Clients live where the executor puts them (runtime/executors.py): in this process, in forked worker
+processes (the CPU default) or in Ray workers, where ``self.clients`` holds ``ClientHandle`` proxies. A
+server therefore talks to its clients through method calls only (``self.executor.map(clients, "m")``, or
+``c.m(...)`` for one client); reading an attribute gives a copy, and writing one is refused. Fault
+tolerance, checkpoints and resume: runtime/checkpoint.py; simulated slow clients: runtime/faults.py.
 """
 from __future__ import annotations
 
@@ -26,19 +29,19 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from flcore.clients.clientbase import Client
-from flcore.trainmodel.models import build_model, set_memory_format
-from utils import checkpoint
+from flcore.clients.clientbase import Client, Upload
+from flcore.trainmodel.models import build_model, set_device_layout
+from runtime import checkpoint
+from runtime.executors import ClientFactory, WorkerLost, make_executor
+from runtime.faults import SlowClients
 from utils.aggregate import weighted_average
 from utils.data_utils import FederatedData
-from utils.engine import make_engine
 from utils.errors import FLError
-from utils.executor import ClientFactory, WorkerLost, make_executor
-from utils.faults import SlowClients
 from utils.metrics import summarize
 from utils.privacy import PrivacyMonitor
 from utils.results import RunRecorder
 from utils.seeding import np_rng, torch_seeded
+from utils.selection import select
 
 
 class Server:
@@ -59,15 +62,13 @@ class Server:
         self.cfg, self.data, self.run = cfg, data, run
         self.device = torch.device(cfg.device)
         with torch_seeded(cfg.seed, run, "model"):
-            self.global_model = set_memory_format(self.build_model().to(self.device),
-                                                  getattr(cfg, "memory_format", "auto"), self.device)
+            self.global_model = set_device_layout(self.build_model().to(self.device), self.device)
         self.executor = executor if executor is not None else make_executor(cfg)
-        self.engine = make_engine(cfg)  # None: every client trains through the executor
         self.clients = self.executor.start(self.client_factory(), data.clients)
         # Independent streams: an algorithm's own draws never change who is selected or dropped.
         self.select_rng = np_rng(cfg.seed, run, "select")
         self.drop_rng = np_rng(cfg.seed, run, "drop")
-        self.slow = SlowClients(cfg, run, [c.train_samples for c in self.clients])
+        self.slow = SlowClients(cfg, run, self.executor.map(self.clients, "steps_per_round"))
         self.late: list[int] = []  # clients whose upload missed the last round (-tth)
         self.recorder = recorder
         self.privacy = PrivacyMonitor.from_config(cfg, run, data, recorder)  # None unless -dlg or -dp
@@ -82,7 +83,7 @@ class Server:
                            self.cfg.feature_dim, self.cfg.vocab_size)
 
     def client_factory(self) -> ClientFactory:
-        """How every client is built, here or inside a Ray worker: ``client_class(cfg, cid, data,
+        """How every client is built, here or inside a worker: ``client_class(cfg, cid, data,
         global_model, run)`` under its own seeded stream. Construction-time logic belongs in the client's
         ``__init__``; set-up calls a server makes on its clients after construction are fine too."""
         return ClientFactory(self.client_class, self.cfg, self.run, self.global_model)
@@ -90,21 +91,29 @@ class Server:
     # ---- hooks -------------------------------------------------------------------------------------
     def select_clients(self) -> list[Client]:
         """``-jr`` of the clients, drawn without replacement from the selection stream; with ``-rjr`` the
-        count itself is drawn uniformly from [jr*N, N] each round (PFLlib's random join ratio)."""
-        n = len(self.clients)
-        k = max(1, int(round(self.cfg.join_ratio * n)))
-        if self.cfg.random_join_ratio:
-            k = int(self.select_rng.integers(k, n + 1))
-        ids = np.sort(self.select_rng.choice(n, size=k, replace=False))
-        return [self.clients[i] for i in ids]
+        count itself is drawn uniformly from [jr*N, N] each round (utils/selection.py)."""
+        return [self.clients[i] for i in select(self.cfg, len(self.clients), self.select_rng)]
+
+    def prepare_broadcast(self, participants: list[Client]) -> None:
+        """Called once per broadcast, before ``broadcast``: work shared by every client's payload (FedAMP's
+        attention weights) or questions to the participants (FedFomo's neighbour requests)."""
+
+    def broadcast(self, client: Client):
+        """What ``client`` receives this round (its ``receive(payload, participating)``): by default the
+        global model. Return None to send it nothing. A payload object shared by several clients is
+        serialised once per worker."""
+        return self.global_model
 
     def send_models(self, participants: list[Client]) -> None:
+        """Every client receives its payload; ``participants`` (the round's selection) are told they train."""
+        self.prepare_broadcast(participants)
         chosen = {c.id for c in participants}
-        calls = [(c, (self.global_model, c.id in chosen)) for c in self.clients]
-        if self.engine is not None and self.engine.workers:  # --engine_workers: ALA in the worker processes
-            self.engine.receive(calls, self.executor)
-        else:
-            self.executor.call_each("receive_global", calls)
+        calls = []
+        for c in self.clients:
+            payload = self.broadcast(c)
+            if payload is not None:
+                calls.append((c, (payload, c.id in chosen)))
+        self.executor.call_each("receive", calls)
 
     def active_clients(self, participants: list[Client]) -> list[Client]:
         """Participants that do not drop out this round (``-cdr``): each drops independently with that
@@ -115,23 +124,20 @@ class Server:
         return [c for c, k in zip(participants, keep) if k]
 
     def train_clients(self, clients: list[Client]) -> None:
-        """The single dispatch point of local training (one after the other, or in parallel on Ray workers;
-        with ``--engine batched`` the eligible clients first train together, utils/engine.py)."""
-        if self.engine is not None:
-            clients = self.engine.train(clients, self.round_idx)
+        """The single dispatch point of local training (one after the other, or in parallel in workers)."""
         self.executor.map(clients, "train", self.round_idx)
 
-    def receive_models(self, clients: list[Client]) -> list[dict]:
-        """Uploads of the clients that finish within ``-tth`` (simulated slow clients, utils/faults.py)."""
+    def receive_models(self, clients: list[Client]) -> list[Upload]:
+        """Uploads of the clients that finish within ``-tth`` (simulated slow clients, runtime/faults.py)."""
         late = self.slow.late([c.id for c in clients], self.round_idx)
         self.late = sorted(late)
         return self.executor.map([c for c in clients if c.id not in late], "upload")
 
-    def aggregate(self, uploads: list[dict]) -> None:
+    def aggregate(self, uploads: list[Upload]) -> None:
         """Sample-weighted FedAvg over every floating state entry (BatchNorm statistics included)."""
         if not uploads:
             return
-        avg = weighted_average([u["state"] for u in uploads], [u["weight"] for u in uploads])
+        avg = weighted_average([u.state for u in uploads], [u.weight for u in uploads])
         self.global_model.load_state_dict(avg)
 
     def after_round(self) -> None:
@@ -141,11 +147,8 @@ class Server:
     # ---- evaluation --------------------------------------------------------------------------------
     def evaluate(self) -> dict:
         train_loss = self.cfg.train_loss_eval != "off"
-        if self.engine is not None and self.engine.workers:  # --engine_workers: split over processes
-            tests, trains = self.engine.evaluate(self.clients, train_loss, self.executor)
-        else:
-            tests = self.executor.map(self.clients, "test_metrics")
-            trains = self.executor.map(self.clients, "train_metrics") if train_loss else None
+        tests = self.executor.map(self.clients, "test_metrics")
+        trains = self.executor.map(self.clients, "train_metrics") if train_loss else None
         tests = np.array(tests, dtype=np.float64)
         trains = np.array(trains, dtype=np.float64) if train_loss else np.zeros((len(self.clients), 2))
         summary = summarize(tests[:, 0], tests[:, 1], tests[:, 2], trains[:, 0], trains[:, 1])
@@ -195,9 +198,9 @@ class Server:
 
     # ---- the loop ----------------------------------------------------------------------------------
     def train(self) -> None:
-        """Run every round. ``--resume`` continues from the run's checkpoint. A lost Ray worker sends the
-        run back to its last checkpoint (round 0 without ``--checkpoint_every``) and the rounds are
-        replayed: every draw is seeded, so the numbers are those of an undisturbed run."""
+        """Run every round. ``--resume`` continues from the run's checkpoint. A lost worker sends the run
+        back to its last checkpoint (round 0 without ``--checkpoint_every``) and the rounds are replayed:
+        every draw is seeded, so the numbers are those of an undisturbed run."""
         first = checkpoint.begin(self)
         for restarts in itertools.count():
             try:
@@ -216,25 +219,35 @@ class Server:
                       disable=not cfg.progress, initial=first, total=cfg.global_rounds):
             if self.should_stop():  # checked before a round, so a resumed run stops where it stopped
                 break
-            self.round_idx = t
-            start = time.perf_counter()
-            self.selected = self.select_clients()
-            self.send_models(self.selected)
-            if t % cfg.eval_gap == 0:
-                self.record(self.evaluate())
-            active = self.active_clients(self.selected)
-            if self.privacy is not None:  # -dlg: keep the models the attacked clients start from
-                self.privacy.before_training(t, active)
-            self.train_clients(active)
-            uploads = self.receive_models(active)
-            if self.privacy is not None:  # -dlg: attack what they upload, before aggregation
-                self.privacy.after_upload(t, active, uploads)
-            self.aggregate(uploads)
-            self.after_round()
-            if self.recorder is not None:
-                self.recorder.round_time.append(time.perf_counter() - start)
-            if cfg.checkpoint_every and ((t + 1) % cfg.checkpoint_every == 0 or t + 1 == cfg.global_rounds):
-                checkpoint.save(self, t)
+            self.run_round(t)
+        self.final_evaluation()
+
+    def run_round(self, t: int) -> None:
+        """Round ``t``: broadcast, evaluation every ``-eg`` rounds, local training, upload, aggregation,
+        ``after_round``, then its wall time and (with ``--checkpoint_every``) a checkpoint."""
+        cfg = self.cfg
+        self.round_idx = t
+        start = time.perf_counter()
+        self.selected = self.select_clients()
+        self.send_models(self.selected)
+        if t % cfg.eval_gap == 0:
+            self.record(self.evaluate())
+        active = self.active_clients(self.selected)
+        if self.privacy is not None:  # -dlg: keep the models the attacked clients start from
+            self.privacy.before_training(t, active)
+        self.train_clients(active)
+        uploads = self.receive_models(active)
+        if self.privacy is not None:  # -dlg: attack what they upload, before aggregation
+            self.privacy.after_upload(t, active, uploads)
+        self.aggregate(uploads)
+        self.after_round()
+        if self.recorder is not None:
+            self.recorder.round_time.append(time.perf_counter() - start)
+        if cfg.checkpoint_every and ((t + 1) % cfg.checkpoint_every == 0 or t + 1 == cfg.global_rounds):
+            checkpoint.save(self, t)
+
+    def final_evaluation(self) -> None:
+        """After the last round: every client receives the final global model and is evaluated."""
         self.round_idx += 1
         self.send_models(self.clients)
         self.record(self.evaluate())

@@ -45,14 +45,20 @@ class FedFomoServer(Server):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.client_states: dict[int, dict] = {}  # each client's last upload
+        self.asked: dict[int, list[int]] = {}  # this round's requests: participant id -> neighbour ids
 
-    def send_models(self, participants) -> None:
-        """Each participant gets the models of the neighbours it asks for."""
+    def prepare_broadcast(self, participants) -> None:
+        """Each participant names the neighbours it wants (its own ε-greedy choice)."""
         asked = self.executor.call_each("choose_neighbours", [
             (c, (self.round_idx, [j for j in self.client_states if j != c.id])) for c in participants])
-        self.executor.call_each("receive_neighbours", [
-            (c, ({j: self.client_states[j] for j in ids},)) for c, ids in zip(participants, asked)])
+        self.asked = {c.id: ids for c, ids in zip(participants, asked)}
+
+    def broadcast(self, client) -> dict | None:
+        """A participant gets the models it asked for; the others get nothing."""
+        if client.id not in self.asked:
+            return None
+        return {j: self.client_states[j] for j in self.asked[client.id]}
 
     def aggregate(self, uploads) -> None:
         for u in uploads:
-            self.client_states[u["id"]] = {k: v.detach().clone() for k, v in u["state"].items()}
+            self.client_states[u.id] = {k: v.detach().clone() for k, v in u.state.items()}

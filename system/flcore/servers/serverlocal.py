@@ -17,7 +17,7 @@ class LocalServer(Server):
         if cfg.ala:
             raise FLError("-ala needs a global model, and Local has none; drop -ala")
 
-    def send_models(self, participants) -> None:
+    def broadcast(self, client) -> None:
         """Nothing is sent: each client keeps its own model."""
 
     def aggregate(self, uploads) -> None:

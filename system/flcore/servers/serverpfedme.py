@@ -48,5 +48,5 @@ class PFedMeServer(Server):
         """w^{t+1} = w^t + β (mean_i w_i - w^t), the mean unweighted as in the paper."""
         if not uploads:
             return
-        mean = weighted_average([u["state"] for u in uploads], [1.0] * len(uploads))
+        mean = weighted_average([u.state for u in uploads], [1.0] * len(uploads))
         self.global_model.load_state_dict(lerp_state(self.global_model.state_dict(), mean, self.cfg.beta))

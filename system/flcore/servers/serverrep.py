@@ -3,7 +3,7 @@ Collins, Hassani, Mokhtari, Shakkottai. ICML 2021. https://arxiv.org/abs/2102.07
 Official code: https://github.com/lgcollins/FedRep
 
 Relative to FedAvg this changes what is shared and how clients train. The model is cut into a body φ
-(``base``) and a head h_i (``head``, the classifier; ``flcore.trainmodel.models.split_head``). Each
+(``base``) and a head h_i (``head``, the classifier; ``flcore.trainmodel.parts.split_head``). Each
 round, client i takes the global body, trains its own head with the body frozen, then the body with its
 head frozen:
 
@@ -18,7 +18,7 @@ one or five epochs for the representation"; PFLlib's default is 1); ``-ls`` body
 """
 from flcore.clients.clientrep import FedRepClient
 from flcore.servers.serverbase import Server
-from flcore.trainmodel.models import split_head
+from flcore.trainmodel.parts import split_head
 from utils.aggregate import weighted_average
 from utils.errors import FLError
 
@@ -44,5 +44,5 @@ class FedRepServer(Server):
     def aggregate(self, uploads: list[dict]) -> None:
         """Sample-weighted mean of the uploaded bodies; the global head is never used."""
         if uploads:
-            avg = weighted_average([u["state"] for u in uploads], [u["weight"] for u in uploads])
+            avg = weighted_average([u.state for u in uploads], [u.weight for u in uploads])
             self.global_model.base.load_state_dict(avg)

@@ -1,12 +1,11 @@
 """Models, sized from the split's config (input shape, class count), and the head/base contract.
 
 Contract: every model's classifier is the attribute ``fc`` and ``forward`` returns raw logits (no
-log-softmax), so ``split_head`` can cut any model into a feature extractor and a head, and the loss is
-always cross-entropy on logits.
+log-softmax), so ``parts.split_head`` can cut any model into a feature extractor and a head, and the
+loss is always cross-entropy on logits. Helpers that cut models into layers, head and body live beside
+this file in ``parts.py``.
 """
 from __future__ import annotations
-
-import copy
 
 import torch
 from torch import nn
@@ -71,29 +70,6 @@ def resnet18(in_channels: int, num_classes: int) -> nn.Module:
     return m
 
 
-class BaseHeadSplit(nn.Module):
-    """``head(base(x))``: the same network cut at its classifier, for algorithms that treat the feature
-    extractor (``base``) and the classifier (``head``) differently (FedRep, FedPer, ...). Parameter names
-    become ``base.*`` and ``head.*``."""
-
-    def __init__(self, base: nn.Module, head: nn.Module):
-        super().__init__()
-        self.base, self.head = base, head
-
-    def forward(self, x):
-        return self.head(self.base(x))
-
-
-def split_head(model: nn.Module) -> BaseHeadSplit:
-    """A copy of ``model`` cut into base and head at its ``fc`` attribute (the contract above)."""
-    if not isinstance(getattr(model, "fc", None), nn.Module):
-        raise TypeError(f"{type(model).__name__} has no classifier attribute 'fc'; cannot split its head")
-    base = copy.deepcopy(model)
-    head = base.fc
-    base.fc = nn.Identity()
-    return BaseHeadSplit(base, head)
-
-
 MODELS = ("CNN", "DNN", "fastText", "ResNet18")
 
 
@@ -121,36 +97,11 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, featu
     raise ValueError(f"unknown model '{name}'; choose one of: auto, {', '.join(MODELS)}")
 
 
-def set_memory_format(model: nn.Module, memory_format: str, device: torch.device) -> nn.Module:
-    """Lay ``model``'s 4-d (convolution) weights out as ``--memory_format`` says, in place; ``auto`` is
-    channels-last on a CPU (oneDNN's channels-last convolutions and pooling are several times faster
-    there than its default layout's; measured in docs/performance.md) and contiguous elsewhere. The
-    function is the same either way; every later in-place update and copy keeps the layout, and a model
-    copied from this one (``copy.deepcopy``) inherits it."""
-    if memory_format == "auto":
-        memory_format = "channels_last" if device.type == "cpu" else "contiguous"
-    fmt = torch.channels_last if memory_format == "channels_last" else torch.contiguous_format
-    if any(p.dim() == 4 for p in model.parameters()):
-        model.to(memory_format=fmt)
+def set_device_layout(model: nn.Module, device: torch.device) -> nn.Module:
+    """Lay ``model``'s 4-d (convolution) weights out channels-last on a CPU, in place: oneDNN's
+    channels-last convolution and pooling kernels are several times faster there than the default
+    layout's (docs/performance.md). Elsewhere the default layout stays. The function is the same either
+    way; every later in-place update and copy keeps the layout, and a copy of the model inherits it."""
+    if device.type == "cpu" and any(p.dim() == 4 for p in model.parameters()):
+        model.to(memory_format=torch.channels_last)
     return model
-
-
-def layer_groups(model: nn.Module) -> list[list[str]]:
-    """Parameter names grouped into the paper's "layers", bottom to top: a layer is a module that owns
-    parameters directly (conv, linear, norm), except that a residual block (anything with a
-    ``downsample`` attribute, i.e. torchvision's BasicBlock/Bottleneck) counts as one layer."""
-    groups: list[list[str]] = []
-    claimed: set[str] = set()
-    for mname, mod in model.named_modules():
-        prefix = f"{mname}." if mname else ""
-        if hasattr(mod, "downsample"):
-            names = [prefix + n for n, _ in mod.named_parameters()]
-        else:
-            names = [prefix + n for n, _ in mod.named_parameters(recurse=False)]
-        names = [n for n in names if n not in claimed]
-        if names:
-            groups.append(names)
-            claimed.update(names)
-    order = {n: i for i, (n, _) in enumerate(model.named_parameters())}
-    groups.sort(key=lambda g: order[g[0]])
-    return groups

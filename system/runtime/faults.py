@@ -6,7 +6,8 @@ clients end up slow). Each round a client gets a simulated time, drawn from a st
 client id, round), so it is the same on every executor and after a resume:
 
     train: a train-slow client waits 0.1·u seconds per local step, u ~ U(0, 1), i.e. PFLlib's per-batch
-           ``time.sleep(0.1 * rand)``, summed over its nominal ceil(samples / -lbs) · -ls steps;
+           ``time.sleep(0.1 * rand)``, summed over the client's ``steps_per_round()`` (its algorithm's
+           count of local steps that move the model it uploads);
     send:  a send-slow client waits 0.1·u seconds per transfer, twice (model down, update up);
     others: 0 (real compute time is not part of the simulation, so results never depend on the machine).
 
@@ -17,8 +18,6 @@ defaults to PFLlib's 10000 s, i.e. nobody is ever late. Client drop-out (``-cdr`
 (``Server.active_clients``): dropped clients neither train nor upload.
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -35,12 +34,13 @@ def choose(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
 
 
 class SlowClients:
-    def __init__(self, cfg, run: int, train_samples: list[int]):
-        n = len(train_samples)
+    def __init__(self, cfg, run: int, steps: list[int]):
+        """``steps``: each client's local steps per round (``Client.steps_per_round``)."""
+        n = len(steps)
         self.seed, self.run, self.threshold = cfg.seed, run, cfg.time_threshold
         self.train_slow = choose(n, cfg.train_slow_rate, np_rng(cfg.seed, run, "slow-train"))
         self.send_slow = choose(n, cfg.send_slow_rate, np_rng(cfg.seed, run, "slow-send"))
-        self.steps = [math.ceil(s / cfg.batch_size) * cfg.local_epochs for s in train_samples]
+        self.steps = list(steps)
 
     def time_cost(self, cid: int, round_idx: int) -> float:
         """Simulated seconds client ``cid`` needs in round ``round_idx`` (train + send)."""

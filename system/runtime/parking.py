@@ -1,20 +1,21 @@
 """Client state off the device (``--client_state cpu|disk``): memory grows with a round's clients, not
-with all clients.
+with all clients. Every executor parks the clients of each process it runs clients in
+(``executors.ClientHost``): this one for ``sequential``, each worker for ``fork`` and ``ray``.
 
 A client is "parked" when it has not been used for a while: every attribute except its identity, its
-data and its timing (``KEEP``) is serialised with the checkpoint machinery (utils/checkpoint.py, so
+data and its timing (``KEEP``) is serialised with the checkpoint machinery (runtime/checkpoint.py, so
 models, optimizers, generators, ALA weights and any algorithm's extras are included without code of
 their own) into one compact CPU buffer (``cpu``) or one file (``disk``), and the live objects are
 dropped; in ``cpu`` mode large tensors go into a pool that holds each distinct tensor once (a thousand
 FedAvg clients holding the broadcast model cost one model, not a thousand). The first attribute access
-brings it back exactly as it was (``Client.__getattr__``), onto its device. Parking and unparking are exact: same numbers as ``--client_state device`` (the default), bit for
-bit (tests/test_engine.py).
+brings it back exactly as it was (``Client.__getattr__``), onto its device. Parking and unparking are
+exact: same numbers as ``--client_state device`` (the default), bit for bit (tests/test_executors.py).
 
-Which clients stay live: the ``capacity`` most recently used, ``capacity`` = the clients of one round
-(``-jr`` x ``-nc``). The executor (``ParkingExecutor``) records every call and keeps a client live while
-one of its methods runs. A round still touches every client (the broadcast, and evaluation every ``-eg``
-rounds), so each round loads and stores every client once or twice: memory is bounded, time is not free.
-Servers must talk to clients through method calls (the executor contract, utils/executor.py): a
+Which clients stay live: the ``capacity`` most recently used, ``capacity`` = a process's share of the
+clients of one round (``utils.selection.join_count``). The host records every call and keeps a client
+live while one of its methods runs. A round still touches every client (the broadcast, and evaluation
+every ``-eg`` rounds), so each round loads and stores every client once or twice: memory is bounded, time
+is not free. Servers talk to clients through method calls (the executor contract, runtime/executors.py): a
 reference into a client's objects kept by the server goes stale when the client is parked.
 """
 from __future__ import annotations
@@ -26,8 +27,7 @@ import tempfile
 import weakref
 from pathlib import Path
 
-from utils.checkpoint import TensorPool, pack_state, unpack_state
-from utils.executor import SequentialExecutor
+from runtime.checkpoint import TensorPool, pack_state, unpack_state
 
 # What a parked client keeps: identity, data (rebuilt from the split, not per-client state to move) and
 # the per-round training times (len(train_time) = rounds trained, read by ALA and others).
@@ -108,45 +108,3 @@ class ClientStore:
                 break
             if cid not in self.pinned:
                 self.park(self.live[cid])
-
-
-class ParkingExecutor(SequentialExecutor):
-    """The sequential executor with clients parked in a ``ClientStore`` when not in use."""
-    name = "sequential"
-
-    def __init__(self, store: ClientStore):
-        self.store = store
-
-    def start(self, factory, datas: list) -> list:
-        self.clients = []
-        for i, d in enumerate(datas):  # parked as they are built: peak memory stays bounded
-            self.clients.append(factory(i, d))
-            self.store.touch(self.clients[-1])
-        return self.clients
-
-    def _run(self, c, method: str, args, kwargs):
-        if "parked_in" in vars(c):  # back before the call (a method may also replace attributes wholesale)
-            self.store.unpark(c)
-        self.store.pinned.add(c.id)
-        try:
-            return getattr(c, method)(*args, **kwargs)
-        finally:
-            self.store.pinned.discard(c.id)
-            if "parked_in" not in vars(c):
-                self.store.touch(c)
-
-    def map(self, clients, method: str, *args, **kwargs) -> list:
-        return [self._run(c, method, args, kwargs) for c in clients]
-
-    def call_each(self, method: str, calls) -> list:
-        return [self._run(c, method, args, {}) for c, args in calls]
-
-    def call(self, cid: int, method: str, *args, **kwargs):
-        return self._run(self.clients[cid], method, args, kwargs)
-
-
-def make_parking_executor(cfg) -> ParkingExecutor:
-    """``--client_state cpu|disk``: a round's worth of clients (``-jr`` x ``-nc``) stay live."""
-    n = cfg.num_clients or 1
-    capacity = max(1, int(round(cfg.join_ratio * n)))
-    return ParkingExecutor(ClientStore(cfg.client_state, capacity, cfg.client_state_dir))

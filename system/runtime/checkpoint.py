@@ -1,4 +1,4 @@
-"""Checkpoints: the whole state of a run, so a killed run resumes (``--resume``) or a lost Ray worker is
+"""Checkpoints: the whole state of a run, so a killed run resumes (``--resume``) or a lost worker is
 recovered with exactly the numbers of an undisturbed run.
 
 ``--checkpoint_every N`` writes ``<results>/<stem>.ckpt`` after every N-th round and after the last one,

@@ -1,0 +1,95 @@
+"""Cutting models into parts: the paper's layers, the head/body split, and what ties samples together.
+
+Every model of ``models.py`` keeps its classifier in the attribute ``fc`` (the head contract). From that:
+
+- ``layer_groups``: parameter names grouped into "layers" (FedALA's ``-p``, PartialFed's per-layer choice);
+- ``adapted_names``: the parameters of the top ``p`` layers;
+- ``split_head``: the same network as ``base`` + ``head`` (FedRep, and the model-splitting family);
+- ``frozen``: a part that takes no gradient inside a block (FedRep's alternating epochs);
+- ``batch_dependent``: layers whose output for one sample depends on the rest of its batch or on random
+  draws (BatchNorm, dropout), which rule out reusing one sample's features across batches.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+
+from torch import nn
+
+
+def layer_groups(model: nn.Module) -> list[list[str]]:
+    """Parameter names grouped into the paper's "layers", bottom to top: a layer is a module that owns
+    parameters directly (conv, linear, norm), except that a residual block (anything with a
+    ``downsample`` attribute, i.e. torchvision's BasicBlock/Bottleneck) counts as one layer."""
+    groups: list[list[str]] = []
+    claimed: set[str] = set()
+    for mname, mod in model.named_modules():
+        prefix = f"{mname}." if mname else ""
+        if hasattr(mod, "downsample"):
+            names = [prefix + n for n, _ in mod.named_parameters()]
+        else:
+            names = [prefix + n for n, _ in mod.named_parameters(recurse=False)]
+        names = [n for n in names if n not in claimed]
+        if names:
+            groups.append(names)
+            claimed.update(names)
+    order = {n: i for i, (n, _) in enumerate(model.named_parameters())}
+    groups.sort(key=lambda g: order[g[0]])
+    return groups
+
+
+def adapted_names(model: nn.Module, p: int) -> list[str]:
+    """Names of the parameter tensors in the top ``p`` layers (all layers when ``p`` is 0)."""
+    groups = layer_groups(model)
+    if p < 0 or p > len(groups):
+        raise ValueError(f"-p {p}: the model has {len(groups)} layers; choose 0 (all) to {len(groups)}")
+    chosen = groups if p == 0 else groups[len(groups) - p:]
+    return [n for g in chosen for n in g]
+
+
+class BaseHeadSplit(nn.Module):
+    """``head(base(x))``: the same network cut at its classifier, for algorithms that treat the feature
+    extractor (``base``) and the classifier (``head``) differently (FedRep, FedPer, ...). Parameter names
+    become ``base.*`` and ``head.*``."""
+
+    def __init__(self, base: nn.Module, head: nn.Module):
+        super().__init__()
+        self.base, self.head = base, head
+
+    def forward(self, x):
+        return self.head(self.base(x))
+
+
+def split_head(model: nn.Module) -> BaseHeadSplit:
+    """A copy of ``model`` cut into base and head at its ``fc`` attribute (the head contract)."""
+    if not isinstance(getattr(model, "fc", None), nn.Module):
+        raise TypeError(f"{type(model).__name__} has no classifier attribute 'fc'; cannot split its head")
+    base = copy.deepcopy(model)
+    head = base.fc
+    base.fc = nn.Identity()
+    return BaseHeadSplit(base, head)
+
+
+@contextlib.contextmanager
+def frozen(module: nn.Module):
+    """``module``'s parameters get no gradient inside the block (SGD then leaves them as they are). Its
+    buffers (BatchNorm statistics) still follow train-mode forwards."""
+    flags = [p.requires_grad for p in module.parameters()]
+    for p in module.parameters():
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, f in zip(module.parameters(), flags):
+            p.requires_grad_(f)
+
+
+def batch_dependent(model: nn.Module) -> str | None:
+    """Why one sample's output of ``model`` in training mode is not a function of that sample alone
+    (None when it is): BatchNorm mixes the samples of a batch, dropout draws a random mask."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            return f"it has {type(m).__name__} layers, which mix the samples of a batch"
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            return "it uses dropout"
+    return None
