@@ -8,7 +8,8 @@ from torch import nn
 
 import main
 from conftest import cli
-from utils.ALA import ALA, adapted_names, combine, converged, weight_step
+from flcore.trainmodel.parts import adapted_names
+from utils.ALA import ALA, combine, converged, weight_step
 from utils.results import read_h5
 
 
@@ -121,7 +122,7 @@ def test_round_one_leaves_local_model_as_global(digits_root):
     from flcore.servers.serverala import FedALAServer
     from utils.data_utils import load_split
 
-    cfg = main.parse_config(cli(digits_root, digits_root, "-algo", "FedALA")).replace(device="cpu", num_classes=10)
+    cfg = main.parse_config(cli(digits_root, digits_root, "-algo", "FedALA", "--executor", "sequential")).replace(device="cpu", num_classes=10)
     server = FedALAServer(cfg, load_split("Digits", digits_root))
     client = server.clients[0]
     before = copy.deepcopy(client.model.state_dict())
@@ -154,7 +155,7 @@ def test_kept_features_are_the_lower_layers_outputs_until_they_change():
     layers are the ones they came from."""
     glob, local = pair(3)
     x, y = torch.randn(40, 2), torch.randint(0, 2, (40,))
-    ala = ALA(adapted_names(local, 1), rand_percent=50, batch_size=5, keep_features=True)
+    ala = ALA(adapted_names(local, 1), rand_percent=50, batch_size=5, keep_features=True, head="fc")
     ala.adaptive_local_aggregation(glob, local, x, y)
     feats = ala.features_for(local)
     with torch.no_grad():
@@ -176,7 +177,7 @@ def test_train_loss_from_kept_features_equals_full_evaluation(digits_noniid_root
 
     losses = {}
     for keep in (True, False):
-        cfg = main.parse_config(cli(digits_noniid_root, tmp_path, "-algo", "FedALA", "-lr", "0.05",
+        cfg = main.parse_config(cli(digits_noniid_root, tmp_path, "-algo", "FedALA", "-lr", "0.05", "--executor", "sequential",
                                     "--ala_max_epochs", "3"))
         data = load_split("Digits", digits_noniid_root, None, "cpu")
         cfg = cfg.replace(num_classes=data.num_classes, num_clients=len(data.clients))

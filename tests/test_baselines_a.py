@@ -17,7 +17,7 @@ from utils.seeding import torch_gen
 
 
 def make_server(root, algo, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", algo, *flags)).replace(device="cpu", num_classes=10)
+    cfg = main.parse_config(cli(root, root, "-algo", algo, "--executor", "sequential", *flags)).replace(device="cpu", num_classes=10)
     return get_server_class(algo)(cfg, load_split("Digits", root))
 
 
@@ -214,7 +214,7 @@ def test_fedrep_heads_stay_local_and_only_bodies_are_averaged(digits_root):
     heads = [params(c.model.head) for c in server.clients]
     uploads = server.receive_models(server.clients)
     body_keys = set(server.global_model.base.state_dict())
-    assert all(set(u["state"]) == body_keys for u in uploads) and "fc.weight" not in body_keys
+    assert all(set(u.state) == body_keys for u in uploads) and "fc.weight" not in body_keys
     server.aggregate(uploads)
     server.send_models(server.clients)
     for c, h in zip(server.clients, heads):

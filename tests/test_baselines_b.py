@@ -11,16 +11,17 @@ from torch.func import functional_call
 
 import main
 from conftest import cli
+from flcore.clients.clientbase import Upload
 from flcore.registry import get_server_class
 from flcore.servers.serverpfedme import PFedMeServer
-from flcore.trainmodel.models import layer_groups
+from flcore.trainmodel.parts import layer_groups
 from utils.data_utils import load_split
 from utils.personal_aggregation import (amp_attention, apple_lambda, attentive_message, compose_by_layer,
                                         fomo_weights, layer_of)
 
 
 def make_server(root, algo, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", algo, *flags)).replace(device="cpu", num_classes=10)
+    cfg = main.parse_config(cli(root, root, "-algo", algo, "--executor", "sequential", *flags)).replace(device="cpu", num_classes=10)
     return get_server_class(algo)(cfg, load_split("Digits", root))
 
 
@@ -38,8 +39,8 @@ def test_pfedme_server_mixes_plain_mean_with_beta():
     glob = nn.Linear(2, 1, bias=False)
     with torch.no_grad():
         glob.weight.copy_(torch.tensor([[1.0, 2.0]]))
-    uploads = [{"id": 0, "weight": 1, "state": {"weight": torch.tensor([[3.0, 4.0]])}},
-               {"id": 1, "weight": 100, "state": {"weight": torch.tensor([[5.0, 10.0]])}}]
+    uploads = [Upload(0, 1, {"weight": torch.tensor([[3.0, 4.0]])}),
+               Upload(1, 100, {"weight": torch.tensor([[5.0, 10.0]])})]
     fake = SimpleNamespace(global_model=glob, cfg=SimpleNamespace(beta=2.0))
     PFedMeServer.aggregate(fake, uploads)
     # mean (unweighted) = [4, 7]; w + 2 (mean - w) = [7, 12]
@@ -172,7 +173,7 @@ def test_fomo_client_moves_only_toward_neighbours_that_help(digits_root):
     assert len(client.y_val) == round(0.2 * n_all) and client.train_samples == n_all - len(client.y_val)
     own = state(client.model)
     bad = perturbed(client.model, seed=1, scale=3.0)  # garbage: higher validation loss
-    client.receive_neighbours({3: bad})
+    client.receive({3: bad})
     assert client.last_weights == {3: 0.0}
     assert all(torch.equal(v, own[k]) for k, v in state(client.model).items())  # kept as it was
     good_model = copy.deepcopy(client.model)  # fitted on the validation split: surely lower loss there
@@ -182,7 +183,7 @@ def test_fomo_client_moves_only_toward_neighbours_that_help(digits_root):
         nn.functional.cross_entropy(good_model(client.x_val), client.y_val).backward()
         opt.step()
     good = state(good_model)
-    client.receive_neighbours({2: good, 3: bad})
+    client.receive({2: good, 3: bad})
     assert client.last_weights[3] == 0.0 and client.last_weights[2] == pytest.approx(1.0)
     assert all(torch.allclose(v, good[k]) for k, v in state(client.model).items())
     assert client.affinity[2] > client.affinity.get(3, 0.0)
@@ -253,7 +254,7 @@ def test_partialfed_choice_is_per_layer(digits_root):
     client.train_time = [0.0]  # has trained before: the learned choice applies
     client.logits = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
     glob = state(server.global_model)
-    client.receive_global(server.global_model, participating=True)
+    client.receive(server.global_model, participating=True)
     got = state(client.model)
     for layer, names in enumerate(layer_groups(client.model)):
         source = glob if layer % 2 == 0 else local
@@ -267,7 +268,7 @@ def test_partialfed_learned_choice_takes_whole_layers(digits_root):
     local, glob = state(client.model), perturbed(server.global_model, seed=2, scale=0.1)
     server.global_model.load_state_dict(glob)
     before = client.logits.clone()
-    client.receive_global(server.global_model, participating=True)
+    client.receive(server.global_model, participating=True)
     assert not torch.equal(client.logits, before)  # the strategy was trained
     got = state(client.model)
     for names, from_global in zip(layer_groups(client.model), client.from_global()):

@@ -3,7 +3,8 @@ parameter, and the head/base contract."""
 import pytest
 import torch
 
-from flcore.trainmodel.models import MODELS, build_model, layer_groups, split_head
+from flcore.trainmodel.models import MODELS, build_model
+from flcore.trainmodel.parts import layer_groups, split_head
 
 CASES = [("CNN", (1, 28, 28)), ("CNN", (3, 32, 32)), ("CNN", (1, 8, 8)), ("DNN", (60,)), ("DNN", (1, 28, 28)),
          ("ResNet18", (3, 32, 32)), ("ResNet18", (1, 28, 28)), ("fastText", (12,))]

@@ -132,7 +132,7 @@ def test_pseudo_gradient_of_one_sgd_step_is_the_gradient(digits, mlp):
 
 
 def test_align_state_maps_a_partial_upload():
-    from flcore.trainmodel.models import split_head
+    from flcore.trainmodel.parts import split_head
 
     model = split_head(DNN(64, 10))
     aligned = privacy.align_state(model, model.base.state_dict())
@@ -185,7 +185,7 @@ def test_accountant_matches_published_epsilons(sigma, q, steps, eps):
 
 
 def test_dp_sgd_without_noise_or_clipping_is_plain_sgd(digits_root):
-    cfg = main.parse_config(cli(digits_root, digits_root, "-dp", "-dps", "1", "--dp_clip", "1e9", "-gr", "1"))
+    cfg = main.parse_config(cli(digits_root, digits_root, "-dp", "-dps", "1", "--dp_clip", "1e9", "-gr", "1", "--executor", "sequential"))
     from utils.data_utils import load_split
     from flcore.clients.clientbase import Client
 

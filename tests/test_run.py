@@ -56,7 +56,7 @@ def test_several_runs_use_consecutive_seeds(digits_root, tmp_path, capsys):
 
 
 def test_join_ratio_and_drop_rate(digits_root):
-    cfg = main.parse_config(cli(digits_root, digits_root, "-jr", "0.4", "-cdr", "0.5", "-gr", "1"))
+    cfg = main.parse_config(cli(digits_root, digits_root, "-jr", "0.4", "-cdr", "0.5", "-gr", "1", "--executor", "sequential"))
     from flcore.servers.serveravg import FedAvgServer
     from utils.data_utils import load_split
 

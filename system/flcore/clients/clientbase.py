@@ -43,6 +43,10 @@ class Upload:
 
 class Client:
     use_ala = False  # FedALA sets this; any other algorithm gets ALA with -ala
+    # Entries of ``self.model``'s state (name prefixes) that are this client's own and never cross the
+    # wire: FedRep's head ("head."), all of Local's model (""). Every algorithm's uploads are checked
+    # against them (tests/test_executors.py).
+    personal_keys: tuple[str, ...] = ()
 
     def __init__(self, cfg, cid: int, data: ClientData, model: nn.Module, run: int = 0):
         self.cfg, self.id, self.run = cfg, cid, run

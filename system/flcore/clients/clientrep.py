@@ -8,6 +8,8 @@ from flcore.trainmodel.parts import adapted_names, frozen
 
 
 class FedRepClient(Client):
+    personal_keys = ("head.",)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.ala is not None:

@@ -59,6 +59,7 @@ class Server:
 
     def __init__(self, cfg, data: FederatedData, run: int = 0, recorder: RunRecorder | None = None,
                  executor=None):
+        cfg = cfg.replace(num_clients=len(data.clients))  # -nc cut the split already; None meant all
         self.cfg, self.data, self.run = cfg, data, run
         self.device = torch.device(cfg.device)
         with torch_seeded(cfg.seed, run, "model"):

@@ -15,18 +15,23 @@ class FedAvgCNN(nn.Module):
     """The 4-layer CNN of McMahan et al. (AISTATS 2017) as PFLlib sizes it: conv 5x5 (32) -> pool ->
     conv 5x5 (64) -> pool -> fc 512 -> fc C. The flattened size follows the input: 1024 for 28x28,
     1600 for 32x32. Inputs too small for two unpadded 5x5 convolutions (the 8x8 Digits) use 'same'
-    padding (2), giving 256 for 8x8, so the default model fits every bundled dataset."""
+    padding (2), giving 256 for 8x8, so the default model fits every bundled dataset. ``batch_norm``
+    (``-m BNCNN``) adds BatchNorm after each convolution, the model FedBN-style methods need."""
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, hw: tuple[int, int] = (28, 28),
-                 hidden: int = 512):
+                 hidden: int = 512, batch_norm: bool = False):
         super().__init__()
         pad = 0 if min(hw) >= 16 else 2
         side = [s for s in hw]
         for _ in range(2):
             side = [(s + 2 * pad - 4) // 2 for s in side]
-        self.conv1 = nn.Sequential(nn.Conv2d(in_channels, 32, 5, padding=pad), nn.ReLU(inplace=True),
-                                   nn.MaxPool2d(2))
-        self.conv2 = nn.Sequential(nn.Conv2d(32, 64, 5, padding=pad), nn.ReLU(inplace=True), nn.MaxPool2d(2))
+
+        def block(cin: int, cout: int) -> nn.Sequential:
+            norm = [nn.BatchNorm2d(cout)] if batch_norm else []
+            return nn.Sequential(nn.Conv2d(cin, cout, 5, padding=pad), *norm, nn.ReLU(inplace=True), nn.MaxPool2d(2))
+
+        self.conv1 = block(in_channels, 32)
+        self.conv2 = block(32, 64)
         self.fc1 = nn.Sequential(nn.Linear(64 * side[0] * side[1], hidden), nn.ReLU(inplace=True))
         self.fc = nn.Linear(hidden, num_classes)
 
@@ -70,7 +75,7 @@ def resnet18(in_channels: int, num_classes: int) -> nn.Module:
     return m
 
 
-MODELS = ("CNN", "DNN", "fastText", "ResNet18")
+MODELS = ("CNN", "BNCNN", "DNN", "fastText", "ResNet18")
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, feature_dim: int = 512,
@@ -80,11 +85,12 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, featu
     image = len(input_shape) == 3
     if name == "auto":
         name = "CNN" if image else "DNN"
-    if name in ("CNN", "ResNet18") and not image:
+    if name in ("CNN", "BNCNN", "ResNet18") and not image:
         raise ValueError(f"-m {name} needs image data (C,H,W) but the split holds vectors of shape "
                          f"{list(input_shape)}; use -m DNN")
-    if name == "CNN":
-        return FedAvgCNN(input_shape[0], num_classes, tuple(input_shape[1:]), hidden=feature_dim)
+    if name in ("CNN", "BNCNN"):
+        return FedAvgCNN(input_shape[0], num_classes, tuple(input_shape[1:]), hidden=feature_dim,
+                         batch_norm=name == "BNCNN")
     if name == "DNN":
         n = 1
         for s in input_shape:
