@@ -1,18 +1,21 @@
-"""Round-time benchmark: where a round's wall time goes, against what the device can do.
+"""Round-time benchmark: the executors side by side, and where a round's wall time goes.
 
-    python scripts/benchmark.py -data MNIST -m CNN -algo FedAvg -gr 3 -lbs 10 --engine batched
-    python scripts/benchmark.py -data MNIST -m CNN -algo FedALA -gr 3 --engine sequential --json out.json
+    python scripts/benchmark.py -data MNIST -m CNN -algo FedAvg -gr 3                     # sequential vs fork
+    python scripts/benchmark.py -data MNIST -m CNN -algo FedALA -gr 4 --executors fork --json out.json
 
-Takes every flag of ``system/main.py`` (one run, no result files) plus ``--ref_seconds``. Per round it
-prints the wall time of each phase: send (the broadcast, with ALA or another local initialisation),
-evaluate, train, aggregate (receive + aggregate); training samples per second and the GFLOP/s they
-amount to (FLOPs counted once by ``torch.utils.flop_counter`` on one batch). The reference, measured in
-the same process on the same device before the first round, after every round (outside the round's
-time: each round is compared with the reference measured right after it, as a shared machine's speed
-drifts) and after the last one, is one model trained on
-batches of 200 for ``--ref_seconds`` (in the faster of the contiguous and channels-last layouts): the
-throughput small-batch federated training is compared with.
-Last: peak RSS and, on CUDA, peak allocated device memory. See docs/performance.md for figures.
+Takes every flag of ``system/main.py`` (no result files) plus ``--executors`` (default
+``sequential,fork``: the single-process path and the CPU default, measured one after the other in the
+same invocation on the same split and seed; ``sequential@1`` runs at one torch thread, the fork workers'
+count, where the curves must be identical bit for bit), ``--steady_from`` and ``--ref_seconds``. Per round it prints
+the wall time of each phase: send (the broadcast, with ALA or another local initialisation), evaluate,
+train, aggregate (upload + aggregate), and the training throughput in samples/s and GFLOP/s (FLOPs counted
+once by ``torch.utils.flop_counter`` on one batch). The reference, measured in this process before each
+executor's run and after every round (outside the round's time: a shared machine's speed drifts), is one
+model trained on batches of 200 for ``--ref_seconds`` in the faster weight layout: the throughput
+small-batch federated training is compared with. At the end: each executor's mean round time from round
+``--steady_from`` on (FedALA's start phase is its round 1), its ratio to the first executor's, whether the
+accuracy and loss curves are identical, and the peak resident memory of the worker processes. Figures:
+docs/performance.md.
 """
 from __future__ import annotations
 
@@ -20,7 +23,6 @@ import argparse
 import copy
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
@@ -31,9 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "system"))
 
 import main  # noqa: E402
 from flcore.registry import get_server_class  # noqa: E402
-from flcore.trainmodel.models import build_model, set_memory_format  # noqa: E402
+from flcore.trainmodel.models import build_model  # noqa: E402
+from runtime.executors import make_executor  # noqa: E402
+from utils.amp import autocast  # noqa: E402
 from utils.data_utils import load_split  # noqa: E402
-from utils.engine import autocast  # noqa: E402
 
 PHASES = ("send", "evaluate", "train", "aggregate")
 
@@ -53,18 +56,14 @@ def flops_per_sample(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, t
 
 
 def reference_throughput(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, cfg, seconds: float,
-                         batch: int = 200) -> tuple[float, float]:
-    """(samples per second, samples per CPU second) of plain SGD on one model with batches of ``batch``,
-    in the faster of the two weight layouts: the compute limit small-batch federated training is
-    compared with."""
-    best = (0.0, 0.0)
-    for layout in ("contiguous", "channels_last"):
-        m = set_memory_format(copy.deepcopy(model), layout, x.device)
-        best = max(best, one_reference(m, x, y, cfg, seconds / 2, batch))
-    return best
+                         batch: int = 200) -> float:
+    """Samples per second of plain SGD on one model with batches of ``batch``, in the faster of the two
+    weight layouts: the compute limit small-batch federated training is compared with."""
+    return max(one_reference(copy.deepcopy(model).to(memory_format=fmt), x, y, cfg, seconds / 2, batch)
+               for fmt in (torch.contiguous_format, torch.channels_last))
 
 
-def one_reference(model, x, y, cfg, seconds: float, batch: int) -> tuple[float, float]:
+def one_reference(model, x, y, cfg, seconds: float, batch: int) -> float:
     model = model.train()
     opt = torch.optim.SGD(model.parameters(), lr=cfg.local_learning_rate)
     reps = -(-batch // len(y))
@@ -81,22 +80,12 @@ def one_reference(model, x, y, cfg, seconds: float, batch: int) -> tuple[float, 
     for _ in range(3):
         step()
     sync(device)
-    n, start, cpu = 0, time.perf_counter(), time.process_time()
+    n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         step()
         n += 1
     sync(device)
-    return n * batch / (time.perf_counter() - start), n * batch / max(time.process_time() - cpu, 1e-9)
-
-
-def reference_one_thread(model, x, y, cfg, seconds: float) -> float:
-    """Samples per CPU second of the reference on one thread (the yardstick for CPU-time figures)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return reference_throughput(model, x, y, cfg, seconds)[1]
-    finally:
-        torch.set_num_threads(threads)
+    return n * batch / (time.perf_counter() - start)
 
 
 def sync(device: torch.device) -> None:
@@ -106,18 +95,17 @@ def sync(device: torch.device) -> None:
 
 def instrumented(server_cls: type, cfg, train_flops: float, reference=None) -> type:
     """``server_cls`` with each phase of a round timed and one line printed per round (the round loop
-    itself is the library's: ``Server.run_rounds`` calls ``after_round`` last in every round). With
+    itself is the library's: ``Server.run_round`` calls ``after_round`` last in every round). With
     ``reference`` (a function returning samples per second), the reference is measured again after every
     round, outside the round's time, so that each round is compared with the machine as it was then."""
 
     class Timed(server_cls):
         def timed(self, phase: str, fn, *args):
             sync(self.device)
-            start, cpu = time.perf_counter(), cpu_seconds()
+            start = time.perf_counter()
             out = fn(*args)
             sync(self.device)
             self.bench_log[phase] = self.bench_log.get(phase, 0.0) + time.perf_counter() - start
-            self.bench_log[f"{phase}_cpu"] = self.bench_log.get(f"{phase}_cpu", 0.0) + cpu_seconds() - cpu
             return out
 
         def send_models(self, participants):
@@ -146,7 +134,6 @@ def instrumented(server_cls: type, cfg, train_flops: float, reference=None) -> t
             now = time.perf_counter()
             log = self.bench_log
             r = {"round": self.round_idx, "wall": now - self.bench_clock, **{k: log.get(k, 0.0) for k in PHASES},
-                 **{f"{k}_cpu": log.get(f"{k}_cpu", 0.0) for k in PHASES},
                  "samples": log.get("samples", 0), "load": os.getloadavg()[0]}
             self.bench_rounds.append(r)
             ref = ""
@@ -154,28 +141,68 @@ def instrumented(server_cls: type, cfg, train_flops: float, reference=None) -> t
                 r["reference"] = reference()
                 ref = f" | reference {r['reference']:.0f} samples/s: {100 * r['samples'] / r['train'] / r['reference']:.0f} %"
             self.bench_log, self.bench_clock = {}, time.perf_counter()
-            print(f"round {r['round']}: {r['wall']:6.2f} s | " + " | ".join(f"{k} {r[k]:6.2f}" for k in PHASES)
+            print(f"{cfg.executor} round {r['round']}: {r['wall']:6.2f} s | "
+                  + " | ".join(f"{k} {r[k]:6.2f}" for k in PHASES)
                   + f" | train {r['samples'] / r['train']:7.0f} samples/s = "
-                  f"{r['samples'] * train_flops / r['train'] / 1e9:5.1f} GFLOP/s ({r['samples'] / r['train_cpu']:.0f} "
-                  f"samples/CPU-s){ref} | load {r['load']:.2f}", flush=True)
+                  f"{r['samples'] * train_flops / r['train'] / 1e9:5.1f} GFLOP/s{ref} | load {r['load']:.2f}", flush=True)
 
     return Timed
 
 
-def peak_rss_mb(who=resource.RUSAGE_SELF) -> float:
-    return resource.getrusage(who).ru_maxrss / 1024  # Linux reports KiB
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """Peak resident memory of a process (Linux ``VmHWM``), MB; NaN where it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
 
 
-def cpu_seconds() -> float:
-    """CPU time of this process and of its finished children (forked workers): on a shared machine
-    the figure that load inflates least, unlike wall time."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+def run_one(cfg, data, model, x, y, train_flops: float, ref_seconds: float) -> dict:
+    """One executor's run, instrumented; its figures."""
+    def reference():
+        return reference_throughput(model, x, y, cfg, ref_seconds)
+
+    ref_before = reference()
+    executor = make_executor(cfg)
+    try:
+        server = instrumented(get_server_class(cfg.algorithm), cfg, train_flops, reference)(cfg, data, 0, None,
+                                                                                            executor=executor)
+        server.bench_log, server.bench_rounds, server.bench_curve = {}, [], []
+        server.bench_clock = time.perf_counter()
+        server.train()
+        final = time.perf_counter() - server.bench_clock
+        workers = [peak_rss_mb(p.pid) for p in getattr(executor, "procs", [])]
+    finally:
+        executor.close()
+    rounds = server.bench_rounds
+    train_s = sum(r["train"] for r in rounds)
+    samples = sum(r["samples"] for r in rounds)
+    return {"executor": cfg.executor, "workers": len(workers), "rounds": rounds, "curve": server.bench_curve,
+            "final_evaluation_s": final, "reference_before": ref_before,
+            "train_samples_per_s": samples / train_s if train_s else float("nan"),
+            "train_gflops": samples * train_flops / train_s / 1e9 if train_s else float("nan"),
+            # each round against the reference measured right after it (the machine's speed drifts)
+            "train_vs_reference_per_round": [r["samples"] / r["train"] / r["reference"] for r in rounds],
+            "peak_rss_workers_mb": workers}
+
+
+def steady_mean(rounds: list[dict], first: int) -> float:
+    """Mean wall time of the rounds from ``first`` on (all rounds when there are none)."""
+    walls = [r["wall"] for r in rounds if r["round"] >= first] or [r["wall"] for r in rounds]
+    return sum(walls) / max(len(walls), 1)
 
 
 def main_benchmark(argv=None) -> dict:
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--ref_seconds", type=float, default=5.0, help="length of each reference measurement")
+    p.add_argument("--executors", default="sequential,fork",
+                   help="executors to run, one after the other; NAME@T runs this process at T torch threads "
+                        "(fork workers always use one)")
+    p.add_argument("--steady_from", type=int, default=1,
+                   help="first round in the steady mean (FedALA's start phase is round 1: use 2)")
+    p.add_argument("--ref_seconds", type=float, default=3.0, help="length of each reference measurement")
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     ours, rest = p.parse_known_args(argv)
     cfg = main.resolve_device(main.parse_config(rest + ["--no-progress"]))
@@ -187,58 +214,35 @@ def main_benchmark(argv=None) -> dict:
     x, y = big.x_train[:cfg.batch_size], big.y_train[:cfg.batch_size]
     train_flops = flops_per_sample(model, x, y, train=True)
     eval_flops = flops_per_sample(model, x, y, train=False)
-    load = [os.getloadavg()[0]]
-    ref_before, _ = reference_throughput(model, x, y, cfg, ours.ref_seconds)
-    ref_cpu = reference_one_thread(model, x, y, cfg, ours.ref_seconds) if device.type == "cpu" else float("nan")
-
-    def reference():
-        return reference_throughput(model, x, y, cfg, ours.ref_seconds)[0]
-
-    server = instrumented(get_server_class(cfg.algorithm), cfg, train_flops, reference)(cfg, data, 0, None)
-    server.bench_log, server.bench_rounds, server.bench_curve = {}, [], []
-    start = server.bench_clock = time.perf_counter()
-    server.train()
-    end = time.perf_counter()
-    load.append(os.getloadavg()[0])
-    ref_after, _ = reference_throughput(model, x, y, cfg, ours.ref_seconds)
-    ref = (ref_before + ref_after) / 2
-    per_round = server.bench_rounds
-    train_s = sum(r["train"] for r in per_round)
-    train_cpu = sum(r["train_cpu"] for r in per_round)
-    samples = sum(r["samples"] for r in per_round)
-    out = {
-        "config": {k: getattr(cfg, k) for k in ("dataset", "algorithm", "model", "num_clients", "join_ratio",
-                                                 "batch_size", "local_epochs", "engine", "engine_stack", "amp",
-                                                 "train_loss_eval", "eval_batch_size", "device")},
-        "threads": torch.get_num_threads(), "rounds": per_round, "curve": server.bench_curve,
-        "mean_round_s": sum(r["wall"] for r in per_round) / max(len(per_round), 1),
-        "final_evaluation_s": end - server.bench_clock,  # the evaluation after the last round
-        "train_samples_per_s": samples / train_s if train_s else float("nan"),
-        "train_gflops": samples * train_flops / train_s / 1e9 if train_s else float("nan"),
-        "train_mflop_per_sample": train_flops / 1e6, "eval_mflop_per_sample": eval_flops / 1e6,
-        "reference_b200_samples_per_s": [ref_before, ref_after],
-        "reference_gflops": ref * train_flops / 1e9,
-        "train_vs_reference": (samples / train_s) / ref if train_s else float("nan"),
-        # each round against the reference measured right after it (the machine's speed drifts)
-        "train_vs_reference_per_round": [r["samples"] / r["train"] / r["reference"] for r in per_round],
-        "train_samples_per_cpu_s": samples / train_cpu if train_cpu else float("nan"),
-        "reference_1thread_samples_per_cpu_s": ref_cpu,
-        "train_cpu_vs_reference": (samples / train_cpu) / ref_cpu if train_cpu else float("nan"),
-        "peak_rss_mb": peak_rss_mb(), "peak_rss_children_mb": peak_rss_mb(resource.RUSAGE_CHILDREN),
-        "load_before_after": load,
-    }
-    if device.type == "cuda":
-        out["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2 ** 20
-    print(f"mean round {out['mean_round_s']:.2f} s over {len(per_round)} round(s); training "
-          f"{out['train_samples_per_s']:.0f} samples/s ({out['train_gflops']:.1f} GFLOP/s, "
-          f"{train_flops / 1e6:.1f} MFLOP/sample); reference batch-200 {ref_before:.0f} / {ref_after:.0f} "
-          f"samples/s before / after ({out['reference_gflops']:.1f} GFLOP/s): training at "
-          f"{100 * out['train_vs_reference']:.0f} % of it (round by round: "
-          f"{', '.join(f'{100 * v:.0f}' for v in out['train_vs_reference_per_round'])} %); peak RSS {out['peak_rss_mb']:.0f} MB"
-          + (f", peak CUDA {out['peak_cuda_mb']:.0f} MB" if "peak_cuda_mb" in out else "")
-          + f" (workers {out['peak_rss_children_mb']:.0f} MB); load average {load[0]:.2f} -> {load[1]:.2f}; "
-          f"{torch.get_num_threads()} thread(s)\nCPU time: training {out['train_samples_per_cpu_s']:.0f} samples/CPU-s, "
-          f"reference on one thread {ref_cpu:.0f} samples/CPU-s: {100 * out['train_cpu_vs_reference']:.0f} %")
+    runs = []
+    for spec in ours.executors.split(","):
+        kind, _, threads = spec.partition("@")  # sequential@1: this process at one torch thread
+        before = torch.get_num_threads()
+        torch.set_num_threads(int(threads or before))
+        try:
+            runs.append(run_one(cfg.replace(executor=kind), data, model, x, y, train_flops, ours.ref_seconds))
+        finally:
+            torch.set_num_threads(before)
+        runs[-1].update(executor=spec, threads=int(threads or before))
+    for r in runs:
+        r["steady_round_s"] = steady_mean(r["rounds"], ours.steady_from)
+        r["vs_first"] = r["steady_round_s"] / runs[0]["steady_round_s"]
+        r["same_curve_as_first"] = r["curve"] == runs[0]["curve"]
+    out = {"config": {k: getattr(cfg, k) for k in ("dataset", "algorithm", "model", "num_clients", "join_ratio",
+                                                    "batch_size", "local_epochs", "amp", "train_loss_eval",
+                                                    "eval_batch_size", "device", "workers")},
+           "threads": torch.get_num_threads(), "train_mflop_per_sample": train_flops / 1e6,
+           "eval_mflop_per_sample": eval_flops / 1e6, "steady_from": ours.steady_from, "runs": runs,
+           "peak_rss_mb": peak_rss_mb()}
+    print(f"{cfg.algorithm} on {cfg.dataset}, {len(data.clients)} clients:")
+    for r in runs:
+        print(f"  {r['executor']:12s} threads {r['threads']}, workers {r['workers']}: mean round {r['steady_round_s']:.2f} s from round "
+              f"{ours.steady_from} ({r['vs_first']:.2f}x {runs[0]['executor']}); training "
+              f"{r['train_samples_per_s']:.0f} samples/s ({r['train_gflops']:.1f} GFLOP/s, "
+              f"{', '.join(f'{100 * v:.0f}' for v in r['train_vs_reference_per_round'])} % of the reference round "
+              f"by round); curve identical to {runs[0]['executor']}'s: {r['same_curve_as_first']}; workers' peak "
+              f"RSS {', '.join(f'{m:.0f}' for m in r['peak_rss_workers_mb']) or '-'} MB")
+    print(f"  peak RSS of this process {out['peak_rss_mb']:.0f} MB")
     if ours.json:
         Path(ours.json).write_text(json.dumps(out, indent=1, default=float))
     return out

@@ -9,6 +9,7 @@ ALGORITHMS = {
     "FedALA": "flcore.servers.serverala:FedALAServer",
     "Local": "flcore.servers.serverlocal:LocalServer",
     "FedProx": "flcore.servers.serverprox:FedProxServer",
+    "SCAFFOLD": "flcore.servers.serverscaffold:SCAFFOLDServer",
     "FedAvg-C": "flcore.servers.serveravgc:FedAvgCServer",
     "FedProx-C": "flcore.servers.serverproxc:FedProxCServer",
     "Per-FedAvg": "flcore.servers.serverperavg:PerFedAvgServer",

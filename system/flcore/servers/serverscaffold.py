@@ -1,0 +1,44 @@
+"""SCAFFOLD: Stochastic Controlled Averaging for Federated Learning.
+Karimireddy, Kale, Mohri, Reddi, Stich, Suresh. ICML 2020. https://arxiv.org/abs/1910.06378
+
+Relative to FedAvg this adds control variates: the server's c and each client's c_i (zero at first). Each
+local step uses the corrected gradient g - c_i + c; after its K steps (``Client.steps_per_round``) from
+the received x to y_i, a client sets c_i+ = c_i - c + (x - y_i) / (K η_l) (the paper's option II) and
+sends y_i and Δc_i = c_i+ - c_i. The server averages the participants' models without weights,
+x ← x + η_g (mean_i y_i - x), and sets c ← c + (1/N) Σ_i Δc_i over all N clients.
+
+Flags: ``-slr`` η_g = 1.0 (PFLlib's name and default). PFLlib's port averages the same way (models over the
+participants, Δc over all N) with K = epochs x batches. With ``-ala`` the x in c_i+ is the ALA-initialised
+start of the local steps.
+"""
+import torch
+
+from flcore.clients.clientscaffold import SCAFFOLDClient
+from flcore.servers.serverbase import Server
+from utils.aggregate import weighted_average
+from utils.personal_aggregation import lerp_state
+
+
+class SCAFFOLDServer(Server):
+    client_class = SCAFFOLDClient
+
+    @classmethod
+    def add_args(cls, parser):
+        parser.add_argument("-slr", "--server_learning_rate", type=float, default=1.0,
+                            help="global step size η_g (SCAFFOLD paper and PFLlib: 1)")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.c = {k: torch.zeros_like(p) for k, p in self.global_model.named_parameters()}
+
+    def broadcast(self, client):
+        return {"model": self.global_model, "c": self.c}
+
+    def aggregate(self, uploads):
+        if not uploads:
+            return
+        mean = weighted_average([u.state for u in uploads], [1.0] * len(uploads))
+        step = lerp_state(self.global_model.state_dict(), mean, self.cfg.server_learning_rate)
+        self.global_model.load_state_dict(step)
+        n = len(self.clients)
+        self.c = {k: c + sum(u.extras["dc"][k] for u in uploads) / n for k, c in self.c.items()}
