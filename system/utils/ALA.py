@@ -46,7 +46,7 @@ from torch.func import functional_call
 
 from utils.seeding import torch_gen
 
-FEATURE_BATCH = 256  # samples per no-grad pass when the classifier's inputs are computed once (CPU: 1.6x faster than 1000)
+FEATURE_BATCH = 256  # samples per no-grad pass when the classifier's inputs are computed once (docs/performance.md)
 
 
 def combine(local: torch.Tensor, glob: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

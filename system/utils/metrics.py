@@ -23,8 +23,8 @@ def predict(model: torch.nn.Module, x: torch.Tensor, batch_size: int) -> torch.T
 
     Images on a CPU go through the convolutions channels-last (temporary channels-last copies of the
     4-d weights, the model itself untouched): oneDNN's channels-last convolution and pooling kernels
-    are several times faster there than the default layout's (the 4-layer CNN's forward: 2.8x on one
-    thread; docs/performance.md). Same function, so the same logits up to float summation order."""
+    are several times faster there than the default layout's (docs/performance.md). Same function, so
+    the same logits up to float summation order."""
     model.eval()
     if x.dim() == 4 and x.device.type == "cpu" and any(p.dim() == 4 for p in model.parameters()):
         cl = torch.channels_last
