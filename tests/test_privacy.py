@@ -185,7 +185,8 @@ def test_accountant_matches_published_epsilons(sigma, q, steps, eps):
 
 
 def test_dp_sgd_without_noise_or_clipping_is_plain_sgd(digits_root):
-    cfg = main.parse_config(cli(digits_root, digits_root, "-dp", "-dps", "1", "--dp_clip", "1e9", "-gr", "1", "--executor", "sequential"))
+    cfg = main.parse_config(cli(digits_root, digits_root, "-dp", "-dps", "1", "--dp_clip", "1e9", "-gr", "1",
+                                "--executor", "sequential"))
     from utils.data_utils import load_split
     from flcore.clients.clientbase import Client
 
@@ -210,7 +211,12 @@ def test_dp_refuses_batchnorm():
     with pytest.raises(FLError, match="BatchNorm"):
         privacy.DPSGD.from_config(cfg, 0, 0, resnet18(1, 10), 100)
     with pytest.raises(FLError, match="-dps must be > 0"):
-        main.validate(main.parse_config(["-dp", "-dps", "0"]))
+        main.parse_config(["-dp", "-dps", "0"])  # parsing validates
+    cfg = main.parse_config(["-dp", "-gr", "1"])
+    main.validate(cfg.replace(dp_sigma=0.5))
+    main.validate(cfg.replace(privacy=False, dp_sigma=0.0))  # sigma 0 is fine without -dp
+    with pytest.raises(FLError, match="-dps must be > 0"):
+        main.validate(cfg.replace(dp_sigma=0.0))
 
 
 # ---- inside a run --------------------------------------------------------------------------------------
@@ -240,26 +246,38 @@ def test_dlg_leaves_training_untouched(digits_root, tmp_path):
 
 
 def test_dp_run_records_epsilon_per_client(digits_root, tmp_path):
-    """FedALA with DP-SGD (FedAvg's client is the base one, tested above): one round, epsilon per client
-    from the steps each took, and an attack on the DP-trained upload."""
-    flags = cli(digits_root, tmp_path, "-algo", "FedALA", "-gr", "1", "-lr", "0.1", "-dp", "-dps", "1.5",
+    """FedALA with DP-SGD (FedAvg's client is the base one, tested above): two rounds, epsilon per client
+    from the steps each took so far (round 2: twice round 1's), and an attack on the DP-trained upload."""
+    flags = cli(digits_root, tmp_path, "-algo", "FedALA", "-gr", "2", "-lr", "0.1", "-dp", "-dps", "1.5",
                 "--dlg_target", "update", "-dlg", "--dlg_iters", "5", "-bnpc", "1", "--dlg_clients", "1")
     assert main.main(flags) == 0
     h5 = read_h5(tmp_path / "Digits_FedALA_test_0.h5")
     from utils.data_utils import load_split
 
     sizes = [len(c.y_train) for c in load_split("Digits", digits_root).clients]
-    want = [privacy.epsilon([(1.5, 10 / n, math.ceil(n / 10))], 1e-5) for n in sizes]
+    want = [[privacy.epsilon([(1.5, 10 / n, r * math.ceil(n / 10))], 1e-5) for n in sizes] for r in (1, 2)]
+    assert h5["rs_round"].tolist() == [0, 1, 2]
     assert h5["rs_dp_client_epsilon"].tolist()[0] == [0.0] * 5  # before any training
-    assert np.allclose(h5["rs_dp_client_epsilon"][1], want)
-    assert h5["rs_dp_epsilon_max"][1] == pytest.approx(max(want))
+    assert np.allclose(h5["rs_dp_client_epsilon"][1], want[0])
+    assert np.allclose(h5["rs_dp_client_epsilon"][2], want[1])
+    assert np.all(h5["rs_dp_client_epsilon"][2] > h5["rs_dp_client_epsilon"][1])
+    eps_max, eps_mean = h5["rs_dp_epsilon_max"], h5["rs_dp_epsilon_mean"]
+    assert eps_max[0] == 0 and 0 < eps_max[1] < eps_max[2] and 0 < eps_mean[1] < eps_mean[2]
+    assert eps_max[1] == pytest.approx(max(want[0])) and eps_mean[2] == pytest.approx(np.mean(want[1]))
     assert h5["rs_dlg_round"].tolist() == [0] and np.isfinite(h5["rs_dlg_psnr"][0])
 
 
-def test_dlg_needs_images(tmp_path):
+def test_dlg_needs_images(tmp_path, capsys):
     from dataset import generate_Synthetic
 
     assert generate_Synthetic.main(["--root", str(tmp_path), "--num-clients", "3"]) == 0
     flags = ["-data", "Synthetic", "--dataset_root", str(tmp_path), "--results_dir", str(tmp_path / "o"),
              "-dev", "cpu", "--no-progress", "-gr", "1", "-dlg"]
+    capsys.readouterr()
     assert main.main(flags) == 2
+    err = capsys.readouterr().err
+    assert "-dlg reconstructs images" in err and "'Synthetic'" in err and "[60]" in err, err
+    assert err.count("\n") == 1  # one line, no traceback
+    assert not list((tmp_path / "o").glob("*.h5"))  # refused before any round ran
+    assert main.main(flags[:-1]) == 0  # the same run without -dlg is fine
+    assert len(read_h5(tmp_path / "o" / "Synthetic_FedAvg_test_0.h5")["rs_test_acc"]) == 2

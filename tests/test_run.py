@@ -1,8 +1,10 @@
 """End-to-end runs through main.py: learning, determinism, result files, client selection."""
+import copy
 import json
 
 import numpy as np
 import pytest
+import torch
 
 import main
 from conftest import SHARED_DATA, cli
@@ -30,8 +32,14 @@ def test_result_files_complete(digits_root, tmp_path):
     assert list(h5["rs_round"]) == [0, 2]
     assert h5["rs_client_test_acc"].shape == (2, 5)
     assert len(h5["rs_round_time"]) == 2
-    # the pooled accuracy is the sample-weighted mean of the per-client accuracies
-    n_test = np.array(meta["split_test_samples"], dtype=float) if "split_test_samples" in meta else None
+    # the pooled accuracy is the test-sample-weighted mean of the per-client accuracies, with the
+    # clients' test sizes read from the split itself; the unweighted mean is recorded beside it
+    n_test = np.array([len(np.load(digits_root / "Digits" / "test" / f"{i}.npz", allow_pickle=False)["y"])
+                       for i in range(5)], dtype=float)
+    per_client = h5["rs_client_test_acc"]
+    assert np.allclose(h5["rs_test_acc"], per_client @ n_test / n_test.sum(), rtol=0, atol=1e-12)
+    assert np.allclose(h5["rs_test_acc_mean"], per_client.mean(1), rtol=0, atol=1e-12)
+    assert np.all((per_client >= 0) & (per_client <= 1)) and len(set(n_test)) > 1
     assert np.all((h5["rs_test_auc"] > 0.5) & (h5["rs_test_auc"] <= 1))
     assert meta["config"]["algorithm"] == "FedAvg" and meta["seed"] == 0
     assert meta["split"]["config_hash"] and meta["library_version"]
@@ -56,7 +64,8 @@ def test_several_runs_use_consecutive_seeds(digits_root, tmp_path, capsys):
 
 
 def test_join_ratio_and_drop_rate(digits_root):
-    cfg = main.parse_config(cli(digits_root, digits_root, "-jr", "0.4", "-cdr", "0.5", "-gr", "1", "--executor", "sequential"))
+    cfg = main.parse_config(cli(digits_root, digits_root, "-jr", "0.4", "-cdr", "0.5", "-gr", "1",
+                                "--executor", "sequential"))
     from flcore.servers.serveravg import FedAvgServer
     from utils.data_utils import load_split
 
@@ -71,6 +80,37 @@ def test_local_keeps_models_apart(digits_noniid_root, tmp_path):
     h5, _ = run_and_read(digits_noniid_root, tmp_path, "-gr", "3", "-lr", "0.05", "-algo", "Local",
                          stem="Digits_Local_test_0")
     assert h5["rs_test_acc"][-1] > 0.8  # two classes per client: local models are easy
+    # Two rounds on a server built here: every client ends with its own model, the one plain SGD gives
+    # on its data alone from the common initial model, with the batches its own stream draws.
+    from flcore.servers.serverlocal import LocalServer
+    from utils.data_utils import load_split
+
+    cfg = main.parse_config(cli(digits_noniid_root, digits_noniid_root, "-algo", "Local", "-gr", "2", "-lr",
+                                "0.05", "-lbs", "10", "-ls", "1", "--executor", "sequential"))
+    server = LocalServer(cfg.replace(num_classes=10), load_split("Digits", digits_noniid_root))
+    starts = [(copy.deepcopy(c.model), c.batch_gen.get_state()) for c in server.clients]
+    first = [p.detach() for p in starts[0][0].parameters()]
+    assert all(torch.equal(p, q) for m, _ in starts[1:] for p, q in zip(first, m.parameters()))
+    for t in range(2):
+        server.run_round(t)
+    flat = [torch.cat([p.detach().flatten() for p in c.model.parameters()]) for c in server.clients]
+    for i in range(len(flat)):
+        for j in range(i + 1, len(flat)):
+            assert not torch.equal(flat[i], flat[j]), (i, j)
+    for c, (model, state) in zip(server.clients, starts):
+        gen = torch.Generator()
+        gen.set_state(state)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        model.train()
+        for _ in range(2):  # two rounds of one epoch, batches of 10 (the last one smaller)
+            perm = torch.randperm(len(c.y_train), generator=gen)
+            for k in range(0, len(perm), 10):
+                idx = perm[k:k + 10]
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(c.x_train[idx]), c.y_train[idx]).backward()
+                opt.step()
+        for (name, got), want in zip(c.model.named_parameters(), model.parameters()):
+            torch.testing.assert_close(got, want, msg=f"client {c.id}: {name}")
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "mnist.npz").exists(), reason="shared MNIST data not present")

@@ -176,6 +176,8 @@ class Server:
         if not self.cfg.auto_break or self.recorder is None:
             return False
         acc = self.recorder.series.get("rs_test_acc", [])
+        if not acc:  # before the first evaluation (round 0) there is nothing to compare
+            return False
         return len(acc) - 1 - int(np.argmax(acc)) > self.cfg.top_cnt
 
     # ---- checkpoints -------------------------------------------------------------------------------
