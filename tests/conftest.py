@@ -35,6 +35,18 @@ def digits_noniid_root(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def digits_tiny_root(tmp_path_factory) -> Path:
+    """Dataset root holding 'Digits': 500 of the images among 5 clients by Dir(1.0), 37-98 training
+    samples each (unequal, so placement over workers is uneven): runs of a few rounds take under a second."""
+    from dataset import generate_Digits
+
+    root = tmp_path_factory.mktemp("data_tiny")
+    assert generate_Digits.main(["--root", str(root), "--num-clients", "5", "--partition", "dir", "--alpha", "1.0",
+                                 "--subsample", "500", "--seed", "1"]) == 0
+    return root
+
+
 def cli(root: Path, out: Path, *extra: str) -> list[str]:
     """Command-line flags for a short quiet CPU run on a test split."""
     return ["-data", "Digits", "--dataset_root", str(root), "--results_dir", str(out), "-dev", "cpu",

@@ -256,7 +256,11 @@ class PoolExecutor:
 
     def start(self, factory: ClientFactory, datas: list) -> list[ClientHandle]:
         """Build this run's clients inside the workers; returns their handles."""
-        self.factory, self.datas = factory, datas
+        # The factory's model is the server's global model, which training changes in place: keep a copy
+        # of it as it is now, so that clients rebuilt after a lost worker (``reset``) start from the
+        # initial model too (a fork worker would otherwise inherit the trained one).
+        self.factory = dataclasses.replace(factory, model=copy.deepcopy(factory.model))
+        self.datas = datas
         self.placement = balance([len(d.y_train) for d in datas], self.max_workers)
         self.owner = {cid: w for w, cids in enumerate(self.placement) for cid in cids}
         self.setup_log: list = []  # calls made before training starts, replayed by reset()

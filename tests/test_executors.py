@@ -1,0 +1,535 @@
+"""Executors (sequential, fork, Ray), lost workers, checkpoints and resume, parked clients, and what
+crosses the wire (system/runtime/).
+
+Runs are 2-3 rounds on a 5-client split of 500 digits (``digits_tiny_root``), well under a second each.
+Equality is exact (``np.array_equal``) wherever every process runs torch at one thread (fork and Ray
+workers do, and the ``one_thread`` fixture pins this one): the same float operations then run in the same
+order whichever process runs a client. The Ray tests share one local Ray session (2 CPUs) and one pool of
+2 workers, reused by every run as ``-t N`` runs reuse it: starting Ray is the slow part.
+"""
+import copy
+import os
+import signal
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import main
+from conftest import cli
+from flcore.clients.clientavg import FedAvgClient
+from flcore.registry import ALGORITHMS, get_server_class
+from flcore.servers.serveravg import FedAvgServer
+from flcore.servers.serverbase import Server
+from runtime.executors import ClientHandle
+from runtime.fork import ForkExecutor
+from utils.data_utils import load_split
+from utils.errors import FLError
+from utils.results import RunRecorder, read_h5
+
+ALGOS = sorted(ALGORITHMS)
+FAST = ("-lr", "0.1", "-lbs", "20")
+# Flags without which 2 rounds cannot show learning (as in tests/test_algorithms.py): Per-FedAvg's outer
+# step β = 0.001 moves the model 100x less per step than -lr 0.1 does.
+ALGO_FLAGS = {"Per-FedAvg": ("-bt", "0.1")}
+SEQUENTIAL = ("--executor", "sequential")
+FORK = ("--executor", "fork", "--workers", "2")
+RAY = ("--executor", "ray", "--workers", "2")
+ON = {"sequential": SEQUENTIAL, "fork": FORK, "ray": RAY}
+
+
+# ---- helpers -----------------------------------------------------------------------------------------
+def two_rounds(algo: str) -> tuple:
+    return ("-algo", algo, "-gr", "2", *ALGO_FLAGS.get(algo, ()))
+
+
+def series(out, algo: str) -> dict:
+    """Every recorded series of a run except the wall times."""
+    return {k: v for k, v in read_h5(out / f"Digits_{algo}_test_0.h5").items() if k != "rs_round_time"}
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert np.array_equal(a[k], b[k], equal_nan=True), k
+
+
+def run_main(root, out, *flags, executor=None) -> dict:
+    """A run through the command line (``executor``: a pool to run on instead of one from the flags)."""
+    argv = cli(root, out, *FAST, *flags)
+    if executor is None:
+        assert main.main(argv) == 0
+    else:
+        main.run(main.parse_config(argv), executor=executor)
+    return series(out, main.algorithm_arg(argv))
+
+
+def build(root, algo: str = "FedAvg", *flags) -> Server:
+    """A server with its clients in this process (sequential executor), built as main.run builds it,
+    without result files; tests drive it with ``server.run_round(t)``."""
+    cfg = main.parse_config(cli(root, root, "-algo", algo, *FAST, *SEQUENTIAL, *flags))
+    data = load_split("Digits", root)
+    return get_server_class(algo)(cfg.replace(num_classes=data.num_classes), data, 0, None)
+
+
+def tensors(obj):
+    """Every tensor inside ``obj`` (nested dicts, lists and tuples)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from tensors(v)
+
+
+@pytest.fixture
+def one_thread():
+    """Torch at one thread in this process, as in every fork and Ray worker: bitwise comparisons need the
+    same kernels on both sides. conftest already sets one thread at import; the tests whose comparisons
+    depend on it request this fixture, so they hold whatever ran before them."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def sequential_run(digits_tiny_root, tmp_path_factory):
+    """Undisturbed sequential runs on the tiny split, each set of flags run once per module."""
+    done: dict = {}
+
+    def get(*flags) -> dict:
+        if flags not in done:
+            done[flags] = run_main(digits_tiny_root, tmp_path_factory.mktemp("seq"), *flags, *SEQUENTIAL)
+        return done[flags]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def ray_pool(digits_tiny_root):
+    ray = pytest.importorskip("ray")
+    from runtime.raypool import RayExecutor, init_ray
+
+    init_ray(num_cpus=2)
+    pool = RayExecutor(main.parse_config(cli(digits_tiny_root, digits_tiny_root, *RAY)))
+    yield pool
+    pool.close()
+    ray.shutdown()
+
+
+def pool_for(executor: str, request):
+    """The shared Ray pool for ``ray`` (skipped without Ray); None (one made from the flags) otherwise."""
+    return request.getfixturevalue("ray_pool") if executor == "ray" else None
+
+
+# ---- every algorithm gives the sequential numbers on every executor ------------------------------------
+@pytest.mark.parametrize("algo", ALGOS)
+def test_fork_matches_sequential(algo, digits_tiny_root, tmp_path, sequential_run, one_thread):
+    seq = sequential_run(*two_rounds(algo))
+    assert len(seq["rs_round"]) == 3 and np.all(np.isfinite(seq["rs_train_loss"]))  # rounds 0, 1 and final
+    assert_same(seq, run_main(digits_tiny_root, tmp_path, *two_rounds(algo), *FORK))
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_ray_matches_sequential(algo, digits_tiny_root, tmp_path, sequential_run, ray_pool, one_thread):
+    seq = sequential_run(*two_rounds(algo))
+    assert_same(seq, run_main(digits_tiny_root, tmp_path, *two_rounds(algo), *RAY, executor=ray_pool))
+    # Clients live on their workers: each actor holds exactly its share, balanced by training samples.
+    ray = ray_pool.ray
+    sizes = [h.train_samples for h in ray_pool.handles]
+    held = [sorted(ray.get(a.handle.remote(("sizes",)))) for a in ray_pool.actors]
+    assert held == ray_pool.placement and sorted(sum(held, [])) == list(range(5)) and len(held) == 2
+    loads = [sum(sizes[c] for c in cids) for cids in held]
+    assert max(loads) - min(loads) <= max(sizes)
+    h = ray_pool.handles[3]
+    assert len(h.train_time) == 2  # one entry per round trained, accumulated on the worker
+    correct, n, _ = h.test_metrics()  # a method call runs on the worker
+    assert n == h.test_samples and 0 <= correct <= n
+    assert isinstance(h.model, torch.nn.Module)  # an attribute read returns a copy
+    with pytest.raises(FLError, match="method"):
+        h.optimizer = None  # a write could never reach the worker: refused
+
+
+# ---- crash and --resume ------------------------------------------------------------------------------
+# Algorithms whose server keeps per-client state (FedAMP's and FedFomo's stored models, APPLE's cores),
+# and FedALA's client state (ALA weights and streams) parked off the device.
+RESUMED = [("FedAMP",), ("FedFomo",), ("APPLE",), ("FedALA", "--client_state", "cpu")]
+
+
+@pytest.mark.parametrize("executor", ["fork", "sequential"])
+@pytest.mark.parametrize("case", RESUMED, ids=lambda c: "-".join(c))
+def test_resume_after_crash_equals_uninterrupted_run(case, executor, digits_tiny_root, tmp_path, sequential_run,
+                                                     monkeypatch, capsys, one_thread):
+    algo, *extra = case
+    flags = ("-algo", algo, "-gr", "3", "-jr", "0.6", *extra, "--checkpoint_every", "2")
+    base = sequential_run(*flags)
+
+    after_round = Server.after_round
+
+    def crash_in_round_2(self):
+        if self.round_idx == 2:
+            raise RuntimeError("killed")
+        after_round(self)
+
+    monkeypatch.setattr(Server, "after_round", crash_in_round_2)
+    crash = tmp_path / "crash"
+    with pytest.raises(RuntimeError, match="killed"):
+        run_main(digits_tiny_root, crash, *flags, *ON[executor])
+    ckpt = crash / f"Digits_{algo}_test_0.ckpt"
+    assert ckpt.exists() and not list(crash.glob("*.tmp"))
+    assert len(read_h5(crash / f"Digits_{algo}_test_0.h5")["rs_round"]) == 3  # rounds 0-2 evaluated
+    monkeypatch.setattr(Server, "after_round", after_round)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / ckpt.name).write_bytes(ckpt.read_bytes())
+    capsys.readouterr()
+
+    assert_same(base, run_main(digits_tiny_root, crash, *flags, *ON[executor], "--resume"))
+    assert "after round 1" in capsys.readouterr().out
+    assert len(read_h5(crash / f"Digits_{algo}_test_0.h5")["rs_round_time"]) == 3
+    # A checkpoint does not depend on the executor: the same one resumed on the other executor.
+    other = "sequential" if executor == "fork" else "fork"
+    assert_same(base, run_main(digits_tiny_root, tmp_path / "other", *flags, *ON[other], "--resume"))
+
+
+def test_resume_checks_flags_and_starts_over_without_checkpoint(digits_tiny_root, tmp_path, capsys, one_thread):
+    run_main(digits_tiny_root, tmp_path, "-gr", "1", "--checkpoint_every", "1", "--resume", *FORK)
+    assert "no checkpoint" in capsys.readouterr().out
+    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", "-lr", "0.2", "-lbs", "20", "--resume")) == 2
+    err = capsys.readouterr().err
+    assert "other flags" in err and "local_learning_rate" in err
+    # -gr may grow (and the executor change): the run continues after round 0 as a 2-round run would.
+    longer = run_main(digits_tiny_root, tmp_path, "-gr", "2", "--resume", *SEQUENTIAL)
+    assert "resuming" in capsys.readouterr().out
+    assert_same(longer, run_main(digits_tiny_root, tmp_path / "fresh", "-gr", "2", *SEQUENTIAL))
+
+
+# ---- a worker killed during a round ------------------------------------------------------------------
+def kill_worker_at(monkeypatch, round_idx: int, worker: int, every_time: bool = False) -> list:
+    """Kill ``worker`` of the run's executor as local training of round ``round_idx`` starts (a fork
+    worker's process by SIGKILL, a Ray actor by ray.kill): once, or ``every_time`` the round is run.
+    Returns the list of rounds in which a worker was killed."""
+    killed: list = []
+    train = Server.train_clients
+
+    def kill_then_train(self, clients):
+        if self.round_idx == round_idx and (every_time or not killed):
+            ex = self.executor
+            if ex.name == "fork":
+                os.kill(ex.procs[worker].pid, signal.SIGKILL)
+            else:
+                ex.ray.kill(ex.actors[worker])
+            killed.append(round_idx)
+        return train(self, clients)
+
+    monkeypatch.setattr(Server, "train_clients", kill_then_train)
+    return killed
+
+
+@pytest.mark.parametrize("executor", ["fork", "ray"])
+def test_killed_worker_resumes_from_checkpoint(executor, digits_tiny_root, tmp_path, sequential_run, monkeypatch,
+                                               capsys, request, one_thread):
+    pool = pool_for(executor, request)
+    flags = ("-algo", "FedALA", "-gr", "3", "--checkpoint_every", "1")
+    base = sequential_run(*flags)
+    killed = kill_worker_at(monkeypatch, round_idx=2, worker=1)
+    got = run_main(digits_tiny_root, tmp_path, *flags, *ON[executor], executor=pool)
+    assert killed == [2] and "replaying from round 2" in capsys.readouterr().out
+    assert_same(base, got)
+
+
+@pytest.mark.parametrize("executor", ["fork", "ray"])
+def test_killed_worker_without_checkpoint_replays_from_round_0(executor, digits_tiny_root, tmp_path, sequential_run,
+                                                               monkeypatch, capsys, request, one_thread):
+    """Ditto builds its personal model from the initial global model when a client is constructed: the
+    rebuilt clients must start from that model, not from the server's model as trained so far."""
+    pool = pool_for(executor, request)
+    flags = two_rounds("Ditto")
+    base = sequential_run(*flags)
+    killed = kill_worker_at(monkeypatch, round_idx=1, worker=0)
+    got = run_main(digits_tiny_root, tmp_path, *flags, *ON[executor], executor=pool)
+    assert killed == [1] and "replaying from round 0" in capsys.readouterr().out
+    assert_same(base, got)
+
+
+class ScaledClient(FedAvgClient):
+    """A client the server configures after construction (as APPLE sets its prior)."""
+
+    def set_lr_scale(self, scale: float) -> None:
+        self.lr_scale = scale
+
+    def learning_rate(self, round_idx: int) -> float:
+        return super().learning_rate(round_idx) * self.lr_scale
+
+    def refuse(self) -> None:
+        raise FLError(f"client {self.id} refuses")
+
+    def fail(self) -> None:
+        raise ValueError(f"client {self.id} fails")
+
+
+class ScaledServer(FedAvgServer):
+    client_class = ScaledClient
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for c in self.clients:
+            c.set_lr_scale(0.5 + 0.25 * c.id)
+
+
+def scaled_server(root, out, executor=None) -> ScaledServer:
+    cfg = main.parse_config(cli(root, out, *FAST, "-gr", "2", *SEQUENTIAL))
+    data = load_split("Digits", root)
+    return ScaledServer(cfg.replace(num_classes=data.num_classes), data, 0, RunRecorder("scaled", {}, out),
+                        executor=executor)
+
+
+@pytest.mark.parametrize("executor", ["fork", "ray"])
+def test_rebuilt_clients_get_the_servers_setup_calls_again(executor, digits_tiny_root, tmp_path, monkeypatch,
+                                                           request, one_thread):
+    if executor == "ray":
+        pool = request.getfixturevalue("ray_pool")
+        pool.ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this file
+    else:
+        pool = ForkExecutor(2)
+    seq = scaled_server(digits_tiny_root, tmp_path / "seq")
+    seq.train()
+    killed = kill_worker_at(monkeypatch, round_idx=1, worker=0)
+    par = scaled_server(digits_tiny_root, tmp_path / executor, executor=pool)
+    try:
+        par.train()
+        assert killed == [1]
+        assert_same(seq.recorder.series, par.recorder.series)
+        assert pool.handles[2].lr_scale == 1.0  # the set-up call was replayed on the rebuilt clients
+        with pytest.raises(FLError, match="client 3 refuses"):  # a client's error reaches the server as it is
+            pool.handles[3].refuse()
+    finally:
+        if executor == "fork":
+            pool.close()
+
+
+def test_lost_worker_beyond_max_restarts_stops_with_clear_message(digits_tiny_root, tmp_path, monkeypatch, capsys):
+    killed = kill_worker_at(monkeypatch, round_idx=0, worker=1, every_time=True)
+    assert main.main(cli(digits_tiny_root, tmp_path, *FAST, "-gr", "2", "--max_restarts", "1", *FORK)) == 2
+    assert killed == [0, 0]  # the replayed round 0 lost its worker again
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "worker 1 died" in line and "2 time(s)" in line and "--max_restarts 1" in line and "--resume" in line
+    assert len(read_h5(tmp_path / "Digits_FedAvg_test_0.h5")["rs_round"]) == 1  # round 0's evaluation kept
+
+
+# ---- errors inside workers --------------------------------------------------------------------------
+def test_non_finite_loss_in_a_fork_worker_is_a_clear_error(digits_tiny_root, tmp_path, capsys):
+    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", "-lr", "1e12", *FORK)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: client ") and "training loss became" in err[-1]
+
+
+def test_client_errors_cross_from_a_fork_worker(digits_tiny_root, tmp_path):
+    server = scaled_server(digits_tiny_root, tmp_path, executor=ForkExecutor(2))
+    try:
+        assert isinstance(server.clients[3], ClientHandle)
+        with pytest.raises(FLError) as e:  # the same one line, without a worker's traceback
+            server.clients[3].refuse()
+        assert str(e.value) == "client 3 refuses" and not getattr(e.value, "__notes__", None)
+        with pytest.raises(ValueError, match="client 4 fails") as e:  # any other error: with the trace
+            server.clients[4].fail()
+        assert "in a fork worker" in e.value.__notes__[0] and "in fail" in e.value.__notes__[0]
+        server.run_round(0)  # the pool still answers after its clients raised
+    finally:
+        server.close()
+
+
+# ---- personal entries stay on the client ---------------------------------------------------------------
+def test_personal_keys_are_declared():
+    declared = {a: get_server_class(a).client_class.personal_keys for a in ALGOS}
+    assert declared["FedRep"] == ("head.",) and declared["Local"] == ("",)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_personal_entries_never_reach_the_server(algo, digits_tiny_root, monkeypatch):
+    server = build(digits_tiny_root, algo, *ALGO_FLAGS.get(algo, ()))
+    receive = server.receive_models
+    seen = []
+
+    def receive_and_keep(clients):
+        # The personal entries of each client's model as they are when it uploads (after training).
+        personal = {c.id: {k: v.detach().clone() for k, v in c.model.state_dict().items()
+                           if k.startswith(c.personal_keys)} for c in clients}
+        uploads = receive(clients)
+        seen.append((personal, uploads))
+        return uploads
+
+    monkeypatch.setattr(server, "receive_models", receive_and_keep)
+    server.run_round(0)
+    server.run_round(1)
+    assert len(seen) == 2
+    for personal, uploads in seen:
+        assert sorted(u.id for u in uploads) == list(range(5))
+        for u in uploads:
+            keys = server.clients[u.id].personal_keys
+            if "" in keys:  # the whole model is personal: no model crosses the wire
+                assert u.state is None
+                continue
+            if keys:  # not vacuous: the model has personal entries and something else is uploaded
+                assert personal[u.id] and u.state
+            assert not [k for k in u.state or {} if k.startswith(keys)], keys
+            sent = list(tensors(u.state)) + list(tensors(u.extras))
+            for name, p in personal[u.id].items():
+                assert not any(torch.equal(p, t) for t in sent), f"client {u.id} uploads its personal {name}"
+
+
+# ---- evaluation ---------------------------------------------------------------------------------------
+def test_sampled_train_loss_is_a_fixed_seeded_sample(digits_tiny_root):
+    flags = ("--train_loss_eval", "sampled", "--train_loss_fraction", "0.25")
+    server = build(digits_tiny_root, "FedAvg", *flags)
+    c = server.clients[0]
+    idx = c.train_loss_sample()
+    assert len(idx) == int(np.ceil(0.25 * c.train_samples)) and len(set(idx.tolist())) == len(idx)
+    assert torch.equal(idx, c.train_loss_sample())  # drawn once, kept
+    assert torch.equal(idx, build(digits_tiny_root, "FedAvg", *flags).clients[0].train_loss_sample())  # same seed
+    assert not torch.equal(idx, build(digits_tiny_root, "FedAvg", *flags, "--seed", "1").clients[0].train_loss_sample())
+    loss_sum, n = c.train_metrics()
+    with torch.no_grad():
+        mean = torch.nn.functional.cross_entropy(c.model(c.x_train[idx]), c.y_train[idx])
+    assert n == c.train_samples and loss_sum == pytest.approx(float(mean) * c.train_samples, rel=1e-5)
+
+
+def test_sampled_with_everything_equals_full(digits_tiny_root):
+    full = build(digits_tiny_root, "FedAvg").evaluate()
+    sampled = build(digits_tiny_root, "FedAvg", "--train_loss_eval", "sampled", "--train_loss_fraction", "1").evaluate()
+    assert sampled["train_loss"] == pytest.approx(full["train_loss"], rel=1e-6)
+    assert sampled["test_acc"] == full["test_acc"]
+
+
+# ---- mixed precision -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("executor", ["sequential", "fork"])
+def test_amp_bf16_runs_on_cpu(executor, digits_tiny_root, tmp_path):
+    h5 = run_main(digits_tiny_root, tmp_path, "-gr", "2", "--amp", "bf16", *ON[executor])
+    assert np.all(np.isfinite(h5["rs_train_loss"])) and h5["rs_train_loss"][-1] < h5["rs_train_loss"][0]
+
+
+def test_amp_fp16_on_cpu_is_refused(digits_tiny_root, tmp_path, capsys):
+    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", "--amp", "fp16")) == 2
+    assert "--amp bf16" in capsys.readouterr().err
+
+
+# ---- ALA with the classifier's inputs computed once ------------------------------------------------------
+def test_ala_head_inputs_equal_the_full_forward():
+    """p = 1 on the CNN: training W on the classifier's inputs computed once gives the numbers of the
+    whole model run in every step, up to float rounding."""
+    from flcore.trainmodel.models import build_model
+    from flcore.trainmodel.parts import adapted_names
+    from utils.ALA import ALA
+    from utils.seeding import torch_gen, torch_seeded
+
+    with torch_seeded(0, 0, "test-ala"):
+        glob, local = (build_model("CNN", (1, 28, 28), 10, feature_dim=32) for _ in range(2))
+    gen = torch_gen(0, 0, "test-ala-data")
+    x, y = torch.randn(60, 1, 28, 28, generator=gen), torch.randint(0, 10, (60,), generator=gen)
+    results = []
+    for head in ("fc", None):
+        target = copy.deepcopy(local)
+        ala = ALA(adapted_names(target, 1), eta=1.0, rand_percent=80, batch_size=10, max_epochs=4,
+                  generator=torch_gen(0, 0, "test-ala-sample"), head=head)
+        assert (ala.head_inputs(glob, x[:2]) is not None) == (head == "fc")  # the fast path is taken
+        ala.adaptive_local_aggregation(glob, target, x, y)
+        ala.adaptive_local_aggregation(glob, target, x, y)  # the start phase, then one epoch
+        results.append((target.state_dict(), ala.weights, ala.last_losses))
+    (sa, wa, la), (sb, wb, lb) = results
+    assert la == pytest.approx(lb, rel=1e-5)
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4)
+    for k in sa:
+        torch.testing.assert_close(sa[k], sb[k], atol=1e-5, rtol=1e-4)
+
+
+# ---- client state off the device -------------------------------------------------------------------------
+def test_parked_client_round_trips_exactly(digits_tiny_root):
+    from runtime.parking import ClientStore
+
+    server = build(digits_tiny_root, "FedALA", "--ala_max_epochs", "2")
+    server.run_round(0)
+    server.run_round(1)  # ALA weights, trained models and advanced streams to carry
+    c = server.clients[1]
+    before = {k: v.clone() for k, v in c.model.state_dict().items()}
+    weights = {k: v.clone() for k, v in c.ala.weights.items()}
+    gen = c.batch_gen.get_state().clone()
+    store = ClientStore("disk", capacity=1)
+    store.park(c)
+    assert "model" not in vars(c) and "ala" not in vars(c) and c.train_samples > 0  # identity stays
+    assert all(torch.equal(v, before[k]) for k, v in c.model.state_dict().items())  # first use unparks
+    assert all(torch.equal(v, weights[k]) for k, v in c.ala.weights.items())
+    assert torch.equal(c.batch_gen.get_state(), gen) and store.loads == 1 and "parked_in" not in vars(c)
+
+
+@pytest.mark.parametrize("executor", ["sequential", "fork"])
+@pytest.mark.parametrize("mode", ["cpu", "disk"])
+def test_parked_clients_give_the_same_run_with_a_round_of_memory(mode, executor, digits_tiny_root, tmp_path,
+                                                                 sequential_run, one_thread):
+    flags = ("-algo", "FedALA", "-gr", "2", "-jr", "0.4", "--ala_max_epochs", "2")
+    got = run_main(digits_tiny_root, tmp_path, *flags, "--client_state", mode, *ON[executor])
+    assert_same(sequential_run(*flags), got)  # bit for bit the run with every client live
+    if executor == "sequential":
+        server = build(digits_tiny_root, "FedALA", *flags[2:], "--client_state", mode)
+        server.run_round(0)
+        store = server.executor.host.store
+        live = [c for c in server.clients if "parked_in" not in vars(c)]
+        assert len(live) == store.capacity == 2  # round(0.4 * 5) clients stay live
+        assert sorted(store.live) == sorted(c.id for c in live) and store.stores >= 3 and store.loads >= 1
+
+
+def test_tensor_pool_holds_equal_tensors_once():
+    from runtime.checkpoint import TensorPool, pack_state, unpack_state
+    from utils.seeding import torch_gen
+
+    class Holder:
+        pass
+
+    pool = TensorPool(min_numel=16)
+    w = torch.randn(8, 4, 3, 3, generator=torch_gen(0, 0, "test-pool"))
+    a, b, c = Holder(), Holder(), Holder()
+    a.w, a.small = w.clone(), torch.ones(3)
+    b.w = torch.nn.Parameter(w.clone())
+    c.w = w.clone().to(memory_format=torch.channels_last)  # same values, other layout: kept apart
+    blobs = []
+    for h in (a, b, c):
+        blobs.append((pack_state(h, {}, (), pool), pool.used))
+    assert [len(u) for _, u in blobs] == [1, 1, 1]  # the 3-element tensor stays in the blob
+    assert len(pool.entries) == 2 and pool.nbytes() == 2 * w.numel() * 4
+    for h, (blob, used) in zip((a, b, c), blobs):
+        restored = Holder()
+        unpack_state(restored, blob, "cpu", {}, pool)
+        pool.release(used)
+        assert torch.equal(restored.w, w) and restored.w.stride() == h.w.stride()
+        assert type(restored.w) is type(h.w) and restored.w is not h.w
+    assert pool.entries == {} and pool.index == {}
+
+
+def test_parked_fedavg_clients_share_the_broadcast_model(digits_tiny_root):
+    """After a broadcast every FedAvg client holds the global model: parked, they cost one copy."""
+    server = build(digits_tiny_root, "FedAvg", "-jr", "0.4", "--client_state", "cpu")
+    server.run_round(0)
+    large = sum(p.numel() * 4 for p in server.global_model.parameters() if p.numel() >= 4096)
+    store = server.executor.host.store
+    assert large > 0 and len(store.blobs) == 3 and store.pool.nbytes() == large  # 5 clients, 2 live
+
+
+# ---- thread counts -----------------------------------------------------------------------------------
+def test_threads_change_numbers_only_by_float_rounding(digits_tiny_root, tmp_path, one_thread):
+    """Sequential at 2 torch threads against fork workers at 1 thread each. Multi-threaded kernels split
+    their sums (convolutions, matrix products, reductions) into per-thread partial sums, so float
+    addition happens in another order and the last bits differ; over 2 rounds of SGD that stays far below
+    rel 1e-4 in the train loss, and can flip at most a borderline prediction or so per client: the
+    tolerance is one test sample per client."""
+    flags = ("-algo", "FedALA", "-gr", "2")
+    forked = run_main(digits_tiny_root, tmp_path / "fork", *flags, *FORK)
+    torch.set_num_threads(2)  # restored by one_thread
+    seq = run_main(digits_tiny_root, tmp_path / "seq", *flags, *SEQUENTIAL)
+    tests = np.array([len(c.y_test) for c in load_split("Digits", digits_tiny_root).clients])
+    assert np.all(np.abs(seq["rs_client_test_acc"] - forked["rs_client_test_acc"]) <= 1 / tests + 1e-12)
+    assert np.all(np.abs(seq["rs_test_acc"] - forked["rs_test_acc"]) <= len(tests) / tests.sum() + 1e-12)
+    np.testing.assert_allclose(seq["rs_train_loss"], forked["rs_train_loss"], rtol=1e-4)
+    assert np.array_equal(seq["rs_round"], forked["rs_round"])
