@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "system"))
 import main  # noqa: E402
 from flcore.registry import get_server_class  # noqa: E402
 from flcore.trainmodel.models import build_model  # noqa: E402
-from runtime.executors import make_executor  # noqa: E402
+from runtime.choose import make_executor  # noqa: E402
 from utils.amp import autocast  # noqa: E402
 from utils.data_utils import load_split  # noqa: E402
 

@@ -231,7 +231,7 @@ def label(cfg: Config) -> str:
 def run(cfg: Config, executor=None) -> list[Path]:
     """All runs of one configuration; returns the result files written. The runs share one executor
     (workers start once): ``executor`` if given (the caller closes it), else one made from the flags."""
-    from runtime.executors import make_executor
+    from runtime.choose import make_executor
 
     cfg = resolve_device(cfg)
     if cfg.amp == "fp16" and cfg.device == "cpu":

@@ -142,25 +142,12 @@ def test_every_module_is_read(graph):
     # edges the reader must see: absolute, `from package import module`, and imports inside functions
     assert "flcore.clients.clientbase" in graph["flcore.servers.serverbase"]
     assert "runtime.checkpoint" in graph["flcore.servers.serverbase"]  # from runtime import checkpoint
-    assert "runtime.executors" in graph["main"]  # inside run()
+    assert "runtime.choose" in graph["main"]  # inside run()
     assert "utils.ALA" in graph["flcore.clients.clientbase"]  # inside Client.__init__
 
 
-# Known debt: ``make_executor`` (runtime/executors.py) imports the fork and Ray executors inside the
-# function, and they subclass ``PoolExecutor`` from runtime/executors.py at load time. Moving
-# ``make_executor`` above them, or the pool base classes below them, removes these edges; then drop them here.
-KNOWN_CYCLE_EDGES = {("runtime.executors", "runtime.fork"), ("runtime.executors", "runtime.raypool")}
-
-
 def test_no_import_cycles(graph):
-    loaded = import_graph(SYSTEM, lazy=False)
-    cycle = find_cycle(loaded)
-    assert cycle is None, "import cycle when modules load: " + " -> ".join(cycle)
-    for a, b in KNOWN_CYCLE_EDGES:
-        assert b in graph[a], f"{a} no longer imports {b}: remove the edge from KNOWN_CYCLE_EDGES"
-        assert b not in loaded[a], f"{a} imports {b} when it loads"
-    rest = {m: {t for t in targets if (m, t) not in KNOWN_CYCLE_EDGES} for m, targets in graph.items()}
-    cycle = find_cycle(rest)
+    cycle = find_cycle(graph)  # imports inside functions included
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 

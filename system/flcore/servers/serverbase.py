@@ -32,7 +32,8 @@ from tqdm import tqdm
 from flcore.clients.clientbase import Client, Upload
 from flcore.trainmodel.models import build_model, set_device_layout
 from runtime import checkpoint
-from runtime.executors import ClientFactory, WorkerLost, make_executor
+from runtime.choose import make_executor
+from runtime.executors import ClientFactory, WorkerLost
 from runtime.faults import SlowClients
 from utils.aggregate import weighted_average
 from utils.data_utils import FederatedData
