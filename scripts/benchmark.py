@@ -228,6 +228,7 @@ def main_benchmark(argv=None) -> dict:
         r["steady_round_s"] = steady_mean(r["rounds"], ours.steady_from)
         r["vs_first"] = r["steady_round_s"] / runs[0]["steady_round_s"]
         r["same_curve_as_first"] = r["curve"] == runs[0]["curve"]
+        r["same_curve_as"] = [o["executor"] for o in runs if o is not r and o["curve"] == r["curve"]]
     out = {"config": {k: getattr(cfg, k) for k in ("dataset", "algorithm", "model", "num_clients", "join_ratio",
                                                     "batch_size", "local_epochs", "amp", "train_loss_eval",
                                                     "eval_batch_size", "device", "workers")},
@@ -240,7 +241,7 @@ def main_benchmark(argv=None) -> dict:
               f"{ours.steady_from} ({r['vs_first']:.2f}x {runs[0]['executor']}); training "
               f"{r['train_samples_per_s']:.0f} samples/s ({r['train_gflops']:.1f} GFLOP/s, "
               f"{', '.join(f'{100 * v:.0f}' for v in r['train_vs_reference_per_round'])} % of the reference round "
-              f"by round); curve identical to {runs[0]['executor']}'s: {r['same_curve_as_first']}; workers' peak "
+              f"by round); curve identical (bit for bit) to: {', '.join(r['same_curve_as']) or 'none'}; workers' peak "
               f"RSS {', '.join(f'{m:.0f}' for m in r['peak_rss_workers_mb']) or '-'} MB")
     print(f"  peak RSS of this process {out['peak_rss_mb']:.0f} MB")
     if ours.json:

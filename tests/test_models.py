@@ -7,7 +7,8 @@ from flcore.trainmodel.models import MODELS, build_model
 from flcore.trainmodel.parts import layer_groups, split_head
 
 CASES = [("CNN", (1, 28, 28)), ("CNN", (3, 32, 32)), ("CNN", (1, 8, 8)), ("DNN", (60,)), ("DNN", (1, 28, 28)),
-         ("ResNet18", (3, 32, 32)), ("ResNet18", (1, 28, 28)), ("fastText", (12,))]
+         ("ResNet18", (3, 32, 32)), ("ResNet18", (1, 28, 28)), ("fastText", (12,)), ("BNCNN", (1, 8, 8)),
+         ("BNCNN", (3, 32, 32))]
 
 
 def batch(name, shape):
@@ -30,6 +31,18 @@ def test_forward_backward_every_parameter_gets_a_gradient(name, shape):
 def test_cnn_flattened_sizes_follow_pfllib():
     assert build_model("CNN", (1, 28, 28), 10).fc1[0].in_features == 1024
     assert build_model("CNN", (3, 32, 32), 10).fc1[0].in_features == 1600
+
+
+def test_bncnn_is_the_cnn_with_batchnorm_after_each_convolution():
+    plain, bn = build_model("CNN", (1, 28, 28), 10), build_model("BNCNN", (1, 28, 28), 10)
+    assert [type(m).__name__ for m in bn.conv1] == ["Conv2d", "BatchNorm2d", "ReLU", "MaxPool2d"]
+    assert [type(m).__name__ for m in bn.conv2] == ["Conv2d", "BatchNorm2d", "ReLU", "MaxPool2d"]
+    assert {k for k in bn.state_dict() if "running_mean" in k} == {"conv1.1.running_mean", "conv2.1.running_mean"}
+    # the parameters of the plain CNN keep their names (its checkpoints and -p layers are unchanged)
+    assert [n for n, _ in plain.named_parameters()] == ["conv1.0.weight", "conv1.0.bias", "conv2.0.weight",
+                                                        "conv2.0.bias", "fc1.0.weight", "fc1.0.bias",
+                                                        "fc.weight", "fc.bias"]
+    assert len(layer_groups(bn)) == len(layer_groups(plain)) + 2  # each BatchNorm is a layer
 
 
 def test_every_model_name_is_buildable():
