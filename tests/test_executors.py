@@ -477,7 +477,7 @@ def test_parked_clients_give_the_same_run_with_a_round_of_memory(mode, executor,
         server.run_round(0)
         store = server.executor.host.store
         live = [c for c in server.clients if "parked_in" not in vars(c)]
-        assert len(live) == store.capacity == 2  # round(0.4 * 5) clients stay live
+        assert len(live) == store.capacity == 2  # int(0.4 * 5) clients stay live
         assert sorted(store.live) == sorted(c.id for c in live) and store.stores >= 3 and store.loads >= 1
 
 

@@ -38,7 +38,7 @@ def train_sizes(root, n):
 
 # ---- -jr / -rjr -------------------------------------------------------------------------------------------
 def test_random_join_ratio_draws_the_count_uniformly(digits_root):
-    """5 clients, -jr 0.4: round(2) = 2 per round; with -rjr a count in {2, 3, 4, 5}, each equally likely
+    """5 clients, -jr 0.4: int(2.0) = 2 per round; with -rjr a count in {2, 3, 4, 5}, each equally likely
     (mean 3.5, std 1.118: the mean of 2,000 draws is within 0.1 of it with overwhelming probability)."""
     fixed = make_server(digits_root, "-jr", "0.4", "-gr", "1")
     assert {len(fixed.select_clients()) for _ in range(200)} == {2}
@@ -57,7 +57,8 @@ def test_random_join_ratio_draws_the_count_uniformly(digits_root):
     (0.4, False, 5, 2.0), (0.4, True, 5, 3.5),  # [2, 5]
     (0.1, False, 20, 2.0), (0.1, True, 20, 11.0),  # [2, 20]
     (0.01, False, 5, 1.0), (0.01, True, 5, 3.0),  # at least one: [1, 5]
-    (1.0, True, 7, 7.0), (0.5, False, 10, 5.0)])
+    (1.0, True, 7, 7.0), (0.5, False, 10, 5.0),
+    (0.1, False, 15, 1.0), (0.35, False, 10, 3.0), (0.35, True, 10, 6.5)])  # truncated as PFLlib: int(1.5), int(3.5)
 def test_expected_count_by_hand(jr, rjr, n, want):
     assert expected_count(SimpleNamespace(join_ratio=jr, random_join_ratio=rjr), n) == want
 

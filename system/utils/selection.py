@@ -1,7 +1,8 @@
 """How many clients take part in a round (``-jr``, ``-rjr``): the one rule every reader uses.
 
-PFLlib's semantics: ``-jr`` is the fraction of the N clients selected per round, at least one; with
-``-rjr`` the count is drawn each round uniformly from [round(jr * N), N].
+PFLlib's semantics: ``-jr`` is the fraction of the N clients selected per round, k = int(jr * N)
+(truncated, as PFLlib computes it), at least one (PFLlib would select none when jr * N < 1); with ``-rjr``
+the count is drawn each round uniformly from [k, N].
 """
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import numpy as np
 
 
 def join_count(join_ratio: float, n: int) -> int:
-    """Clients per round at ratio ``join_ratio`` of ``n`` (rounded, at least one)."""
-    return max(1, int(round(join_ratio * n)))
+    """Clients per round at ratio ``join_ratio`` of ``n``: int(jr * n) as PFLlib, at least one."""
+    return max(1, int(join_ratio * n))
 
 
 def draw_count(cfg, n: int, rng: np.random.Generator) -> int:
@@ -20,8 +21,8 @@ def draw_count(cfg, n: int, rng: np.random.Generator) -> int:
 
 
 def expected_count(cfg, n: int) -> float:
-    """The mean number of participants per round: round(jr * N), or with ``-rjr`` the mean of the uniform
-    draw, (round(jr * N) + N) / 2."""
+    """The mean number of participants per round: k = ``join_count``, or with ``-rjr`` the mean of the
+    uniform draw over [k, N], (k + N) / 2."""
     k = join_count(cfg.join_ratio, n)
     return (k + n) / 2 if cfg.random_join_ratio else float(k)
 
