@@ -67,3 +67,30 @@ def test_auto_and_bad_choices():
     assert type(build_model("auto", (60,), 10)).__name__ == "DNN"
     with pytest.raises(ValueError, match="needs image data"):
         build_model("CNN", (60,), 10)
+
+
+# ---- evaluation metrics ------------------------------------------------------------------------------------
+def test_auc_of_a_single_class_client_is_the_hand_computed_micro_average():
+    """Labels [0, 0] over 3 classes: positives are the class-0 column (0.7, 0.4), negatives the other four
+    entries (0.2, 0.1, 0.5, 0.1). Of the 8 (positive, negative) pairs the positive ranks higher in
+    7 (0.4 < 0.5 is the one miss): AUC = 7 / 8."""
+    import numpy as np
+
+    from utils.metrics import auc_ovr
+
+    probs = np.array([[0.7, 0.2, 0.1], [0.4, 0.5, 0.1]])
+    assert auc_ovr(probs, np.array([0, 0]), 3) == 7 / 8
+    assert np.isnan(auc_ovr(np.zeros((0, 3)), np.zeros(0, dtype=np.int64), 3))  # no test sample
+
+
+def test_a_client_without_test_samples_is_evaluated_and_left_out_of_the_mean():
+    import numpy as np
+
+    from utils.metrics import predict, summarize
+
+    model = build_model("CNN", (1, 8, 8), 10)
+    assert predict(model, torch.zeros(0, 1, 8, 8), 256).shape == (0, 10)
+    s = summarize(np.array([3.0, 0.0, 1.0]), np.array([4.0, 0.0, 4.0]), np.array([0.9, np.nan, 0.7]),
+                  np.array([2.0, 1.0, 1.0]), np.array([4.0, 2.0, 2.0]))
+    assert s["test_acc"] == 4 / 8 and s["test_acc_mean"] == (0.75 + 0.25) / 2 and s["test_acc_std"] == 0.25
+    assert s["test_auc"] == (0.9 * 4 + 0.7 * 4) / 8 and np.isnan(s["client_test_acc"][1])

@@ -7,13 +7,15 @@ import torch
 
 def auc_ovr(probs: np.ndarray, labels: np.ndarray, num_classes: int) -> float:
     """Micro-averaged one-vs-rest ROC AUC on softmax probabilities (PFLlib's definition, but on
-    probabilities rather than raw logits). NaN when the client's test labels hold a single class only and
-    the micro average is undefined."""
+    probabilities rather than raw logits): every (sample, class) pair is one binary decision, positive for
+    the sample's own class. With two or more classes it is defined for any client with a test sample, even
+    one whose labels are all one class (the other classes' columns are its negatives); NaN for an empty
+    test split (or a single class)."""
     from sklearn.metrics import roc_auc_score
 
-    onehot = np.eye(num_classes, dtype=np.int64)[labels]
-    if onehot.min() == onehot.max():
+    if len(labels) == 0 or num_classes < 2:
         return float("nan")
+    onehot = np.eye(num_classes, dtype=np.int64)[labels]
     return float(roc_auc_score(onehot.ravel(), probs.ravel()))
 
 
@@ -26,24 +28,27 @@ def predict(model: torch.nn.Module, x: torch.Tensor, batch_size: int) -> torch.T
     are several times faster there than the default layout's (docs/performance.md). Same function, so
     the same logits up to float summation order."""
     model.eval()
+    starts = range(0, max(len(x), 1), batch_size)  # an empty input still gives its (0, classes) logits
     if x.dim() == 4 and x.device.type == "cpu" and any(p.dim() == 4 for p in model.parameters()):
         cl = torch.channels_last
         params = {n: p.to(memory_format=cl) if p.dim() == 4 else p for n, p in model.named_parameters()}
         return torch.cat([torch.func.functional_call(model, params, (x[i:i + batch_size].to(memory_format=cl),))
-                          for i in range(0, len(x), batch_size)])
-    return torch.cat([model(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
+                          for i in starts])
+    return torch.cat([model(x[i:i + batch_size]) for i in starts])
 
 
 def summarize(correct: np.ndarray, n_test: np.ndarray, auc: np.ndarray, loss_sum: np.ndarray,
               n_train: np.ndarray) -> dict:
     """Round summary over clients: pooled (sample-weighted) accuracy, unweighted mean/std across clients,
-    sample-weighted AUC (clients with undefined AUC left out) and sample-weighted train loss."""
-    acc = correct / np.maximum(n_test, 1)
+    sample-weighted AUC (clients with undefined AUC left out) and sample-weighted train loss. A client with
+    an empty test split has accuracy NaN and is left out of the mean and std."""
+    acc = np.where(n_test > 0, correct / np.maximum(n_test, 1), np.nan)
     ok = ~np.isnan(auc)
+    tested = ~np.isnan(acc)
     return {
         "test_acc": float(correct.sum() / max(n_test.sum(), 1)),
-        "test_acc_mean": float(acc.mean()),
-        "test_acc_std": float(acc.std()),
+        "test_acc_mean": float(acc[tested].mean()) if tested.any() else float("nan"),
+        "test_acc_std": float(acc[tested].std()) if tested.any() else float("nan"),
         "test_auc": float((auc[ok] * n_test[ok]).sum() / max(n_test[ok].sum(), 1)) if ok.any() else float("nan"),
         "train_loss": float(loss_sum.sum() / max(n_train.sum(), 1)) if n_train.sum() else float("nan"),
         "client_test_acc": acc,
