@@ -44,6 +44,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from utils.batching import batches_of, has_batch_norm
 from utils.seeding import torch_gen
 
 FEATURE_BATCH = 256  # samples per no-grad pass when the classifier's inputs are computed once (docs/performance.md)
@@ -133,9 +134,10 @@ class ALA:
             def forward(top, fb):
                 return functional_call(head, {k[cut:]: v for k, v in top.items()}, (fb,))
         epochs = self.max_epochs if self.start_phase else 1
+        merge = feats is None and has_batch_norm(local_model)  # no 1-sample batch through BatchNorm
         losses: list[float] = []
         for _ in range(epochs):
-            losses.append(self._epoch(forward, local_top, glob_top, inputs, ys))
+            losses.append(self._epoch(forward, local_top, glob_top, inputs, ys, merge))
             if self.start_phase and converged(losses, self.window, self.threshold):
                 break
         self.start_phase = False
@@ -184,13 +186,13 @@ class ALA:
             hook.remove()
         return torch.cat(captured)
 
-    def _epoch(self, forward, local_top, glob_top, inputs, ys) -> float:
-        """One pass of W updates over the sample in batches; returns the mean batch loss.
+    def _epoch(self, forward, local_top, glob_top, inputs, ys, merge_single: bool = False) -> float:
+        """One pass of W updates over the sample in batches (``utils.batching``: with ``merge_single`` a
+        last batch of one sample joins the one before); returns the mean batch loss.
         ``forward(top, inputs[b])``: logits with the top layers' parameters ``top``."""
         total, steps = 0.0, 0
         perm = torch.randperm(len(ys), generator=self.generator).to(ys.device)
-        for i in range(0, len(ys), self.batch_size):
-            b = perm[i:i + self.batch_size]
+        for b in batches_of(perm, self.batch_size, merge_single):
             w = {k: v.requires_grad_(True) for k, v in self.weights.items()}
             top = {k: combine(local_top[k], glob_top[k], w[k]) for k in self.names}
             loss = nn.functional.cross_entropy(forward(top, inputs[b]), ys[b])

@@ -22,6 +22,7 @@ from torch import nn
 from flcore.trainmodel.parts import adapted_names, batch_dependent
 from runtime.checkpoint import pack_state, unpack_state
 from utils.amp import autocast, make_scaler
+from utils.batching import batch_bounds, batches_of, has_batch_norm
 from utils.data_utils import ClientData
 from utils.errors import FLError
 from utils.metrics import auc_ovr, predict
@@ -56,6 +57,7 @@ class Client:
         self.train_samples, self.test_samples = len(self.y_train), len(self.y_test)
         self.num_classes = cfg.num_classes
         self.model = copy.deepcopy(model)
+        self.merge_single = has_batch_norm(self.model)  # no 1-sample training batch for BatchNorm
         self.loss_fn = nn.CrossEntropyLoss()
         self.optimizer = self.make_optimizer()
         # Batch order is this client's own stream: the same seed gives the same batches on any executor.
@@ -125,7 +127,11 @@ class Client:
         personal epochs and pFedMe's inner steps do not move the uploaded model and are not counted. Every
         reader uses this one count: the DLG update target, the simulated slow clients (``-tsr``), and an
         algorithm's own K (SCAFFOLD's control-variate update)."""
-        return self.cfg.local_epochs * math.ceil(self.train_samples / self.cfg.batch_size)
+        return self.cfg.local_epochs * self.batches_per_epoch()
+
+    def batches_per_epoch(self, batch_size: int | None = None) -> int:
+        """How many batches ``batches`` cuts one epoch into."""
+        return len(batch_bounds(self.train_samples, batch_size or self.cfg.batch_size, self.merge_single))
 
     def dp_epsilon(self, delta: float) -> float:
         """Epsilon (at ``delta``) of this client's DP-SGD steps so far; 0.0 without ``-dp`` or before it
@@ -162,13 +168,13 @@ class Client:
     def batches(self, epochs: int, batch_size: int | None = None, generator: torch.Generator | None = None):
         """Index batches for ``epochs`` passes over the training data, shuffled from this client's stream
         (or from ``generator``, for draws that must not shift it, e.g. evaluation-time fine-tuning).
-        The last batch of an epoch may be smaller (every sample is used; PFLlib drops it)."""
+        The last batch of an epoch may be smaller (every sample is used; PFLlib drops it); for a model with
+        BatchNorm a last batch of one sample joins the one before it (utils/batching.py)."""
         bs = batch_size or self.cfg.batch_size
         gen = self.batch_gen if generator is None else generator
         for _ in range(epochs):
             perm = torch.randperm(self.train_samples, generator=gen).to(self.device)
-            for i in range(0, self.train_samples, bs):
-                yield perm[i:i + bs]
+            yield from batches_of(perm, bs, self.merge_single)
 
     def train(self, round_idx: int = 0) -> None:
         start = time.perf_counter()

@@ -39,7 +39,7 @@ class PartialFedClient(Client):
         tau = self.cfg.tau * self.cfg.tau_decay ** len(self.train_time)
         glob = {k: v.detach() for k, v in global_model.named_parameters()}
         local = {k: v.detach().clone() for k, v in self.model.named_parameters()}
-        n = math.ceil(self.cfg.strategy_percent * math.ceil(self.train_samples / self.cfg.batch_size))
+        n = math.ceil(self.cfg.strategy_percent * self.batches_per_epoch())
         logits = self.logits.clone().requires_grad_(True)
         for idx in itertools.islice(self.batches(1, generator=self.strategy_gen), n):
             a = gumbel_straight_through(logits, tau, self.strategy_gen)

@@ -2,8 +2,6 @@
 servers/serverperavg.py)."""
 from __future__ import annotations
 
-import math
-
 import torch
 from torch.func import functional_call
 
@@ -36,7 +34,7 @@ class PerFedAvgClient(FineTunedEval, Client):
 
     def steps_per_round(self) -> int:
         """Each step takes a batch of 2 x ``-lbs`` samples."""
-        return self.cfg.local_epochs * math.ceil(self.train_samples / (2 * self.cfg.batch_size))
+        return self.cfg.local_epochs * self.batches_per_epoch(2 * self.cfg.batch_size)
 
     def fine_tune(self, model: torch.nn.Module) -> torch.nn.Module:
         """The paper's personalisation: one SGD step of size α = ``-lr`` on one local batch."""
