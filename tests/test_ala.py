@@ -90,8 +90,18 @@ def test_start_phase_stops_at_cap_then_one_epoch():
 
 def test_convergence_rule():
     assert not converged([1.0, 1.0], window=3, threshold=0.1)
+    assert not converged([1.0, 1.0, 1.0], window=3, threshold=0.1)  # PFLlib needs more than `window` losses
     assert converged([5.0, 1.0, 1.01, 1.02], window=3, threshold=0.1)
-    assert not converged([1.0, 2.0, 3.0], window=3, threshold=0.1)
+    assert not converged([1.0, 2.0, 3.0, 4.0], window=3, threshold=0.1)
+
+
+def test_start_phase_with_constant_losses_stops_after_window_plus_one_epochs():
+    glob, local = pair(3)
+    x, y = torch.randn(40, 2), torch.randint(0, 2, (40,))
+    ala = ALA(adapted_names(local, 1), eta=0.0, rand_percent=100, threshold=0.1, window=3, max_epochs=50,
+              batch_size=10)  # eta 0: W stays at ones, every epoch's mean loss is the same
+    ala.adaptive_local_aggregation(glob, local, x, y)
+    assert ala.last_epochs == 4
 
 
 def test_same_seed_same_weights():

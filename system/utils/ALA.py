@@ -11,8 +11,9 @@ previous local model Θ_i:
 The lower |Θ| − p layers take Θ as is; the top p layers get a learned weight W in [0, 1], initialised to
 ones and trained with Θ and Θ_i frozen: W ← σ(W − η ∇_W L(Θ̂_i, D_i^s)), σ(w) = max(0, min(1, w)), on a
 random s % sample D_i^s of the client's training data, drawn anew each round. In the client's first ALA
-round (the paper's t = 2) W is trained until the std of the last ``window`` epoch losses falls below
-``threshold``, or for at most ``max_epochs`` epochs; afterwards one epoch per round, reusing W. A client
+round (the paper's t = 2) W is trained until, after more than ``window`` epochs, the std of the last
+``window`` epoch losses falls below ``threshold`` (PFLlib's rule), or for at most ``max_epochs`` epochs;
+afterwards one epoch per round, reusing W. A client
 that has never trained yet (the paper's t = 1) has no local model worth keeping and takes Θ as is.
 
 Layers (``-p``): a layer is a module that owns parameters (conv, linear, norm), and a residual block
@@ -62,8 +63,9 @@ def weight_step(weight: torch.Tensor, grad: torch.Tensor, eta: float, clip: bool
 
 
 def converged(losses: list[float], window: int, threshold: float) -> bool:
-    """The start-phase stopping rule: std of the last ``window`` losses below ``threshold``."""
-    return len(losses) >= window and float(np.std(losses[-window:])) < threshold
+    """The start-phase stopping rule, PFLlib's: more than ``window`` losses so far, and the std of the
+    last ``window`` of them below ``threshold``."""
+    return len(losses) > window and float(np.std(losses[-window:])) < threshold
 
 
 class ALA:
