@@ -231,7 +231,7 @@ def label(cfg: Config) -> str:
 def run(cfg: Config, executor=None) -> list[Path]:
     """All runs of one configuration; returns the result files written. The runs share one executor
     (workers start once): ``executor`` if given (the caller closes it), else one made from the flags."""
-    from runtime.choose import make_executor
+    from runtime.choose import executor_kind, make_executor
 
     cfg = resolve_device(cfg)
     if cfg.amp == "fp16" and cfg.device == "cpu":
@@ -242,6 +242,8 @@ def run(cfg: Config, executor=None) -> list[Path]:
     if cfg.num_classes is not None and cfg.num_classes != data.num_classes:
         raise FLError(f"-ncl {cfg.num_classes} but split '{cfg.dataset}' has {data.num_classes} classes")
     cfg = cfg.replace(num_classes=data.num_classes, num_clients=len(data.clients))
+    # The executor that really runs (--executor auto resolved, or the one given), so the results say which.
+    cfg = cfg.replace(executor=executor.name if executor is not None else executor_kind(cfg))
     if executor is not None:
         return run_all(cfg, data, executor)
     executor = make_executor(cfg)

@@ -1,6 +1,7 @@
 """End-to-end runs through main.py: learning, determinism, result files, client selection."""
 import copy
 import json
+import os
 
 import numpy as np
 import pytest
@@ -42,6 +43,8 @@ def test_result_files_complete(digits_root, tmp_path):
     assert np.all((per_client >= 0) & (per_client <= 1)) and len(set(n_test)) > 1
     assert np.all((h5["rs_test_auc"] > 0.5) & (h5["rs_test_auc"] <= 1))
     assert meta["config"]["algorithm"] == "FedAvg" and meta["seed"] == 0
+    # the executor that ran, not "auto": fork on a machine with several cores (the documented default)
+    assert meta["config"]["executor"] == ("fork" if len(os.sched_getaffinity(0)) > 1 else "sequential")
     assert meta["split"]["config_hash"] and meta["library_version"]
     assert len(meta["round_time_s"]) == 2 and meta["evaluations"] == 2
     assert not list(tmp_path.glob("*.tmp"))
