@@ -13,3 +13,4 @@ from flcore.servers.serverbase import Server
 
 class FedAvgServer(Server):
     client_class = FedAvgClient
+    personalized = False

@@ -47,6 +47,9 @@ from utils.selection import select
 
 class Server:
     client_class = Client
+    # False for traditional FL, whose clients are evaluated on the global model; the behaviour tests expect
+    # every personalised algorithm to beat FedAvg on a pathological split (tests/test_behaviour.py).
+    personalized = True
 
     @classmethod
     def add_args(cls, parser) -> None:

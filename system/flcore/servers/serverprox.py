@@ -23,6 +23,7 @@ from utils.errors import FLError
 
 class FedProxServer(Server):
     client_class = FedProxClient
+    personalized = False
 
     @classmethod
     def add_args(cls, parser) -> None:

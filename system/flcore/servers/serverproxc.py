@@ -16,3 +16,4 @@ from flcore.servers.serverprox import FedProxServer
 class FedProxCServer(FedAvgCServer, FedProxServer):
     """Flags and checks of both parents (cooperative ``super()`` in ``add_args``/``check_config``)."""
     client_class = FedProxCClient
+    personalized = True  # FedProx's training, evaluated after local fine-tuning

@@ -21,6 +21,7 @@ from utils.personal_aggregation import lerp_state
 
 class SCAFFOLDServer(Server):
     client_class = SCAFFOLDClient
+    personalized = False
 
     @classmethod
     def add_args(cls, parser):
