@@ -69,7 +69,7 @@ class Client:
             from utils.ALA import ALA
 
             # The classifier's inputs can be computed once per round unless a layer mixes a batch's samples.
-            head = "fc" if batch_dependent(self.model) is None else None
+            head = None if batch_dependent(self.model) else "fc"
             self.ala = ALA.from_config(cfg, cid, run, adapted_names(self.model, cfg.layer_idx), head)
         self.train_time: list[float] = []  # seconds of each local training, one entry per round trained
         self.dp = None  # -dp: this client's DP-SGD noise stream and accountant history

@@ -73,7 +73,10 @@ class Server:
         # Independent streams: an algorithm's own draws never change who is selected or dropped.
         self.select_rng = np_rng(cfg.seed, run, "select")
         self.drop_rng = np_rng(cfg.seed, run, "drop")
-        self.slow = SlowClients(cfg, run, self.executor.map(self.clients, "steps_per_round"))
+        # -tsr: each client's own step count (one call to every client, so only when someone is slow)
+        steps = ([0] * len(self.clients) if cfg.train_slow_rate == 0
+                 else self.executor.map(self.clients, "steps_per_round"))
+        self.slow = SlowClients(cfg, run, steps)
         self.late: list[int] = []  # clients whose upload missed the last round (-tth)
         self.recorder = recorder
         self.privacy = PrivacyMonitor.from_config(cfg, run, data, recorder)  # None unless -dlg or -dp

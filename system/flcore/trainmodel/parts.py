@@ -16,6 +16,8 @@ import copy
 
 from torch import nn
 
+from utils.batching import has_batch_norm
+
 
 def layer_groups(model: nn.Module) -> list[list[str]]:
     """Parameter names grouped into the paper's "layers", bottom to top: a layer is a module that owns
@@ -84,12 +86,8 @@ def frozen(module: nn.Module):
             p.requires_grad_(f)
 
 
-def batch_dependent(model: nn.Module) -> str | None:
-    """Why one sample's output of ``model`` in training mode is not a function of that sample alone
-    (None when it is): BatchNorm mixes the samples of a batch, dropout draws a random mask."""
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            return f"it has {type(m).__name__} layers, which mix the samples of a batch"
-        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
-            return "it uses dropout"
-    return None
+def batch_dependent(model: nn.Module) -> bool:
+    """Whether one sample's output of ``model`` in training mode depends on more than that sample:
+    BatchNorm mixes the samples of a batch, dropout draws a random mask."""
+    return has_batch_norm(model) or any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0
+                                        for m in model.modules())
