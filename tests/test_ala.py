@@ -121,9 +121,16 @@ def test_p_counts_layers_not_tensors():
     cnn = build_model("CNN", (1, 28, 28), 10)
     assert adapted_names(cnn, 1) == ["fc.weight", "fc.bias"]
     assert adapted_names(cnn, 2) == ["fc1.0.weight", "fc1.0.bias", "fc.weight", "fc.bias"]
+    # ResNet-18 counts stages, as the paper's sensitivity table (Tiny-ImageNet, its Knowl 7): the parameters
+    # ALA adapts for p = 1..6 are 0.005M, 8.399M, 10.499M, 11.024M, 11.172M, 11.182M (the fc there has
+    # 10 outputs' worth: 5,130 = 512 * 10 + 10).
     resnet = build_model("ResNet18", (3, 32, 32), 10)
-    two = adapted_names(resnet, 2)
-    assert two[-2:] == ["fc.weight", "fc.bias"] and all(n.startswith(("layer4.1.", "fc.")) for n in two)
+    sizes = dict((n, p.numel()) for n, p in resnet.named_parameters())
+    counts = [sum(sizes[n] for n in adapted_names(resnet, p)) for p in range(1, 7)]
+    assert [round(c / 1e6, 3) for c in counts] == [0.005, 8.399, 10.499, 11.024, 11.172, 11.182]
+    assert adapted_names(resnet, 0) == list(sizes)
+    with pytest.raises(ValueError):
+        adapted_names(resnet, 7)
     with pytest.raises(ValueError):
         adapted_names(cnn, 5)
 

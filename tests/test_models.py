@@ -42,7 +42,9 @@ def test_bncnn_is_the_cnn_with_batchnorm_after_each_convolution():
     assert [n for n, _ in plain.named_parameters()] == ["conv1.0.weight", "conv1.0.bias", "conv2.0.weight",
                                                         "conv2.0.bias", "fc1.0.weight", "fc1.0.bias",
                                                         "fc.weight", "fc.bias"]
-    assert len(layer_groups(bn)) == len(layer_groups(plain)) + 2  # each BatchNorm is a layer
+    # a BatchNorm joins the convolution below it: -p means the same layers on both
+    assert [g[0] for g in layer_groups(bn)] == [g[0] for g in layer_groups(plain)]
+    assert layer_groups(bn)[0] == ["conv1.0.weight", "conv1.0.bias", "conv1.1.weight", "conv1.1.bias"]
 
 
 def test_every_model_name_is_buildable():

@@ -16,8 +16,10 @@ round (the paper's t = 2) W is trained until, after more than ``window`` epochs,
 afterwards one epoch per round, reusing W. A client
 that has never trained yet (the paper's t = 1) has no local model worth keeping and takes Θ as is.
 
-Layers (``-p``): a layer is a module that owns parameters (conv, linear, norm), and a residual block
-counts as one (``flcore.trainmodel.parts.adapted_names`` gives the names ALA is built with); ``-p 0``
+Layers (``-p``): a layer is a module that owns parameters (conv, linear), a normalisation layer joins the
+layer below it, and a stage of residual blocks counts as one, so ResNet-18 has the paper's six (stem,
+layer1-4, fc; p = 2 adapts layer4 + fc, 8.4M parameters) (``flcore.trainmodel.parts.adapted_names``
+gives the names ALA is built with); ``-p 0``
 adapts all layers. PFLlib's ``-p``
 counts parameter *tensors* instead (its default ``-p 2`` on the CNN = fc.weight + fc.bias = our
 ``-p 1``, the paper's default), and its ``-p 0`` means "all" only through a ``[-0:]`` slicing quirk.

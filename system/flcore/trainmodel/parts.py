@@ -18,23 +18,37 @@ from torch import nn
 
 from utils.batching import has_batch_norm
 
+NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
+
 
 def layer_groups(model: nn.Module) -> list[list[str]]:
-    """Parameter names grouped into the paper's "layers", bottom to top: a layer is a module that owns
-    parameters directly (conv, linear, norm), except that a residual block (anything with a
-    ``downsample`` attribute, i.e. torchvision's BasicBlock/Bottleneck) counts as one layer."""
+    """Parameter names grouped into the paper's "layers", bottom to top.
+
+    A layer is a module that owns parameters directly (conv, linear), with two groupings that follow the
+    FedALA paper's count (its ResNet-18 sensitivity table: p = 2 is layer4 + fc, 8.4M parameters; p = 6
+    is the whole network):
+    - a normalisation layer (BatchNorm, GroupNorm, LayerNorm) joins the layer just below it, so the
+      stem ``conv1`` + ``bn1`` is one layer and ``-m BNCNN`` has the CNN's four layers;
+    - a stage of residual blocks (a module whose children all have a ``downsample`` attribute, i.e.
+      torchvision's ``layer1`` .. ``layer4``) is one layer, and so is a residual block outside a stage.
+    ResNet-18 thus has six layers: stem, layer1, layer2, layer3, layer4, fc."""
     groups: list[list[str]] = []
     claimed: set[str] = set()
     for mname, mod in model.named_modules():
         prefix = f"{mname}." if mname else ""
-        if hasattr(mod, "downsample"):
+        children = list(mod.children())
+        if hasattr(mod, "downsample") or (children and all(hasattr(c, "downsample") for c in children)):
             names = [prefix + n for n, _ in mod.named_parameters()]
         else:
             names = [prefix + n for n, _ in mod.named_parameters(recurse=False)]
         names = [n for n in names if n not in claimed]
-        if names:
+        if not names:
+            continue
+        claimed.update(names)
+        if isinstance(mod, NORMS) and groups:
+            groups[-1].extend(names)
+        else:
             groups.append(names)
-            claimed.update(names)
     order = {n: i for i, (n, _) in enumerate(model.named_parameters())}
     groups.sort(key=lambda g: order[g[0]])
     return groups
