@@ -52,6 +52,10 @@ def base_parser() -> argparse.ArgumentParser:
     a("-jr", "--join_ratio", type=float, default=1.0, help="fraction of clients selected per round")
     a("-rjr", "--random_join_ratio", action="store_true", help="draw the count in [jr*N, N] each round")
     a("-nc", "--num_clients", type=int, default=None, help="clients to use (default: all in the split)")
+    a("--bn_stats", default="shared", choices=["shared", "local"],
+      help="BatchNorm running statistics: shared = averaged with the parameters and received with the "
+           "model (FedAvg over the whole state); local = parameters only, every client keeps its own "
+           "statistics and ALA leaves them alone (PFLlib)")
     a("-cdr", "--client_drop_rate", type=float, default=0.0, help="probability a selected client drops out")
     a("-pv", "--prev", type=int, default=0, help="first run index (resume a multi-run sweep)")
     a("-t", "--times", type=int, default=1, help="runs are indices prev..times-1 (PFLlib semantics)")
@@ -113,6 +117,10 @@ def base_parser() -> argparse.ArgumentParser:
                    help="start phase stops when the std of the last --ala_window losses is below this")
     g.add_argument("--ala_window", type=int, default=10, help="number of recent ALA losses in the std")
     g.add_argument("--ala_max_epochs", type=int, default=100, help="cap on start-phase ALA epochs")
+    g.add_argument("--ala_clients", default="selected", choices=["selected", "all"],
+                   help="who runs ALA on each broadcast: the round's selected clients (the others are evaluated "
+                        "on their own last model) or every client, before every evaluation (PFLlib; with -jr < 1 "
+                        "ALA then costs N clients per round instead of jr*N)")
     g = p.add_argument_group("privacy (any algorithm): DLG/iDLG evaluation and DP-SGD, see utils/privacy.py")
     g.add_argument("-dlg", "--dlg_eval", action="store_true",
                    help="attack a few clients every -dlgg rounds by gradient inversion (PFLlib's flag)")

@@ -36,7 +36,8 @@ Where this differs from PFLlib's ALA.py (which the official repository shares):
 - the start phase has a cap (``--ala_max_epochs``; PFLlib's loop can run forever) and its threshold and
   window are flags (PFLlib hides them, default 0.1 and 10);
 - convergence is judged on the mean loss of each epoch, not on the last batch's loss;
-- buffers (BatchNorm statistics) are taken from the global model, like the lower layers;
+- buffers (BatchNorm statistics) are taken from the global model, like the lower layers (PFLlib's ALA
+  touches parameters only; ``--bn_stats local`` does the same);
 - the first-round skip is explicit (the client has not trained yet), not inferred from a zero
   difference between the first parameter tensors.
 """
@@ -76,8 +77,12 @@ class ALA:
 
     def __init__(self, names: list[str], eta: float = 1.0, rand_percent: int = 80, threshold: float = 0.1,
                  window: int = 10, max_epochs: int = 100, batch_size: int = 10,
-                 generator: torch.Generator | None = None, keep_features: bool = False, head: str | None = None):
+                 generator: torch.Generator | None = None, keep_features: bool = False, head: str | None = None,
+                 global_buffers: bool = True):
         self.names = list(names)
+        # global_buffers: Θ̂ takes the global model's buffers (BatchNorm statistics) with its lower layers;
+        # False (--bn_stats local, PFLlib) leaves the local model's own, in the forward passes and in Θ̂.
+        self.global_buffers = global_buffers
         # head: the model's classifier attribute when no layer of the model depends on the batch (the
         # caller checks): if ``names`` are exactly its parameters, its inputs are computed once per round.
         self.head = head
@@ -99,7 +104,7 @@ class ALA:
     def from_config(cls, cfg, cid: int, run: int, names: list[str], head: str | None = None) -> "ALA":
         keep = cfg.train_loss_eval != "off" and cfg.eval_gap == 1 and cfg.amp == "off"
         return cls(names, cfg.eta, cfg.rand_percent, cfg.ala_threshold, cfg.ala_window, cfg.ala_max_epochs,
-                   cfg.batch_size, torch_gen(cfg.seed, run, "ala", cid), keep, head)
+                   cfg.batch_size, torch_gen(cfg.seed, run, "ala", cid), keep, head, cfg.bn_stats == "shared")
 
     def sample(self, n: int) -> torch.Tensor:
         """A random s % subset of the n training indices (at least one)."""
@@ -108,14 +113,16 @@ class ALA:
 
     def adaptive_local_aggregation(self, global_model: nn.Module, local_model: nn.Module,
                                    x: torch.Tensor, y: torch.Tensor) -> None:
-        """Overwrite ``local_model`` in place with Θ̂ (lower layers and buffers from ``global_model``, top
-        layers blended with the learned W), after training W on a fresh s % sample of (x, y)."""
+        """Overwrite ``local_model`` in place with Θ̂ (lower layers and, unless ``global_buffers`` is
+        False, buffers from ``global_model``; top layers blended with the learned W), after training W on a
+        fresh s % sample of (x, y)."""
         g_state = global_model.state_dict()
         l_params = dict(local_model.named_parameters())
         top = set(self.names)
-        buffers = {k for k, _ in local_model.named_buffers()}
+        buffers = dict(local_model.named_buffers())
+        source = g_state if self.global_buffers else {**g_state, **buffers}
         # Buffers are cloned: a train-mode forward updates BatchNorm statistics in place.
-        frozen = {k: v.detach().clone() if k in buffers else v.detach() for k, v in g_state.items() if k not in top}
+        frozen = {k: v.detach().clone() if k in buffers else v.detach() for k, v in source.items() if k not in top}
         local_top = {k: l_params[k].detach().clone() for k in self.names}
         glob_top = {k: g_state[k].detach() for k in self.names}
         if self.weights is None:
@@ -150,7 +157,7 @@ class ALA:
         with torch.no_grad():
             dst = local_model.state_dict()
             for k, v in g_state.items():
-                if k not in top:
+                if k not in top and (self.global_buffers or k not in buffers):
                     dst[k].copy_(v)
             for k in self.names:
                 dst[k].copy_(combine(local_top[k], glob_top[k], self.weights[k]))

@@ -108,12 +108,14 @@ class Client:
         """The one place where a local model is initialised from the global model: a plain copy, or ALA
         (``-ala``) for the round's participants. Algorithms that receive into another model (Ditto's,
         FedRep's body) call this from ``receive`` with their own ``target``, which is how they all get
-        "+ALA"."""
+        "+ALA". A client that does not take part keeps its model, unless ``--ala_clients all`` (PFLlib's
+        rule: every client runs ALA before every evaluation)."""
         if self.ala is None or not self.train_time:
             # Without ALA, or before this client has trained at all (its model is still the common
-            # initialisation: the paper's round 1), the global model is taken as is.
-            copy_state(target, global_model)
-        elif participating:
+            # initialisation: the paper's round 1), the global model is taken as is (with --bn_stats
+            # local its parameters only).
+            copy_state(target, global_model, buffers=self.cfg.bn_stats == "shared")
+        elif participating or self.cfg.ala_clients == "all":
             self.ala.adaptive_local_aggregation(global_model, target, self.x_train, self.y_train)
 
     def upload(self) -> Upload:
@@ -277,9 +279,12 @@ class Client:
         return self.loss_sample
 
 
-def copy_state(target: nn.Module, source: nn.Module) -> None:
-    """Overwrite ``target``'s parameters and buffers with ``source``'s, in place."""
+def copy_state(target: nn.Module, source: nn.Module, buffers: bool = True) -> None:
+    """Overwrite ``target``'s parameters and (unless ``buffers`` is False: BatchNorm statistics stay the
+    target's own) its buffers with ``source``'s, in place."""
     dst = target.state_dict()
+    keep = set() if buffers else {k for k, _ in target.named_buffers()}
     with torch.no_grad():
         for k, v in source.state_dict().items():
-            dst[k].copy_(v)
+            if k not in keep:
+                dst[k].copy_(v)

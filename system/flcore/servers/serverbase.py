@@ -5,8 +5,10 @@ Round t (0-based, ``-gr`` rounds in all), ``run_round(t)``:
     global model; ``client.receive(payload, participating)`` runs its local initialisation, e.g. ALA)
     -> evaluate (every ``-eg`` rounds, on the models just initialised, as PFLlib does) -> train_clients
     -> receive_models (each active client's ``upload()``, an ``Upload``) -> aggregate -> after_round.
-After the last round the final global model is sent once more and evaluated, so a run of R rounds has
-evaluations at rounds 0 (initial model), eg, 2eg, ... and R. With ``-dlg`` / ``-dp`` the privacy monitor
+After the last round the final global model is sent once more (to a selection drawn as for a round) and
+evaluated, so a run of R rounds has evaluations at rounds 0 (initial model), eg, 2eg, ... and R, all by
+one rule: every client receives the broadcast; the selected ones run their local initialisation (ALA, with
+``--ala_clients all`` every client does), and each client's own model is evaluated. With ``-dlg`` / ``-dp`` the privacy monitor
 (utils/privacy.py) snapshots the attacked clients' start models before training, attacks their uploads
 before aggregation and adds DP epsilon to each evaluation; the algorithms need not know.
 
@@ -142,11 +144,22 @@ class Server:
         return self.executor.map([c for c in clients if c.id not in late], "upload")
 
     def aggregate(self, uploads: list[Upload]) -> None:
-        """Sample-weighted FedAvg over every floating state entry (BatchNorm statistics included)."""
+        """Sample-weighted FedAvg over every floating state entry (BatchNorm statistics included unless
+        ``--bn_stats local``)."""
         if not uploads:
             return
         avg = weighted_average([u.state for u in uploads], [u.weight for u in uploads])
-        self.global_model.load_state_dict(avg)
+        self.load_aggregate(self.global_model, avg)
+
+    def load_aggregate(self, target: torch.nn.Module, state: dict) -> None:
+        """Load an aggregated ``state`` into a server model. With ``--bn_stats local`` only parameters are
+        taken: as in PFLlib, BatchNorm statistics are never averaged (clients keep their own, and the
+        server's model keeps those it started with)."""
+        if self.cfg.bn_stats == "local":
+            params = {k for k, _ in target.named_parameters()}
+            target.load_state_dict({k: v for k, v in state.items() if k in params}, strict=False)
+        else:
+            target.load_state_dict(state)
 
     def after_round(self) -> None:
         """Called at the end of every round (checkpoints and similar add-ons hook in here; the DLG
@@ -257,7 +270,11 @@ class Server:
             checkpoint.save(self, t)
 
     def final_evaluation(self) -> None:
-        """After the last round: every client receives the final global model and is evaluated."""
+        """After the last round, the final global model is evaluated by the rule of every other evaluation:
+        as the first half of one more round (selection, broadcast, evaluation), without training. With
+        ``-jr`` < 1 the selected clients initialise from it (ALA) and the others are evaluated on their own
+        current model, as in every round (``--ala_clients all``: every client runs ALA, as in PFLlib)."""
         self.round_idx += 1
-        self.send_models(self.clients)
+        self.selected = self.select_clients()
+        self.send_models(self.selected)
         self.record(self.evaluate())

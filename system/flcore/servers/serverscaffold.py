@@ -40,6 +40,6 @@ class SCAFFOLDServer(Server):
             return
         mean = weighted_average([u.state for u in uploads], [1.0] * len(uploads))
         step = lerp_state(self.global_model.state_dict(), mean, self.cfg.server_learning_rate)
-        self.global_model.load_state_dict(step)
+        self.load_aggregate(self.global_model, step)
         n = len(self.clients)
         self.c = {k: c + sum(u.extras["dc"][k] for u in uploads) / n for k, c in self.c.items()}
