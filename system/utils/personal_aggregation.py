@@ -91,6 +91,15 @@ def compose_by_layer(local: State, glob: State, layer: Mapping[str, int],
             for k, v in local.items()}
 
 
+def mix_by_layer(local: State, glob: State, layer: Mapping[str, int],
+                 weights: torch.Tensor) -> dict[str, torch.Tensor]:
+    """PartialFed's relaxed composition: entry k of layer l is weights[l, 0] glob[k] + weights[l, 1] local[k]
+    (``weights`` L x 2, e.g. straight-through Gumbel-softmax samples, so gradients reach them); entries
+    of no layer come from ``glob``."""
+    return {k: weights[layer[k], 0] * g + weights[layer[k], 1] * local[k] if k in layer else g
+            for k, g in glob.items()}
+
+
 def attentive_message(states: Sequence[State], xi_row: torch.Tensor, i: int) -> dict[str, torch.Tensor]:
     """FedAMP's cloud model u_i = Σ_j ξ_ij w_j = w_i + s (m - w_i), with s = Σ_{j≠i} ξ_ij and m the
     ξ-weighted mean of the other clients' models (u_i = w_i when no other client gets weight)."""

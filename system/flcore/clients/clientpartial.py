@@ -1,7 +1,7 @@
-"""PartialFed client: learns per layer whether to load the global model's layer or keep its own, then
-trains as FedAvg (see servers/serverpartial.py)."""
+"""PartialFed client: each round it leaves a random slice of its training data out of local training; at
+its next round it learns, on that slice, per layer whether to load the global model's layer or keep its
+own, composes its model accordingly and trains as FedAvg (see servers/serverpartial.py)."""
 import copy
-import itertools
 import math
 
 import torch
@@ -10,17 +10,23 @@ from torch.func import functional_call
 
 from flcore.clients.clientbase import Client
 from flcore.trainmodel.parts import layer_groups
-from utils.personal_aggregation import compose_by_layer, gumbel_straight_through, layer_of
+from utils.batching import batch_bounds, batches_of
+from utils.personal_aggregation import compose_by_layer, gumbel_straight_through, layer_of, mix_by_layer
 from utils.seeding import torch_gen
 
 
 class PartialFedClient(Client):
     def __init__(self, cfg, cid, data, model, run=0):
         super().__init__(cfg, cid, data, model, run)
-        self.layer = layer_of(list(self.model.state_dict()), layer_groups(self.model))
-        n_layers = len(layer_groups(self.model))
-        self.logits = torch.zeros(n_layers, 2, device=self.device)  # per layer: (load global, keep local)
+        groups = layer_groups(self.model)
+        self.layer = layer_of(list(self.model.state_dict()), groups)
+        # Per layer the logits (load global, keep local), starting at the prior P(global) = --strategy_prior.
+        prior = math.log(cfg.strategy_prior / (1 - cfg.strategy_prior))
+        self.logits = torch.tensor([[prior, 0.0]] * len(groups), device=self.device)
         self.strategy_gen = torch_gen(cfg.seed, run, "partialfed", cid)
+        # Indices the last local update trained on / left out (None before the first one).
+        self.trained_on: torch.Tensor | None = None
+        self.held_out: torch.Tensor | None = None
         self.scratch = copy.deepcopy(self.model)
 
     def from_global(self) -> list[bool]:
@@ -28,25 +34,55 @@ class PartialFedClient(Client):
         return (self.logits[:, 0] >= self.logits[:, 1]).tolist()
 
     def receive(self, global_model, participating: bool = True) -> None:
-        if participating and self.train_time:  # before its first training the local model is the init
+        if participating and self.held_out is not None and len(self.held_out):
             self.learn_strategy(global_model)
         mix = compose_by_layer(self.model.state_dict(), global_model.state_dict(), self.layer, self.from_global())
         self.scratch.load_state_dict(mix)
         self.initialize_local(self.model, self.scratch, participating)
 
     def learn_strategy(self, global_model) -> None:
-        """SGD on the logits through straight-through Gumbel-softmax samples of the per-layer choice."""
-        tau = self.cfg.tau * self.cfg.tau_decay ** len(self.train_time)
+        """One pass of SGD on the logits over the held-out slice, in batches of ``-lbs``: each batch's loss
+        is that of the model composed from the received global layers and this client's own layers by a
+        straight-through Gumbel-softmax sample of the per-layer choice (the local model left these samples
+        out of its last update, so it meets the global model on equal terms)."""
+        tau = self.cfg.tau * self.cfg.tau_decay ** (len(self.train_time) - 1)  # 1st participation: --tau
         glob = {k: v.detach() for k, v in global_model.named_parameters()}
         local = {k: v.detach().clone() for k, v in self.model.named_parameters()}
-        n = math.ceil(self.cfg.strategy_percent * self.batches_per_epoch())
+        # BatchNorm normalises by each batch, as in training; the statistics it updates are a copy, dropped.
+        buffers = {k: v.detach().clone() for k, v in self.model.named_buffers()}
+        self.model.train()
+        order = self.held_out[torch.randperm(len(self.held_out), generator=self.strategy_gen).to(self.device)]
         logits = self.logits.clone().requires_grad_(True)
-        for idx in itertools.islice(self.batches(1, generator=self.strategy_gen), n):
+        for idx in batches_of(order, self.cfg.batch_size, self.merge_single):
             a = gumbel_straight_through(logits, tau, self.strategy_gen)
-            params = {k: a[self.layer[k], 0] * glob[k] + a[self.layer[k], 1] * local[k] for k in glob}
-            params.update({k: v.detach().clone() for k, v in self.model.named_buffers()})
+            params = {**mix_by_layer(local, glob, self.layer, a), **buffers}
             loss = nn.functional.cross_entropy(functional_call(self.model, params, (self.x_train[idx],)),
                                                self.y_train[idx])
             (grad,) = torch.autograd.grad(loss, logits)
             logits = (logits - self.cfg.strategy_lr * grad).detach().requires_grad_(True)
         self.logits = logits.detach()
+
+    def held_out_count(self) -> int:
+        """Samples each local update leaves out: ceil(--strategy_percent * n), at most n - 1."""
+        return min(math.ceil(self.cfg.strategy_percent * self.train_samples), self.train_samples - 1)
+
+    def local_update(self, round_idx: int) -> None:
+        perm = torch.randperm(self.train_samples, generator=self.strategy_gen).to(self.device)
+        k = self.held_out_count()
+        self.held_out, self.trained_on = perm[:k], perm[k:]
+        self.run_epochs(self.cfg.local_epochs)
+
+    def batches(self, epochs: int, batch_size: int | None = None, generator: torch.Generator | None = None):
+        """The base's batches, over the samples this round's update trains on (all but the held-out slice)."""
+        if self.trained_on is None:
+            yield from super().batches(epochs, batch_size, generator)
+            return
+        gen = self.batch_gen if generator is None else generator
+        for _ in range(epochs):
+            perm = torch.randperm(len(self.trained_on), generator=gen).to(self.device)
+            yield from batches_of(self.trained_on[perm], batch_size or self.cfg.batch_size, self.merge_single)
+
+    def batches_per_epoch(self, batch_size: int | None = None) -> int:
+        """How many batches ``batches`` cuts one epoch of a local update into (the slice left out)."""
+        n = self.train_samples - self.held_out_count()
+        return len(batch_bounds(n, batch_size or self.cfg.batch_size, self.merge_single))
