@@ -24,6 +24,20 @@ class APPLEClient(Client):
         """The core model's rate: -lr (with its decay) times --core_lr_scale."""
         return super().learning_rate(round_idx) * self.cfg.core_lr_scale
 
+    def relationship_rate(self, round_idx: int) -> float:
+        """p's rate: -dlr, with -ld decayed like -lr (the official code decays both)."""
+        cfg = self.cfg
+        return cfg.dr_learning_rate * (cfg.learning_rate_decay_gamma ** round_idx if cfg.learning_rate_decay else 1.0)
+
+    def round_optimizer(self, round_idx: int) -> torch.optim.SGD:
+        """A new momentum SGD on the core model and p for one round: the official code builds its optimizer
+        inside the round, so the momentum starts from zero every round (and nothing of it is kept between
+        rounds). p joins the optimizer so that fp16 loss scaling (--amp) unscales and checks its gradient
+        too."""
+        return torch.optim.SGD([{"params": list(self.model.parameters()), "lr": self.learning_rate(round_idx)},
+                                {"params": [self.p], "lr": self.relationship_rate(round_idx)}],
+                               momentum=self.cfg.sgd_momentum)
+
     def receive(self, payload: dict, participating: bool = True) -> None:
         """``payload["cores"]``: all clients' core models; ``payload["p0"]``: p^0 (the clients' sample
         shares, also where p_i starts)."""
@@ -55,18 +69,16 @@ class APPLEClient(Client):
 
     def loss(self, x, y):
         logits = functional_call(self.model, self.mixed(), (x,))
-        prox = 0.5 * self.cfg.mu * self.lam * ((self.p - self.p0) ** 2).sum()
+        prox = self.cfg.mu * self.lam * ((self.p - self.p0) ** 2).sum()  # the official code's μ λ(r) ||p - p^0||^2
         return self.loss_fn(logits, y) + prox
-
-    def after_backward(self) -> None:
-        with torch.no_grad():
-            self.p -= self.cfg.dr_learning_rate * self.p.grad
-        self.p.grad = None
 
     def local_update(self, round_idx: int) -> None:
         self.lam = apple_lambda(round_idx, self.cfg.global_rounds, self.cfg.L, self.cfg.lambda_schedule)
         self.stack_others()
         self.p.requires_grad_(True)
+        self.optimizer = self.round_optimizer(round_idx)
         super().local_update(round_idx)
+        self.optimizer.state.clear()  # momentum buffers: the next round starts a new optimizer anyway
         self.p.requires_grad_(False)
+        self.p.grad = None
         self.cores, self.stacks = [], {}
