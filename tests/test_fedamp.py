@@ -1,0 +1,136 @@
+"""FedAMP: HeurFedAMP's attention by hand, the collapse warning, and which model is evaluated (the trained
+personalised model w_i, not the cloud model u_i the client starts from)."""
+import copy
+import math
+from types import SimpleNamespace
+
+import torch
+
+import main
+from conftest import cli
+from flcore.registry import get_server_class
+from flcore.servers.serveramp import FedAMPServer
+from utils.data_utils import load_split
+from utils.results import read_h5
+
+
+def make_server(root, *flags):
+    cfg = main.parse_config(cli(root, root, "-algo", "FedAMP", "--executor", "sequential", *flags))
+    return get_server_class("FedAMP")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root))
+
+
+def state(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def far_apart(server, scale):
+    g = torch.Generator().manual_seed(0)
+    return [{k: v + scale * torch.randn(v.shape, generator=g) for k, v in state(server.global_model).items()}
+            for _ in server.clients]
+
+
+# ---- HeurFedAMP's attention ---------------------------------------------------------------------------
+def test_heur_attention_matches_a_hand_computation():
+    # Three clients; a parameter vector split over two entries, plus a buffer the similarity ignores.
+    # w_0 = (1, 0), w_1 = (1, 1), w_2 = (0, 2): cos(0,1) = cos(1,2) = 1/sqrt(2), cos(0,2) = 0.
+    vecs = [(1.0, 0.0), (1.0, 1.0), (0.0, 2.0)]
+    states = [{"a": torch.tensor([x]), "b": torch.tensor([y]), "running": torch.tensor([100.0 * i])}
+              for i, (x, y) in enumerate(vecs)]
+    xi_ii, sigma = 0.4, 2.0
+    fake = SimpleNamespace(cfg=SimpleNamespace(amp_kernel="heur"), client_states=states, param_keys=["a", "b"],
+                           xi_ii=xi_ii, sigma=sigma)
+    xi = FedAMPServer.attention(fake)
+    e = math.exp(sigma / math.sqrt(2))  # exp(σ cos) for the pairs at 45 degrees; exp(σ·0) = 1
+    expected = [[xi_ii, (1 - xi_ii) * e / (e + 1), (1 - xi_ii) / (e + 1)],
+                [(1 - xi_ii) / 2, xi_ii, (1 - xi_ii) / 2],
+                [(1 - xi_ii) / (e + 1), (1 - xi_ii) * e / (e + 1), xi_ii]]
+    assert torch.allclose(xi, torch.tensor(expected, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(xi.sum(1), torch.ones(3, dtype=torch.float64))
+    assert torch.allclose(xi.diagonal(), torch.full((3,), xi_ii, dtype=torch.float64))
+
+
+def test_heur_is_the_default_and_euclid_stays_reachable(digits_root, tmp_path, capsys):
+    heur = make_server(digits_root)
+    assert heur.cfg.amp_kernel == "heur" and heur.sigma > 0 and 0 < heur.xi_ii < 1
+    euclid = make_server(digits_root, "--amp_kernel", "euclid", "-sg", "0.5", "-alk", "0.1")
+    euclid.client_states = far_apart(euclid, 0.001)  # ||w_i - w_j||^2 about 0.4
+    keys = euclid.param_keys
+    w = torch.stack([torch.cat([s[k].reshape(-1).double() for k in keys]) for s in euclid.client_states])
+    d2 = torch.cdist(w, w) ** 2
+    xi = euclid.attention()
+    assert math.isclose(float(xi[0, 1]), 0.1 * math.exp(-float(d2[0, 1]) / 0.5) / 0.5, rel_tol=1e-9)
+    assert math.isclose(float(xi[0, 0]), 1 - float(xi[0, 1:].sum()), rel_tol=1e-9)
+    # --xi_ii belongs to the heuristic rule; nonsense values get one clear line
+    bad = ("-gr", "0", "--train_loss_eval", "off")
+    assert main.main(cli(digits_root, tmp_path, "-algo", "FedAMP", "--amp_kernel", "euclid", "--xi_ii", "0.5", *bad)) == 2
+    assert "--amp_kernel heur" in capsys.readouterr().err
+    assert main.main(cli(digits_root, tmp_path, "-algo", "FedAMP", "--xi_ii", "1.5", *bad)) == 2
+    assert "--xi_ii must be in [0, 1]" in capsys.readouterr().err
+
+
+# ---- the collapse warning -----------------------------------------------------------------------------
+def collapse_lines(capsys):
+    return [line for line in capsys.readouterr().err.splitlines() if "attention collapsed" in line]
+
+
+def test_warning_fires_once_when_attention_collapses(digits_root, capsys):
+    euclid = make_server(digits_root, "--amp_kernel", "euclid")  # σ = 0.1
+    euclid.client_states = far_apart(euclid, 1.0)  # ||w_i - w_j||^2 >> σ: every ξ_ij ~ 0
+    euclid.prepare_broadcast(euclid.clients)
+    assert float((1 - euclid.xi.diagonal()).max()) < 0.01
+    lines = collapse_lines(capsys)
+    assert len(lines) == 1 and lines[0].startswith("WARNING: FedAMP") and "--amp_kernel heur" in lines[0]
+    euclid.prepare_broadcast(euclid.clients)
+    assert collapse_lines(capsys) == []  # once per run
+
+    heur = make_server(digits_root)  # the same models: the heuristic keeps 1 - ξ_ii on the others
+    heur.client_states = far_apart(heur, 1.0)
+    heur.prepare_broadcast(heur.clients)
+    assert collapse_lines(capsys) == []
+    selfish = make_server(digits_root, "--xi_ii", "0.995")
+    selfish.prepare_broadcast(selfish.clients)
+    lines = collapse_lines(capsys)
+    assert len(lines) == 1 and "--xi_ii" in lines[0]
+
+
+# ---- the evaluated model is w_i -----------------------------------------------------------------------
+def test_evaluation_sees_the_trained_w_i_not_the_cloud_model(digits_noniid_root):
+    server = make_server(digits_noniid_root, "-jr", "0.5", "-lr", "0.1", "--train_loss_eval", "off")
+    init = state(server.global_model)
+    server.run_round(0)
+    trained = {c.id for c in server.selected}
+    assert 0 < len(trained) < len(server.clients)
+    server.round_idx = 1
+    server.send_models(server.clients)  # everyone receives its next cloud model u_i and starts from it
+    correct = total = 0
+    for c in server.clients:
+        w_i = server.client_states[c.id] if c.id in trained else init  # what it uploaded, or never trained
+        evaluated = c.eval_model().state_dict()
+        assert all(torch.equal(evaluated[k], w_i[k]) for k in w_i), c.id
+        u_i = c.model.state_dict()  # the training start point
+        assert any(not torch.equal(u_i[k], w_i[k]) for k in w_i), c.id
+        reference = copy.deepcopy(server.global_model)
+        reference.load_state_dict(w_i)
+        with torch.no_grad():
+            hits = int((reference(c.x_test).argmax(1) == c.y_test).sum())
+        assert c.test_metrics()[0] == hits
+        correct, total = correct + hits, total + c.test_samples
+    assert math.isclose(server.evaluate()["test_acc"], correct / total)
+    # the next local training starts from u_i and its result becomes the evaluated model
+    c = server.clients[0]
+    start = state(c.model)
+    c.train(1)
+    after = state(c.eval_model())
+    assert all(torch.equal(after[k], v) for k, v in state(c.model).items())
+    assert any(not torch.equal(after[k], start[k]) for k in start)
+
+
+def test_full_self_attention_without_the_proximal_term_is_local(digits_noniid_root, tmp_path):
+    """ξ_ii = 1 and λ = 0: u_i = w_i and plain SGD, so the curve is Local's, number for number."""
+    curves = {}
+    for algo, flags in (("Local", ()), ("FedAMP", ("--xi_ii", "1", "-lam", "0"))):
+        assert main.main(cli(digits_noniid_root, tmp_path, "-algo", algo, "-gr", "3", "-lr", "0.1",
+                             "--train_loss_eval", "off", *flags)) == 0
+        curves[algo] = read_h5(tmp_path / f"Digits_{algo}_test_0.h5")
+    assert list(curves["FedAMP"]["rs_test_acc"]) == list(curves["Local"]["rs_test_acc"])
+    assert list(curves["FedAMP"]["rs_amp_other_weight"]) == [0.0] * 4  # recorded at rounds 0..3
