@@ -14,6 +14,16 @@ class PerFedAvgClient(FineTunedEval, Client):
         super().__init__(*args, **kwargs)
         self.alpha = self.cfg.local_learning_rate  # inner step α of the current round (-lr, decayed by -ld)
 
+    def beta(self, round_idx: int) -> float:
+        """Outer step β of round ``round_idx``: ``-bt`` (``-lr`` without it), decayed by ``-ld`` as α is."""
+        base = self.cfg.local_learning_rate if self.cfg.beta is None else self.cfg.beta
+        return base * self.learning_rate(round_idx) / self.cfg.local_learning_rate
+
+    def receive(self, payload, participating: bool = True) -> None:
+        """The global model and its round, whose α the personalisation before evaluation uses."""
+        self.alpha = self.learning_rate(payload["round"])
+        super().receive(payload["model"], participating)
+
     def meta_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Loss on the second half of the batch at w' = w - α ∇f(w; first half). The inner gradient is
         taken without a graph, so d(loss)/dw = ∇f(w'; second half): the FO-MAML gradient."""
@@ -28,8 +38,8 @@ class PerFedAvgClient(FineTunedEval, Client):
         """``-ls`` epochs of FO-MAML steps, each on two fresh batches of ``-lbs`` (drawn as one batch of
         2x``-lbs`` and halved; a single leftover sample serves both). The optimizer steps w with β."""
         self.alpha = self.learning_rate(round_idx)
-        for group in self.optimizer.param_groups:  # -ld decays β like α
-            group["lr"] = self.cfg.beta * self.alpha / self.cfg.local_learning_rate
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.beta(round_idx)
         self.run_epochs(self.cfg.local_epochs, 2 * self.cfg.batch_size, objective=self.meta_loss)
 
     def steps_per_round(self) -> int:
@@ -37,12 +47,13 @@ class PerFedAvgClient(FineTunedEval, Client):
         return self.cfg.local_epochs * self.batches_per_epoch(2 * self.cfg.batch_size)
 
     def fine_tune(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The paper's personalisation: one SGD step of size α = ``-lr`` on one local batch."""
+        """The paper's personalisation: one SGD step of size α (this round's, decayed by ``-ld`` as in
+        training) on one local batch."""
         idx = next(self.batches(1, generator=self.tune_gen))
         model.train()
         grads = torch.autograd.grad(self.loss_fn(model(self.x_train[idx]), self.y_train[idx]),
                                     list(model.parameters()))
         with torch.no_grad():
             for p, g in zip(model.parameters(), grads):
-                p.sub_(self.cfg.local_learning_rate * g)
+                p.sub_(self.alpha * g)
         return model

@@ -11,8 +11,11 @@ validation split of its training data and moves toward the ones that lower its l
 then trains θ_i locally and uploads it; its affinity to n grows by w_n. When no neighbour helps, θ_i is
 kept. With ``-ala`` the FedFomo aggregate plays the global model's part: ALA initialises θ_i from it.
 
-Flags: ``-M`` neighbours = 5 (PFLlib's default; the official code uses 8), ``--val_ratio`` 0.2 (official
-code: 20 % of the local data), ``--epsilon`` 0.3 and ``--epsilon_decay`` 0.05 per round (official code).
+Flags: ``-M`` models each participant downloads = 5 (PFLlib's default; the official code's default is 8),
+``--val_ratio`` 0.2 (official code: 20 % of the local data), ``--epsilon`` 0.3 and ``--epsilon_decay``
+0.05 per round (official code). The FedALA paper's comparison runs FedFomo with M = 20 (pass ``-M 20``):
+with its 20 clients each one downloads every other client's model (here ``-M`` is capped at the clients
+with a stored upload other than itself, at most N - 1).
 
 Where PFLlib differs: its server picks the top-M clients of an affinity matrix without ε-greedy
 exploration (the client's own id among the candidates), grows the affinity by the raw, unclipped weights

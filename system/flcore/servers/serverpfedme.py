@@ -14,10 +14,17 @@ The server mixes the plain mean of the uploaded w's into the global model: w^{t+
 Flags (paper's non-convex MNIST settings, official README): ``-lam`` λ = 15, ``-K`` K = 5,
 ``-lrp`` personal rate 0.09, ``-bt`` β = 1 (the paper also reports β = 2 after tuning).
 
-Where PFLlib differs: its server averages weighted by sample counts (the paper: plain mean over the
-sampled clients), its inner step adds a hidden weight decay of 0.001 (not in the paper) and its defaults
-are ``-bt 0 -lam 1 -lrp 0.01`` (``-bt 0`` never moves the global model). As in the official code, θ_i
-restarts from w at every local training.
+Where the official code differs from the paper, this follows the paper: its server weights the mean by
+sample counts (the paper: plain mean over the sampled clients), and its inner step adds a weight decay of
+0.001 (the default ``mu`` of its pFedMe optimizer, which its client never sets; not in the paper). It
+also trains every client each round and lets only the sampled ones upload; here, as in PFLlib, only the
+sampled clients train. As in the official code, θ_i restarts from w at every local training.
+
+Where PFLlib differs: it keeps the official code's sample weighting and weight decay; its defaults are
+``-bt 0 -lam 1 -lrp 0.01`` (``-bt 0`` never moves the global model); and its "personalized" accuracy is
+the global model's. Its optimizer returns the model's own parameter list as θ_i, so θ_i aliases the
+model, which is set to w after training and to the received global model at every broadcast: the θ_i it
+evaluates is the global model (until a client first trains, a separate copy of the initial model).
 """
 from flcore.clients.clientpfedme import PFedMeClient
 from flcore.servers.serverbase import Server
@@ -49,4 +56,4 @@ class PFedMeServer(Server):
         if not uploads:
             return
         mean = weighted_average([u.state for u in uploads], [1.0] * len(uploads))
-        self.global_model.load_state_dict(lerp_state(self.global_model.state_dict(), mean, self.cfg.beta))
+        self.load_aggregate(self.global_model, lerp_state(self.global_model.state_dict(), mean, self.cfg.beta))

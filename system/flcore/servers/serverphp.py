@@ -16,10 +16,15 @@ Flags (official code's settings): ``-mu`` μ = 0.9 (ceiling of the momentum), ``
 setting), ``--kd_temperature`` T = 4 (applied to the teacher only, as the official code does).
 The paper's MMD variant of the knowledge transfer is not implemented.
 
-Where PFLlib differs: its private model is the model it trains and uploads. Each round it starts from
-(1 - μ_t) w + μ_t (its last trained model) with μ_t = μ t / R growing with the round index, and is trained
-with an MMD loss between its features and the received global model's (weights 1 - λ and λ); its defaults
-``-mu 0 -lam 1`` switch off both the inheritance and the cross-entropy term.
+Where PFLlib differs (its FedPHP since December 2024): it too trains the received w and then folds it
+into a private model, v_i ← μ_t v_i + (1 - μ_t) w, but μ_t = μ t / R grows with the round index t (not
+with the client's participations); the knowledge transfer is an MMD loss between the features (``base``)
+of w and of v_i, weighted λ against (1 - λ) for the cross-entropy, not distillation from v_i's outputs;
+and it evaluates w after local training, never v_i (a client that did not train is evaluated on the
+received global model). Its defaults ``-mu 0 -lam 1`` switch off both the inheritance (v_i is the last
+trained w) and the cross-entropy term. Before December 2024 its private model was the model it trained:
+each round started from (1 - μ_t) w + μ_t (its last trained model), was evaluated before training and
+was trained with the MMD towards the received global model's features.
 """
 from flcore.clients.clientphp import FedPHPClient
 from flcore.servers.serverbase import Server

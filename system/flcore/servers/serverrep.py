@@ -15,6 +15,10 @@ taken through the client's own head).
 
 Flags: ``-pls`` head epochs = 10 (the paper, §5: "ten local epochs to train the local head, followed by
 one or five epochs for the representation"; PFLlib's default is 1); ``-ls`` body epochs = 1.
+A round is therefore 11 local epochs (``-pls`` + ``-ls``) where FedAvg's is ``-ls``: under the FedALA
+paper's protocol (``-ls 1``), 10 head epochs and 1 body epoch, 11 passes over the local data against
+FedAvg's one (the head epochs' backward pass stops at the head). The official code's scripts run the
+same split (``--local_ep 11 --local_rep_ep 1``).
 """
 from flcore.clients.clientrep import FedRepClient
 from flcore.servers.serverbase import Server
@@ -45,4 +49,4 @@ class FedRepServer(Server):
         """Sample-weighted mean of the uploaded bodies; the global head is never used."""
         if uploads:
             avg = weighted_average([u.state for u in uploads], [u.weight for u in uploads])
-            self.global_model.base.load_state_dict(avg)
+            self.load_aggregate(self.global_model.base, avg)
