@@ -91,8 +91,9 @@ def main(argv=None):
     x, y = np.concatenate(xs), np.concatenate(ys)
     root = Path(args.root).resolve() if args.root else du.DATASET_ROOT
     config = dict(dataset="Synthetic", num_clients=args.num_clients, num_classes=NUM_CLASSES, partition="synthetic",
-                  alpha=None, class_per_client=None, balance=None, train_ratio=args.train_ratio, least_samples=least,
-                  seed=args.seed, source="generated", source_sha256=du.arrays_sha256(x, y), input_shape=[DIM],
+                  alpha=None, class_per_client=None, balance=None, layout=None, train_ratio=args.train_ratio,
+                  least_samples=least, seed=args.seed, source="generated", source_sha256=du.arrays_sha256(x, y),
+                  input_shape=[DIM],
                   x_dtype="float32", normalize=None, class_names=None, format_version=du.FORMAT_VERSION,
                   iid=args.iid, alpha_syn=None if args.iid else args.alpha_syn,
                   beta_syn=None if args.iid else args.beta_syn, max_samples=args.max_samples)

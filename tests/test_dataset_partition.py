@@ -47,6 +47,25 @@ def test_every_sample_in_exactly_one_client(scheme, num_clients):
     assert min(len(p) for p in parts) >= 5
 
 
+@pytest.mark.parametrize("scheme", ["iid", "pat"])
+@pytest.mark.parametrize("balance", [False, True])
+@pytest.mark.parametrize("num_clients", [1, 5, 10, 20])
+def test_pfllib_layout_every_sample_in_exactly_one_client(scheme, balance, num_clients):
+    labels = make_labels()
+    if scheme == "pat" and num_clients * 2 < NUM_CLASSES:
+        pytest.skip("too few clients to cover every class")
+    parts = P.partition(labels, num_clients, np.random.default_rng(3), scheme, class_per_client=2, balance=balance,
+                        least_samples=5, layout="pfllib")
+    assert len(parts) == num_clients
+    assert_exact_cover(parts, len(labels))
+    assert min(len(p) for p in parts) >= 5
+    # dir and exdir have one layout: the flag changes nothing there
+    for other in ("dir", "exdir"):
+        a = P.partition(labels, 10, np.random.default_rng(3), other, class_per_client=2, layout="pfllib")
+        b = P.partition(labels, 10, np.random.default_rng(3), other, class_per_client=2)
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
 @pytest.mark.parametrize("num_clients,k", [(20, 2), (7, 3), (5, 2), (13, 4), (4, 10), (30, 1)])
 def test_pat_exact_classes_and_balanced_owner_counts(num_clients, k):
     labels = make_labels()

@@ -16,6 +16,41 @@ Schemes (names as used by the generators' ``--partition`` flag):
   first draws ``class_per_client`` classes, then each class is split by a
   Dirichlet over only the clients that drew it.
 
+Layouts of ``pat`` and ``iid`` (the generators' ``--layout`` flag):
+
+- ``library`` (default) as above: random class sets with balanced owner counts,
+  and unbalanced shares from weights uniform(0.1, 1), so no owner dominates.
+  MNIST, 20 clients, unbalanced, mean over seeds 1-10: client-size CV 0.29
+  (pat, k=2) and 0.15 (iid); the largest client holds 8 % and 6 %.
+- ``pfllib`` PFLlib's ``separate_data`` structure, for comparing with numbers
+  produced by PFLlib. Classes are handed out in label order to fixed groups of
+  g = ceil(N k / C) clients: class c goes to the first g clients that still
+  hold fewer than k classes, so clients 0..3 share classes {0, 1} for MNIST
+  with 20 clients and k = 2. Within each class every owner but the last gets
+  int(n/s) samples (balanced) or an integer drawn from
+  [int(max(n/s/10, least_samples/C)), int(n/s)) (unbalanced), where n is the
+  class size and s its owner count; the last owner gets the remainder, so
+  one client per group collects every remainder. MNIST, 20 clients,
+  unbalanced, seeds 1-10: CV 0.82 (pat, k=2; the last clients of the five
+  groups hold 60 % of the data) and 1.97 (iid; the last client holds 48 %);
+  PFLlib's loop with its own global random state gives 0.79 and 2.00. When
+  g C exceeds N k, clients late in the order can hold fewer than k classes
+  (20 clients, k = 3: clients 18 and 19 hold class 9 only), as in PFLlib.
+  Where PFLlib goes wrong this layout stops with a ``PartitionError``
+  instead: the groups use up all N k class slots before the last class
+  (PFLlib drops the remaining classes' samples without a word), a class is
+  too small for the unbalanced draw (PFLlib raises numpy's "low >= high"),
+  or a client ends up below ``least_samples`` (PFLlib does not check, and
+  balanced shares of a class smaller than its owner count leave clients
+  empty); unbalanced draws are first retried as in the library layout,
+  which PFLlib's settings on MNIST never need. The group size is computed
+  in exact integer arithmetic (PFLlib's floating-point ceil adds one client
+  for a few settings, e.g. 14 clients, 100 classes, k = 50). Samples within
+  a class are dealt at random rather than in file order.
+
+``dir`` and ``exdir`` have one layout, PFLlib's. The generators' default
+``least_samples`` for ``exdir`` is 10, PFLlib's ``min_require_size``.
+
 Random draws are retried a bounded number of times (``max_tries``) until every
 client holds at least ``least_samples`` samples; then a ``PartitionError`` says
 which parameter to change. Nothing loops forever.
@@ -100,8 +135,73 @@ def assign_classes(num_clients, num_classes, class_per_client, rng):
     return [np.array(sorted(h), dtype=np.int64) for h in held]
 
 
-def _owned_classes(scheme, labels, num_clients, rng, class_per_client, balance, least_samples, max_tries):
+LAYOUTS = ("library", "pfllib")
+
+
+def pfllib_class_groups(num_clients, num_classes, class_per_client, scheme="pat"):
+    """Owners of each class under PFLlib's fixed rule; returns one sorted client array per class.
+
+    Class positions 0..C-1 are handed out in order; class c goes to the first
+    g = ceil(N k / C) clients that still hold fewer than k classes. Raises a
+    PartitionError where PFLlib would run out of clients and drop classes.
+    """
+    group = -(-num_clients * class_per_client // num_classes)
+    room = np.full(num_clients, class_per_client)
+    owners = []
+    for c in range(num_classes):
+        own = np.flatnonzero(room > 0)[:group]
+        if len(own) == 0:
+            raise PartitionError(
+                f"{scheme} (pfllib layout): groups of {group} clients per class use up all {num_clients} x "
+                f"{class_per_client} class slots before class position {c}, so PFLlib would drop "
+                f"{num_classes - c} of the {num_classes} classes; use --layout library or make num_clients x "
+                f"class_per_client a multiple of {num_classes}")
+        room[own] -= 1
+        owners.append(own)
+    return owners
+
+
+def _pfllib_share_sizes(scheme, n, num_shares, balance, least_share, rng):
+    """PFLlib's split of n samples among num_shares owners: every owner but the last gets a drawn
+    (or equal) share and the last takes the remainder."""
+    per = n / num_shares
+    if balance:
+        head = np.full(num_shares - 1, int(per), dtype=np.int64)
+    else:
+        low, high = int(max(per / 10, least_share)), int(per)
+        if num_shares > 1 and low >= high:
+            raise PartitionError(
+                f"{scheme} (pfllib layout): a class of {n} samples is too small for PFLlib's unbalanced draw "
+                f"among {num_shares} owners (share range [{low}, {high}) is empty); use --balance, fewer clients "
+                f"or a smaller --least-samples")
+        head = rng.integers(low, high, num_shares - 1) if num_shares > 1 else np.zeros(0, dtype=np.int64)
+    return np.append(head, n - head.sum())
+
+
+def _pfllib_owned_classes(scheme, by_class, num_clients, rng, class_per_client, balance, least_samples,
+                          max_tries):
+    """``pat``/``iid`` in PFLlib's layout: fixed class groups, remainder to each group's last client."""
+    num_classes = len(by_class)
+    owners = pfllib_class_groups(num_clients, num_classes, class_per_client, scheme)
+    tries = 1 if balance else max_tries  # a balanced split has nothing random to redraw
+    for _ in range(tries):
+        counts = np.zeros((num_classes, num_clients), dtype=np.int64)
+        for c, own in enumerate(owners):
+            counts[c, own] = _pfllib_share_sizes(scheme, len(by_class[c]), len(own), balance,
+                                                 least_samples / num_classes, rng)
+        if counts.sum(axis=0).min() >= least_samples:
+            return _deal(by_class, counts, rng)
+    what = (f"the balanced split leaves a client with {counts.sum(axis=0).min()} samples" if balance
+            else f"no draw in {tries} tries gave every client >= {least_samples} samples")
+    raise PartitionError(f"{scheme} (pfllib layout): {what}, fewer than --least-samples {least_samples}; use fewer "
+                         f"clients, a smaller --least-samples or --layout library")
+
+
+def _owned_classes(scheme, labels, num_clients, rng, class_per_client, balance, least_samples, max_tries,
+                   layout="library"):
     """Shared body of ``pat`` and ``iid``: split each class among its owners."""
+    if layout not in LAYOUTS:
+        raise PartitionError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     classes, by_class = _class_indices(labels)
     num_classes = len(classes)
     _check_sizes(scheme, len(labels), num_clients, least_samples)
@@ -112,6 +212,9 @@ def _owned_classes(scheme, labels, num_clients, rng, class_per_client, balance, 
         raise PartitionError(
             f"{scheme}: {num_clients} clients x {class_per_client} classes each leave some of the {num_classes} "
             f"classes without an owner; use more clients or a larger --class-per-client")
+    if layout == "pfllib":
+        return _pfllib_owned_classes(scheme, by_class, num_clients, rng, class_per_client, balance, least_samples,
+                                     max_tries)
     sizes = np.array([len(idx) for idx in by_class])
     for _ in range(max_tries):
         counts = np.zeros((num_classes, num_clients), dtype=np.int64)
@@ -127,19 +230,27 @@ def _owned_classes(scheme, labels, num_clients, rng, class_per_client, balance, 
         f"use fewer clients, --balance, a larger --class-per-client or a smaller --least-samples")
 
 
-def pathological(labels, num_clients, rng, class_per_client=2, balance=False, least_samples=1, max_tries=1000):
-    """Pathological non-IID: each client holds exactly ``class_per_client`` random classes.
+def pathological(labels, num_clients, rng, class_per_client=2, balance=False, least_samples=1, max_tries=1000,
+                 layout="library"):
+    """Pathological non-IID: each client holds ``class_per_client`` classes.
 
-    Each class is owned by about num_clients * k / num_classes clients and its
-    samples are split among them in equal (``balance``) or random shares.
+    Library layout: random classes, each owned by about num_clients * k /
+    num_classes clients, its samples split among them in equal (``balance``)
+    or random shares. ``layout="pfllib"``: PFLlib's fixed class groups and
+    shares (module docstring).
     """
-    return _owned_classes("pat", labels, num_clients, rng, class_per_client, balance, least_samples, max_tries)
+    return _owned_classes("pat", labels, num_clients, rng, class_per_client, balance, least_samples, max_tries,
+                          layout)
 
 
-def iid(labels, num_clients, rng, balance=False, least_samples=1, max_tries=1000):
-    """IID: every client holds every class; balanced shares are stratified per class."""
+def iid(labels, num_clients, rng, balance=False, least_samples=1, max_tries=1000, layout="library"):
+    """IID: every client holds every class; balanced shares are stratified per class.
+
+    ``layout="pfllib"`` gives every class's remainder to the last client, whose
+    unbalanced share is then about half of the data (module docstring).
+    """
     num_classes = len(np.unique(np.asarray(labels)))
-    return _owned_classes("iid", labels, num_clients, rng, num_classes, balance, least_samples, max_tries)
+    return _owned_classes("iid", labels, num_clients, rng, num_classes, balance, least_samples, max_tries, layout)
 
 
 def _dirichlet_counts(class_sizes, owners, num_clients, alpha, rng):
@@ -236,12 +347,17 @@ SCHEMES = ("iid", "pat", "dir", "exdir")
 
 
 def partition(labels, num_clients, rng, scheme, alpha=0.1, class_per_client=2, balance=False,
-              least_samples=1, max_tries=1000):
-    """Dispatch to the partitioner named ``scheme`` (one of ``SCHEMES``), passing only what it uses."""
+              least_samples=1, max_tries=1000, layout="library"):
+    """Dispatch to the partitioner named ``scheme`` (one of ``SCHEMES``), passing only what it uses.
+
+    ``layout`` (one of ``LAYOUTS``, None = library) applies to ``pat`` and ``iid``; ``dir`` and ``exdir``
+    have one layout, PFLlib's.
+    """
+    layout = layout or "library"
     if scheme == "iid":
-        return iid(labels, num_clients, rng, balance, least_samples, max_tries)
+        return iid(labels, num_clients, rng, balance, least_samples, max_tries, layout)
     if scheme == "pat":
-        return pathological(labels, num_clients, rng, class_per_client, balance, least_samples, max_tries)
+        return pathological(labels, num_clients, rng, class_per_client, balance, least_samples, max_tries, layout)
     if scheme == "dir":
         return dirichlet(labels, num_clients, rng, alpha, least_samples, max_tries)
     if scheme == "exdir":
