@@ -39,7 +39,8 @@ def test_pfedme_server_mixes_plain_mean_with_beta():
         glob.weight.copy_(torch.tensor([[1.0, 2.0]]))
     uploads = [Upload(0, 1, {"weight": torch.tensor([[3.0, 4.0]])}),
                Upload(1, 100, {"weight": torch.tensor([[5.0, 10.0]])})]
-    fake = SimpleNamespace(global_model=glob, cfg=SimpleNamespace(beta=2.0))
+    fake = SimpleNamespace(global_model=glob, cfg=SimpleNamespace(beta=2.0, bn_stats="shared"))
+    fake.load_aggregate = lambda target, state: PFedMeServer.load_aggregate(fake, target, state)
     PFedMeServer.aggregate(fake, uploads)
     # mean (unweighted) = [4, 7]; w + 2 (mean - w) = [7, 12]
     assert torch.allclose(glob.weight, torch.tensor([[7.0, 12.0]]))
