@@ -133,7 +133,17 @@ class Client:
 
     def batches_per_epoch(self, batch_size: int | None = None) -> int:
         """How many batches ``batches`` cuts one epoch into."""
-        return len(batch_bounds(self.train_samples, batch_size or self.cfg.batch_size, self.merge_single))
+        return len(batch_bounds(self.train_count(), batch_size or self.cfg.batch_size, self.merge_single))
+
+    def train_indices(self) -> torch.Tensor | None:
+        """The training samples local training draws its batches from (indices), None for all of them.
+        An algorithm that holds some back from its update (PartialFed's held-out slice) overrides this
+        and ``train_count``; ``batches`` and ``batches_per_epoch`` read them."""
+        return None
+
+    def train_count(self) -> int:
+        """How many samples one epoch of local training passes over."""
+        return self.train_samples
 
     def dp_epsilon(self, delta: float) -> float:
         """Epsilon (at ``delta``) of this client's DP-SGD steps so far; 0.0 without ``-dp`` or before it
@@ -168,15 +178,16 @@ class Client:
         return lr * self.cfg.learning_rate_decay_gamma ** round_idx if self.cfg.learning_rate_decay else lr
 
     def batches(self, epochs: int, batch_size: int | None = None, generator: torch.Generator | None = None):
-        """Index batches for ``epochs`` passes over the training data, shuffled from this client's stream
+        """Index batches for ``epochs`` passes over the training data (``train_indices``), shuffled from this client's stream
         (or from ``generator``, for draws that must not shift it, e.g. evaluation-time fine-tuning).
         The last batch of an epoch may be smaller (every sample is used; PFLlib drops it); for a model with
         BatchNorm a last batch of one sample joins the one before it (utils/batching.py)."""
         bs = batch_size or self.cfg.batch_size
         gen = self.batch_gen if generator is None else generator
+        pool = self.train_indices()
         for _ in range(epochs):
-            perm = torch.randperm(self.train_samples, generator=gen).to(self.device)
-            yield from batches_of(perm, bs, self.merge_single)
+            perm = torch.randperm(self.train_samples if pool is None else len(pool), generator=gen).to(self.device)
+            yield from batches_of(perm if pool is None else pool[perm], bs, self.merge_single)
 
     def train(self, round_idx: int = 0) -> None:
         start = time.perf_counter()

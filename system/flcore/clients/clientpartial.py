@@ -10,7 +10,7 @@ from torch.func import functional_call
 
 from flcore.clients.clientbase import Client
 from flcore.trainmodel.parts import layer_groups
-from utils.batching import batch_bounds, batches_of
+from utils.batching import batches_of
 from utils.personal_aggregation import compose_by_layer, gumbel_straight_through, layer_of, mix_by_layer
 from utils.seeding import torch_gen
 
@@ -72,17 +72,9 @@ class PartialFedClient(Client):
         self.held_out, self.trained_on = perm[:k], perm[k:]
         self.run_epochs(self.cfg.local_epochs)
 
-    def batches(self, epochs: int, batch_size: int | None = None, generator: torch.Generator | None = None):
-        """The base's batches, over the samples this round's update trains on (all but the held-out slice)."""
-        if self.trained_on is None:
-            yield from super().batches(epochs, batch_size, generator)
-            return
-        gen = self.batch_gen if generator is None else generator
-        for _ in range(epochs):
-            perm = torch.randperm(len(self.trained_on), generator=gen).to(self.device)
-            yield from batches_of(self.trained_on[perm], batch_size or self.cfg.batch_size, self.merge_single)
+    def train_indices(self):
+        """This round's update trains on all but the held-out slice (all samples before the first update)."""
+        return self.trained_on
 
-    def batches_per_epoch(self, batch_size: int | None = None) -> int:
-        """How many batches ``batches`` cuts one epoch of a local update into (the slice left out)."""
-        n = self.train_samples - self.held_out_count()
-        return len(batch_bounds(n, batch_size or self.cfg.batch_size, self.merge_single))
+    def train_count(self) -> int:
+        return self.train_samples - self.held_out_count()
