@@ -104,9 +104,12 @@ def test_fine_tuned_variant_keeps_the_federated_trajectory(digits_root, base, tu
     assert same(params(client.model), params(server.global_model))
 
 
-def test_fine_tuning_is_fte_epochs_of_sgd_on_a_copy(digits_root):
+@pytest.mark.parametrize("decay,round_idx,rate", [((), 0, 0.05), ((), 3, 0.05), (("-ld", "-ldg", "0.5"), 3, 0.05 / 8)])
+def test_fine_tuning_is_fte_epochs_of_sgd_on_a_copy(digits_root, decay, round_idx, rate):
+    """At the rate of the round being evaluated (-ld decays it as it decays training's)."""
     lr, bs = 0.05, 10
-    server = make_server(digits_root, "FedAvg-C", "-fte", "2", "-lr", str(lr), "-lbs", str(bs))
+    server = make_server(digits_root, "FedAvg-C", "-fte", "2", "-lr", str(lr), "-lbs", str(bs), *decay)
+    server.round_idx = round_idx
     server.send_models(server.clients)
     client = server.clients[1]
     before, batch_state = params(client.model), client.batch_gen.get_state()
@@ -121,7 +124,7 @@ def test_fine_tuning_is_fte_epochs_of_sgd_on_a_copy(digits_root):
             nn.functional.cross_entropy(ref(client.x_train[idx]), client.y_train[idx]).backward()
             with torch.no_grad():
                 for p in ref.parameters():
-                    p -= lr * p.grad
+                    p -= rate * p.grad
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(params(tuned), params(ref)))
     assert same(params(client.model), before)  # the federated model is untouched ...
     assert torch.equal(client.batch_gen.get_state(), batch_state)  # ... and so is the batch stream

@@ -22,9 +22,11 @@ class FineTunedEval:
         super().__init__(*args, **kwargs)
         self.tune_gen = torch_gen(self.cfg.seed, self.run, "fine-tune", self.id)
         self.tuned: nn.Module | None = None
+        self.tune_round = 0  # the round the last broadcast opened: its (-ld decayed) rate fine-tunes
 
     def receive(self, payload, participating: bool = True) -> None:
-        super().receive(payload, participating)
+        super().receive(payload["model"], participating)
+        self.tune_round = payload["round"]
         self.tuned = None
 
     def eval_model(self) -> nn.Module:
@@ -34,9 +36,10 @@ class FineTunedEval:
         return self.tuned
 
     def fine_tune(self, model: nn.Module) -> nn.Module:
-        """``-fte`` epochs of plain SGD (lr ``-lr``, batch ``-lbs``, cross-entropy) on the local data."""
+        """``-fte`` epochs of plain SGD (batch ``-lbs``, cross-entropy) on the local data, at the rate local
+        training has in the round being evaluated (``-lr``, decayed with ``-ld``)."""
         model.train()
-        opt = torch.optim.SGD(model.parameters(), lr=self.cfg.local_learning_rate)
+        opt = torch.optim.SGD(model.parameters(), lr=self.learning_rate(self.tune_round))
         self.run_epochs(self.cfg.fine_tuning_epochs, optimizer=opt,
                         objective=lambda x, y: self.loss_fn(model(x), y), generator=self.tune_gen)
         return model

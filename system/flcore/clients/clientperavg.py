@@ -22,7 +22,7 @@ class PerFedAvgClient(FineTunedEval, Client):
     def receive(self, payload, participating: bool = True) -> None:
         """The global model and its round, whose α the personalisation before evaluation uses."""
         self.alpha = self.learning_rate(payload["round"])
-        super().receive(payload["model"], participating)
+        super().receive(payload, participating)
 
     def meta_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Loss on the second half of the batch at w' = w - α ∇f(w; first half). The inner gradient is

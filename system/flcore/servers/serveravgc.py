@@ -8,7 +8,8 @@ https://arxiv.org/abs/1602.05629.
 Relative to FedAvg this changes only evaluation: client i is evaluated on v_i = SGD^{fte}(Θ; D_i), a copy
 of the received model Θ trained ``-fte`` epochs on its own training data. v_i is never uploaded nor
 reused, so the global models Θ^t are FedAvg's, number for number; only the personalised accuracy
-differs. With ``-ala`` the copy starts from the ALA-initialised local model.
+differs. With ``-ala`` the copy starts from the ALA-initialised local model. The fine-tuning runs at the
+rate of the round being evaluated (``-lr``, times ``-ldg``^round with ``-ld``).
 
 Flags: ``-fte`` fine-tuning epochs = 1 (PFLlib's ``-fte`` name, which it uses for FedBABU).
 """
@@ -26,6 +27,10 @@ class FedAvgCServer(Server):
         parser.add_argument("-fte", "--fine_tuning_epochs", type=int, default=1,
                             help="epochs each client fine-tunes its copy of the global model before "
                                  "evaluation (the FedALA paper names no value; 1 here)")
+
+    def broadcast(self, client):
+        """The global model and the round it opens (the fine-tuning rate is that round's, with ``-ld``)."""
+        return {"model": self.global_model, "round": self.round_idx}
 
     @classmethod
     def check_config(cls, cfg) -> None:
