@@ -25,6 +25,9 @@ REPO = Path(__file__).resolve().parents[1]
 # The FedALA paper's comparison beyond the main group's FedAvg, FedProx, FedALA, Local, FedProx+ALA.
 BASELINES = ["FedAvg-C", "FedProx-C", "Per-FedAvg", "FedRep", "pFedMe", "Ditto", "FedAMP", "FedPHP", "FedFomo",
              "APPLE", "PartialFed"]
+# Settings the FedALA paper fixes for its comparison: FedFomo downloads M = 20 models per round (APPLE
+# downloads all N = 20 clients' cores here by construction).
+PAPER_FLAGS = {"FedFomo": ["-M", "20"]}
 ALA_PLUGINS = ["Per-FedAvg", "FedRep", "pFedMe", "Ditto", "FedAMP", "FedPHP", "PartialFed"]
 SOURCES = {"MNIST": "mnist.npz", "FashionMNIST": "fmnist.npz", "Cifar10": "cifar10_partial.npz"}
 
@@ -54,7 +57,8 @@ def plan(args) -> list[tuple[str, str, str, list[str]]]:
                  for al in args.hetero_alphas for a in ("FedAvg", "FedALA")]
     if "baselines" in args.groups:
         for split in (f"FMNIST_dir0.1{tag}", f"Cifar10_dir0.1{tag}"):
-            runs += [("baselines", split, "repro", ["-algo", a]) for a in ["FedAvg", "FedProx", *BASELINES, "Local"]]
+            runs += [("baselines", split, "repro", ["-algo", a, *PAPER_FLAGS.get(a, [])])
+                     for a in ["FedAvg", "FedProx", *BASELINES, "Local"]]
             runs += [("baselines", split, "repro", ["-algo", a, "-ala"]) for a in ["FedProx"]]
             runs += [("baselines", split, "repro", ["-algo", "FedALA"])]
             runs += [("baselines", split, "repro", ["-algo", a, "-ala"]) for a in ALA_PLUGINS]
