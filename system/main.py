@@ -177,6 +177,7 @@ def parse_config(argv=None) -> Config:
 
 def validate(cfg: Config) -> None:
     checks = [
+        (cfg.num_clients is None or cfg.num_clients >= 1, f"-nc must be >= 1 (got {cfg.num_clients})"),
         (cfg.global_rounds >= 0, "-gr must be >= 0"), (cfg.local_epochs >= 1, "-ls must be >= 1"),
         (cfg.batch_size >= 1, "-lbs must be >= 1"), (cfg.local_learning_rate > 0, "-lr must be > 0"),
         (0 < cfg.join_ratio <= 1, "-jr must be in (0, 1]"), (0 <= cfg.client_drop_rate < 1, "-cdr must be in [0, 1)"),

@@ -53,12 +53,83 @@ def generator_command(name: str) -> str:
     return f"python dataset/{script} --out {name} ..."
 
 
-def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
+FORMAT_VERSION = 1  # the newest split format this library reads
+
+
+def _bad_split(name: str, what: str) -> FLError:
+    return FLError(f"split '{name}': {what}; regenerate it: {generator_command(name)}")
+
+
+def read_config(name: str, d: Path) -> tuple[dict, bytes]:
+    """``config.json`` of a split, its schema checked: every key this library reads, with its type."""
+    raw = (d / "config.json").read_bytes()
+    try:
+        config = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _bad_split(name, f"config.json is not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise _bad_split(name, "config.json does not hold a JSON object")
+
+    def need(key, ok, what):
+        if key not in config:
+            raise _bad_split(name, f"config.json lacks the key '{key}'")
+        if not ok(config[key]):
+            raise _bad_split(name, f"config.json key '{key}' must be {what} (got {config[key]!r})")
+
+    def pos_int(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+    need("num_clients", pos_int, "an integer >= 1")
+    need("num_classes", pos_int, "an integer >= 1")
+    need("input_shape", lambda v: isinstance(v, list) and v and all(pos_int(e) for e in v),
+         "a list of positive integers")
+    n = config["num_clients"]
+    for key in ("train_samples", "test_samples"):
+        if key in config:
+            need(key, lambda v: isinstance(v, list) and len(v) == n and all(isinstance(e, int) and e >= 0 for e in v),
+                 f"a list of {n} sample counts")
+    if "format_version" in config:
+        need("format_version", lambda v: isinstance(v, int) and 1 <= v <= FORMAT_VERSION,
+             f"a format this library reads (1..{FORMAT_VERSION})")
+    if config.get("normalize") is not None:
+        c = config["input_shape"][0]
+        need("normalize", lambda v: isinstance(v, dict) and all(
+            isinstance(v.get(k), list) and len(v[k]) in (1, c) and all(isinstance(e, (int, float)) for e in v[k])
+            for k in ("mean", "std")) and all(e > 0 for e in v["std"]),
+             f"{{'mean': [...], 'std': [...]}} with 1 or {c} entries each, std > 0")
+    return config, raw
+
+
+def _read_npz(name: str, path: Path, config: dict, part: str, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """One client file, opened without unpickling and checked against the config: any read error is a
+    corrupt file; x's dtype and shape, y's labels and the sample count must be what the config says."""
+    def bad(what):
+        return _bad_split(name, f"client file {path} {what}")
+
     try:
         with np.load(path, allow_pickle=False) as f:
-            return f["x"], f["y"]
-    except (OSError, KeyError, ValueError) as e:
-        raise FLError(f"corrupt client file {path} ({e}); regenerate the split with its generator") from None
+            x, y = f["x"], f["y"]
+    except FileNotFoundError:
+        raise bad("is missing") from None
+    except Exception as e:  # noqa: BLE001 -- truncated zip, empty file, pickled object, missing key: all corrupt
+        raise _bad_split(name, f"corrupt client file {path} ({type(e).__name__}: {e})") from None
+    shape = tuple(config["input_shape"])
+    if x.dtype != np.uint8 and not np.issubdtype(x.dtype, np.floating):
+        raise bad(f"holds x of dtype {x.dtype}; expected uint8 pixels or float vectors")
+    if x.shape[1:] != shape:
+        raise bad(f"holds x of shape {x.shape}; the config's input_shape is {list(shape)}")
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise bad(f"holds y of shape {y.shape} and dtype {y.dtype}; expected a 1-d integer array")
+    if len(x) != len(y):
+        raise bad(f"holds {len(x)} inputs but {len(y)} labels")
+    if len(y) and (y.min() < 0 or y.max() >= config["num_classes"]):
+        raise bad(f"holds labels in [{y.min()}, {y.max()}]; the config has {config['num_classes']} classes")
+    counts = config.get(f"{part}_samples")
+    if counts is not None and counts[i] != len(y):
+        raise bad(f"holds {len(y)} samples; the config's {part}_samples says {counts[i]}")
+    if part == "train" and not len(y):
+        raise bad("holds no training samples")
+    return x, y
 
 
 def _to_tensor(x: np.ndarray, norm: dict | None, device) -> torch.Tensor:
@@ -77,24 +148,27 @@ def _to_tensor(x: np.ndarray, norm: dict | None, device) -> torch.Tensor:
 
 def load_split(name: str, root: Path | str = DATASET_ROOT, num_clients: int | None = None,
                device="cpu") -> FederatedData:
-    """Read every client's train and test arrays once. ``num_clients`` (from ``-nc``) must not exceed the
-    split's client count; when smaller, the first ``num_clients`` clients are used."""
+    """Read every client's train and test arrays once, validated against the split's config (schema,
+    dtypes, shapes, labels, sample counts: one line naming the file and what differs). ``num_clients``
+    (from ``-nc``) must not exceed the split's client count; when smaller, the first ``num_clients``
+    clients are used."""
     d = Path(root) / name
     cfg_path = d / "config.json"
     if not cfg_path.exists():
         raise FLError(f"split '{name}' not found in {Path(root)}; generate it first: {generator_command(name)}")
-    raw = cfg_path.read_bytes()
-    config = json.loads(raw)
-    have = int(config["num_clients"])
+    config, raw = read_config(name, d)
+    have = config["num_clients"]
     n = have if num_clients is None else int(num_clients)
+    if n < 1:
+        raise FLError(f"-nc must be >= 1 (got {n})")
     if n > have:
         raise FLError(f"-nc {n} asks for more clients than split '{name}' has ({have}); "
                       f"use -nc {have} or regenerate with --num-clients {n}")
     norm = config.get("normalize")
     clients = []
     for i in range(n):
-        xtr, ytr = _read_npz(d / "train" / f"{i}.npz")
-        xte, yte = _read_npz(d / "test" / f"{i}.npz")
+        xtr, ytr = _read_npz(name, d / "train" / f"{i}.npz", config, "train", i)
+        xte, yte = _read_npz(name, d / "test" / f"{i}.npz", config, "test", i)
         clients.append(ClientData(_to_tensor(xtr, norm, device), torch.from_numpy(ytr).long().to(device),
                                   _to_tensor(xte, norm, device), torch.from_numpy(yte).long().to(device)))
     return FederatedData(name, config, hashlib.sha256(raw).hexdigest()[:16], clients)

@@ -1,0 +1,145 @@
+"""A split is validated when it is loaded: every bad config or client file ends the run before training with
+exit code 2 and one line naming the file (or key) and what differs; nothing else is printed to stderr."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import main
+from conftest import cli
+
+
+@pytest.fixture
+def split(digits_tiny_root, tmp_path):
+    """A private copy of the tiny Digits split to damage."""
+    root = tmp_path / "data"
+    shutil.copytree(digits_tiny_root / "Digits", root / "Digits")
+    return root
+
+
+def config_of(root):
+    return json.loads((root / "Digits" / "config.json").read_text())
+
+
+def write_config(root, cfg):
+    (root / "Digits" / "config.json").write_text(json.dumps(cfg))
+
+
+def rewrite(root, part, i, **arrays):
+    path = root / "Digits" / part / f"{i}.npz"
+    with np.load(path) as f:
+        data = {"x": f["x"], "y": f["y"]}
+    data.update(arrays)
+    np.savez(path, **data)
+
+
+def refused(root, tmp_path, capsys, *flags):
+    code = main.main(cli(root, tmp_path / "out", "-gr", "1", "--executor", "sequential", *flags))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, err
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert not list((tmp_path / "out").glob("*.h5")) if (tmp_path / "out").exists() else True
+    return err[0]
+
+
+def test_valid_split_loads(split, tmp_path, capsys):
+    assert main.main(cli(split, tmp_path / "out", "-gr", "1", "--executor", "sequential")) == 0
+
+
+def test_config_not_json(split, tmp_path, capsys):
+    (split / "Digits" / "config.json").write_text('{"num_clients": 5,')
+    assert "config.json is not valid JSON" in refused(split, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("key", ["num_clients", "num_classes", "input_shape"])
+def test_config_lacks_a_key(split, tmp_path, capsys, key):
+    cfg = config_of(split)
+    del cfg[key]
+    write_config(split, cfg)
+    assert f"lacks the key '{key}'" in refused(split, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("key,value", [("num_clients", "5"), ("num_classes", 0), ("input_shape", [1, 8, -8]),
+                                       ("train_samples", [1, 2]), ("format_version", 99),
+                                       ("normalize", {"mean": [0.5], "std": [0.0]})])
+def test_config_key_of_the_wrong_type(split, tmp_path, capsys, key, value):
+    cfg = config_of(split)
+    cfg[key] = value
+    write_config(split, cfg)
+    assert f"key '{key}' must be" in refused(split, tmp_path, capsys)
+
+
+def test_config_with_fewer_classes_than_the_labels(split, tmp_path, capsys):
+    cfg = config_of(split)
+    cfg["num_classes"] = 5
+    write_config(split, cfg)
+    line = refused(split, tmp_path, capsys)
+    assert "0.npz holds labels in [" in line and "the config has 5 classes" in line
+
+
+def test_config_with_a_wrong_input_shape(split, tmp_path, capsys):
+    cfg = config_of(split)
+    cfg["input_shape"] = [3, 8, 8]
+    write_config(split, cfg)
+    assert "the config's input_shape is [3, 8, 8]" in refused(split, tmp_path, capsys)
+
+
+def test_sample_counts_must_match_the_config(split, tmp_path, capsys):
+    cfg = config_of(split)
+    cfg["test_samples"][2] += 1
+    write_config(split, cfg)
+    line = refused(split, tmp_path, capsys)
+    assert "test/2.npz holds" in line and "test_samples says" in line
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty", "garbage"])
+def test_corrupt_client_file(split, tmp_path, capsys, damage):
+    path = split / "Digits" / "train" / "3.npz"
+    blob = path.read_bytes()
+    path.write_bytes({"truncate": blob[: len(blob) // 2], "empty": b"", "garbage": b"\x00" * 100}[damage])
+    line = refused(split, tmp_path, capsys)
+    assert "corrupt client file" in line and "train/3.npz" in line
+
+
+def test_missing_client_file(split, tmp_path, capsys):
+    (split / "Digits" / "test" / "4.npz").unlink()
+    assert "test/4.npz is missing" in refused(split, tmp_path, capsys)
+
+
+def test_pickled_arrays_are_refused_not_unpickled(split, tmp_path, capsys):
+    rewrite(split, "train", 0, y=np.array([object()] * 3, dtype=object))
+    assert "corrupt client file" in refused(split, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("arrays,what", [
+    ({"y": None}, "labels in"),  # filled below: a label beyond the classes
+    ({"x": "float64-wrong-shape"}, "input_shape"),
+    ({"x": "int32"}, "dtype int32"),
+    ({"y": "float"}, "1-d integer array"),
+    ({"y": "short"}, "inputs but"),
+])
+def test_client_arrays_checked(split, tmp_path, capsys, arrays, what):
+    with np.load(split / "Digits" / "train" / "1.npz") as f:
+        x, y = f["x"], f["y"]
+    kind = next(iter(arrays.values()))
+    new = {"x": x, "y": y}
+    if kind is None:
+        new["y"] = y.copy()
+        new["y"][0] = 99
+    elif kind == "float64-wrong-shape":
+        new["x"] = np.zeros((len(y), 64), dtype=np.float64)
+    elif kind == "int32":
+        new["x"] = x.astype(np.int32)
+    elif kind == "float":
+        new["y"] = y.astype(np.float32)
+    elif kind == "short":
+        new["y"] = y[:-1]
+    rewrite(split, "train", 1, **new)
+    line = refused(split, tmp_path, capsys, "-ncl", "10") if kind is None else refused(split, tmp_path, capsys)
+    assert what in line and "train/1.npz" in line
+
+
+@pytest.mark.parametrize("nc", ["0", "-3"])
+def test_non_positive_client_count(split, tmp_path, capsys, nc):
+    assert "-nc must be >= 1" in refused(split, tmp_path, capsys, "-nc", nc)
