@@ -22,7 +22,7 @@ from flcore.registry import ALGORITHMS, get_server_class  # noqa: E402
 from flcore.trainmodel.models import MODELS  # noqa: E402
 from utils.config import Config  # noqa: E402
 from utils.data_utils import DATASET_ROOT, OFFLINE_GENERATORS, load_split  # noqa: E402
-from utils.errors import FLError  # noqa: E402
+from utils.errors import Diverged, FLError, Interrupted  # noqa: E402
 
 
 def base_parser() -> argparse.ArgumentParser:
@@ -276,8 +276,9 @@ def run_all(cfg: Config, data, executor) -> list[Path]:
                           "source_sha256": data.config.get("source_sha256")}}
         recorder = RunRecorder(f"{cfg.dataset}_{label(cfg)}_{cfg.goal}_{r}", meta, out_dir)
         start = time.time()
-        server = server_cls(cfg, data, r, recorder, executor=executor)
-        server.train()
+        with recorder.lock():
+            server = server_cls(cfg, data, r, recorder, executor=executor)
+            train_and_record(cfg, server, recorder)
         best, last = recorder.best_last()
         print(f"run {r}: best acc {best:.4f}, last acc {last:.4f}, {time.time() - start:.1f} s, "
               f"{recorder.h5_path}")
@@ -293,13 +294,53 @@ def run_all(cfg: Config, data, executor) -> list[Path]:
     return paths
 
 
+def train_and_record(cfg: Config, server, recorder) -> None:
+    """``server.train()``, with how it ended recorded in the sidecar's ``status``: finished, diverged (a
+    non-finite loss), failed (another error with a message) or interrupted (Ctrl-C / SIGTERM; the rounds
+    evaluated so far are kept and the message says how to resume)."""
+    try:
+        server.train()
+    except Diverged as e:
+        recorder.finish("diverged", str(e))
+        raise
+    except FLError as e:
+        recorder.finish("failed", str(e))
+        raise
+    except KeyboardInterrupt:
+        recorder.finish("interrupted", f"stopped by a signal in round {server.round_idx}")
+        done = len(recorder.series.get("rs_round", []))
+        resume = ("rerun the same command with --resume to continue from the last checkpoint"
+                  if cfg.checkpoint_every else "add --checkpoint_every N to make a run resumable")
+        raise Interrupted(f"interrupted in round {server.round_idx}; {done} evaluation(s) kept in "
+                          f"{recorder.h5_path}; {resume}") from None
+    recorder.finish("finished")
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM ends a run as Ctrl-C does
     try:
         cfg = parse_config(argv)
         run(cfg)
     except FLError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 130 if isinstance(e, Interrupted) else 2
+    except KeyboardInterrupt:  # before any run started
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except RuntimeError as e:
+        if type(e).__name__ != "OutOfMemoryError":
+            raise
+        print(f"error: out of GPU memory ({str(e).splitlines()[0]}); try --client_state cpu (only a round's "
+              f"clients stay on the GPU), a smaller -lbs or --eval_batch_size, or --amp bf16", file=sys.stderr)
         return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 

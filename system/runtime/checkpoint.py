@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextvars
 import io
-import os
 import pickle
 import types
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 
 from utils.errors import FLError
+from utils.results import atomic_write
 
 FORMAT = 1
 RUN_ONLY = {"executor", "device", "device_id", "workers", "gpus_per_worker", "ray_address", "max_restarts",
@@ -189,9 +189,7 @@ def save(server, round_idx: int) -> None:
         server.restart_point = ckpt
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(ckpt, tmp)
-    os.replace(tmp, path)
+    atomic_write([(path, lambda tmp: torch.save(ckpt, tmp))])
     server.restart_point = path
 
 

@@ -53,6 +53,7 @@ def _portable(exc: BaseException) -> BaseException:
 def _serve(conn, others, factory, cids, datas, parking, total) -> None:
     """A worker's life: build its clients, then answer requests until told to stop or the pipe closes."""
     _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server ends us
     for c in others:  # other workers' pipe ends, inherited by the fork: not ours to keep open
         c.close()
     torch.set_num_threads(1)

@@ -2,6 +2,7 @@
 after every evaluation so a crash or a NaN loss never loses what was already measured."""
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import time
@@ -10,15 +11,37 @@ from pathlib import Path
 import numpy as np
 
 from utils.data_utils import REPO_ROOT
+from utils.errors import FLError
 
 RESULTS_DIR = REPO_ROOT / "results"
 __version__ = "0.1.0"
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
+def atomic_write(writes: list[tuple[Path, object]]) -> None:
+    """Write each (path, write(tmp_path)) to a temporary file first, then rename them all into place: a
+    failed write (a full disk) leaves every previous complete file as it was and no temporary file behind,
+    and the files of one save (an h5 and its sidecar) are replaced together."""
+    tmps = [path.with_name(path.name + ".tmp") for path, _ in writes]
+    try:
+        for tmp, (_, write) in zip(tmps, writes):
+            write(tmp)
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        raise FLError(f"could not write {writes[0][0]} ({why}); the previous complete file is kept") from None
+    for tmp, (path, _) in zip(tmps, writes):
+        os.replace(tmp, path)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class RunRecorder:
@@ -30,8 +53,9 @@ class RunRecorder:
     (e.g. Ditto's global-model accuracy). Add-ons measured on their own rounds (``add_series``) carry their
     own index: ``rs_dlg_round`` with ``rs_dlg_psnr``, ``rs_dlg_ssim``, ``rs_dlg_label_acc``, ... for ``-dlg``;
     ``-dp`` adds ``rs_dp_epsilon_max`` / ``_mean`` and ``rs_dp_client_epsilon`` to every evaluation. The
-    JSON sidecar holds the config, seeds, split hash, library version, machine and the wall time of every
-    round."""
+    JSON sidecar holds the config, seeds, split hash, library version, machine, the wall time of every
+    round and the run's ``status``: running (while it runs), finished, diverged (a non-finite loss),
+    interrupted (Ctrl-C or SIGTERM) or failed, with ``status_reason``."""
 
     def __init__(self, stem: str, meta: dict, out_dir: Path | str = RESULTS_DIR):
         self.out_dir = Path(out_dir)
@@ -40,6 +64,40 @@ class RunRecorder:
         self.series: dict[str, list] = {}
         self.round_time: list[float] = []
         self.started = time.time()
+        self.status, self.status_reason = "running", None  # finished / diverged / interrupted / failed
+
+    @contextlib.contextmanager
+    def lock(self):
+        """Hold ``<stem>.lock`` while the run writes: a second run writing the same result name at the same
+        time is refused with one line instead of overwriting it (a lock left by a killed run is taken over)."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / f"{self.stem}.lock"
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                break
+            except FileExistsError:
+                try:
+                    pid = int(path.read_text() or 0)
+                except (OSError, ValueError):
+                    pid = 0
+                if pid and pid != os.getpid() and _pid_alive(pid):
+                    raise FLError(f"another run (pid {pid}) is writing {self.h5_path} now; wait for it or "
+                                  f"choose another -go") from None
+                path.unlink(missing_ok=True)  # stale: its run is gone
+        else:
+            raise FLError(f"could not take the lock {path}; remove it if no run is writing there")
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        try:
+            yield self
+        finally:
+            path.unlink(missing_ok=True)
+
+    def finish(self, status: str, reason: str | None = None) -> None:
+        """Record how the run ended in the sidecar (and write the files once more)."""
+        self.status, self.status_reason = status, reason
+        self.save()
 
     @property
     def h5_path(self) -> Path:
@@ -92,9 +150,10 @@ class RunRecorder:
                             "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
                 "round_time_s": self.round_time, "wall_time_s": time.time() - self.started,
                 "best_test_acc": best, "last_test_acc": last,
-                "evaluations": len(self.series.get("rs_round", []))}
-        _atomic_write(self.h5_path, write_h5)
-        _atomic_write(self.json_path, lambda tmp: tmp.write_text(ujson.dumps(meta, indent=1)))
+                "evaluations": len(self.series.get("rs_round", [])),
+                "status": self.status, "status_reason": self.status_reason}
+        atomic_write([(self.h5_path, write_h5),
+                      (self.json_path, lambda tmp: tmp.write_text(ujson.dumps(meta, indent=1)))])
 
 
 def read_h5(path: Path | str) -> dict[str, np.ndarray]:

@@ -24,7 +24,7 @@ from runtime.checkpoint import pack_state, unpack_state
 from utils.amp import autocast, make_scaler
 from utils.batching import batch_bounds, batches_of, has_batch_norm
 from utils.data_utils import ClientData
-from utils.errors import FLError
+from utils.errors import Diverged
 from utils.metrics import auc_ovr, predict
 from utils.seeding import torch_gen
 
@@ -241,7 +241,7 @@ class Client:
             steps += 1
         mean = float(total) / max(steps, 1)
         if not torch.isfinite(total):
-            raise FLError(f"client {self.id}: training loss became {mean}; lower -lr (now "
+            raise Diverged(f"client {self.id}: training loss became {mean}; lower -lr (now "
                           f"{self.cfg.local_learning_rate}) or check the data")
         return mean
 

@@ -5,7 +5,7 @@ import copy
 import torch
 
 from flcore.clients.clientbase import Client, copy_state
-from utils.errors import FLError
+from utils.errors import Diverged
 
 
 class PFedMeClient(Client):
@@ -42,7 +42,7 @@ class PFedMeClient(Client):
             total += loss.detach()
             steps += 1
         if not torch.isfinite(total):
-            raise FLError(f"client {self.id}: pFedMe loss became {float(total)}; lower -lrp "
+            raise Diverged(f"client {self.id}: pFedMe loss became {float(total)}; lower -lrp "
                           f"({self.cfg.p_learning_rate}) or -lr ({self.cfg.local_learning_rate})")
         with torch.no_grad():  # BatchNorm statistics are only tracked by θ; w carries them to the server
             for (_, b), (_, bt) in zip(self.model.named_buffers(), self.theta.named_buffers()):

@@ -184,9 +184,10 @@ class Server:
 
     def record(self, summary: dict) -> None:
         dp = f" | DP epsilon max {summary['dp_epsilon_max']:.3f}" if "dp_epsilon_max" in summary else ""
+        loss = "" if self.cfg.train_loss_eval == "off" else f" | train loss {summary['train_loss']:.4f}"
         tqdm.write(f"round {self.round_idx:4d} | acc {summary['test_acc']:.4f} "
                    f"(clients {summary['test_acc_mean']:.4f} ± {summary['test_acc_std']:.4f}) | "
-                   f"auc {summary['test_auc']:.4f} | train loss {summary['train_loss']:.4f}{dp}")
+                   f"auc {summary['test_auc']:.4f}{loss}{dp}")
         if self.recorder is not None:
             self.recorder.add(self.round_idx, summary)
             self.recorder.save()
@@ -236,14 +237,17 @@ class Server:
                 first = checkpoint.recover(self, e)
 
     def run_rounds(self, first: int) -> None:
-        """Rounds ``first`` .. ``-gr``-1, then the final evaluation."""
+        """Rounds ``first`` .. ``-gr``-1, then the final evaluation (of round ``-gr``, or of the round
+        ``-ab`` stopped before; ``-gr 0`` evaluates the initial model as round 0)."""
         cfg = self.cfg
+        done = first
         for t in tqdm(range(first, cfg.global_rounds), desc=f"{cfg.algorithm} run {self.run}", leave=False,
                       disable=not cfg.progress, initial=first, total=cfg.global_rounds):
             if self.should_stop():  # checked before a round, so a resumed run stops where it stopped
                 break
             self.run_round(t)
-        self.final_evaluation()
+            done = t + 1
+        self.final_evaluation(done)
 
     def run_round(self, t: int) -> None:
         """Round ``t``: broadcast, evaluation every ``-eg`` rounds, local training, upload, aggregation,
@@ -269,12 +273,12 @@ class Server:
         if cfg.checkpoint_every and ((t + 1) % cfg.checkpoint_every == 0 or t + 1 == cfg.global_rounds):
             checkpoint.save(self, t)
 
-    def final_evaluation(self) -> None:
+    def final_evaluation(self, round_idx: int) -> None:
         """After the last round, the final global model is evaluated by the rule of every other evaluation:
         as the first half of one more round (selection, broadcast, evaluation), without training. With
         ``-jr`` < 1 the selected clients initialise from it (ALA) and the others are evaluated on their own
         current model, as in every round (``--ala_clients all``: every client runs ALA, as in PFLlib)."""
-        self.round_idx += 1
+        self.round_idx = round_idx
         self.selected = self.select_clients()
         self.send_models(self.selected)
         self.record(self.evaluate())
