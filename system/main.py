@@ -25,9 +25,16 @@ from utils.data_utils import DATASET_ROOT, OFFLINE_GENERATORS, load_split  # noq
 from utils.errors import Diverged, FLError, Interrupted  # noqa: E402
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A bad flag is one line on stderr (exit code 2), not the whole usage text."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (python system/main.py -h lists the flags)\n")
+
+
 def base_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Personalized federated learning experiments.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = OneLineParser(description="Personalized federated learning experiments.",
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
     a("-go", "--goal", default="test", help="free tag, part of the result file name")
     a("-dev", "--device", default="auto", choices=["auto", "cpu", "cuda"],
@@ -178,7 +185,8 @@ def parse_config(argv=None) -> Config:
 def validate(cfg: Config) -> None:
     checks = [
         (cfg.num_clients is None or cfg.num_clients >= 1, f"-nc must be >= 1 (got {cfg.num_clients})"),
-        (cfg.global_rounds >= 0, "-gr must be >= 0"), (cfg.local_epochs >= 1, "-ls must be >= 1"),
+        (cfg.global_rounds >= 0, "-gr must be >= 0"), (cfg.eval_batch_size >= 1, "--eval_batch_size must be >= 1"),
+        (cfg.num_classes is None or cfg.num_classes >= 1, "-ncl must be >= 1"), (cfg.top_cnt >= 0, "-tc must be >= 0"), (cfg.local_epochs >= 1, "-ls must be >= 1"),
         (cfg.batch_size >= 1, "-lbs must be >= 1"), (cfg.local_learning_rate > 0, "-lr must be > 0"),
         (0 < cfg.join_ratio <= 1, "-jr must be in (0, 1]"), (0 <= cfg.client_drop_rate < 1, "-cdr must be in [0, 1)"),
         (cfg.eval_gap >= 1, "-eg must be >= 1"), (cfg.times > cfg.prev >= 0, "need 0 <= -pv < -t"),
@@ -333,11 +341,15 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # before any run started
         print("error: interrupted", file=sys.stderr)
         return 130
-    except RuntimeError as e:
-        if type(e).__name__ != "OutOfMemoryError":
+    except (RuntimeError, MemoryError) as e:
+        if type(e).__name__ == "OutOfMemoryError":
+            print(f"error: out of GPU memory ({str(e).splitlines()[0]}); try --client_state cpu (only a round's "
+                  f"clients stay on the GPU), a smaller -lbs or --eval_batch_size, or --amp bf16", file=sys.stderr)
+        elif isinstance(e, MemoryError) or "can't allocate memory" in str(e):
+            print("error: out of memory; check the split's num_classes / input_shape and the model size, or try "
+                  "--client_state cpu or disk (only a round's clients stay in memory)", file=sys.stderr)
+        else:
             raise
-        print(f"error: out of GPU memory ({str(e).splitlines()[0]}); try --client_state cpu (only a round's "
-              f"clients stay on the GPU), a smaller -lbs or --eval_batch_size, or --amp bf16", file=sys.stderr)
         return 2
     finally:
         signal.signal(signal.SIGTERM, previous)

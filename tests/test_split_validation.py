@@ -74,6 +74,9 @@ def test_config_with_fewer_classes_than_the_labels(split, tmp_path, capsys):
     cfg = config_of(split)
     cfg["num_classes"] = 5
     write_config(split, cfg)
+    assert "'label_counts' must be 5 rows of 5 per-class counts" in refused(split, tmp_path, capsys)
+    del cfg["label_counts"]  # without the counts, the labels themselves are checked
+    write_config(split, cfg)
     line = refused(split, tmp_path, capsys)
     assert "0.npz holds labels in [" in line and "the config has 5 classes" in line
 

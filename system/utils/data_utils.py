@@ -74,7 +74,8 @@ def read_config(name: str, d: Path) -> tuple[dict, bytes]:
         if key not in config:
             raise _bad_split(name, f"config.json lacks the key '{key}'")
         if not ok(config[key]):
-            raise _bad_split(name, f"config.json key '{key}' must be {what} (got {config[key]!r})")
+            got = repr(config[key])
+            raise _bad_split(name, f"config.json key '{key}' must be {what} (got {got[:60]}{'...' if len(got) > 60 else ''})")
 
     def pos_int(v):
         return isinstance(v, int) and not isinstance(v, bool) and v >= 1
@@ -88,6 +89,10 @@ def read_config(name: str, d: Path) -> tuple[dict, bytes]:
         if key in config:
             need(key, lambda v: isinstance(v, list) and len(v) == n and all(isinstance(e, int) and e >= 0 for e in v),
                  f"a list of {n} sample counts")
+    if "label_counts" in config:
+        k = config["num_classes"]
+        need("label_counts", lambda v: isinstance(v, list) and len(v) == n and all(
+            isinstance(r, list) and len(r) == k for r in v), f"{n} rows of {k} per-class counts (num_classes)")
     if "format_version" in config:
         need("format_version", lambda v: isinstance(v, int) and 1 <= v <= FORMAT_VERSION,
              f"a format this library reads (1..{FORMAT_VERSION})")
