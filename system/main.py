@@ -321,6 +321,9 @@ def train_and_record(cfg: Config, server, recorder) -> None:
                   if cfg.checkpoint_every else "add --checkpoint_every N to make a run resumable")
         raise Interrupted(f"interrupted in round {server.round_idx}; {done} evaluation(s) kept in "
                           f"{recorder.h5_path}; {resume}") from None
+    except Exception as e:
+        recorder.finish("failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        raise
     recorder.finish("finished")
 
 

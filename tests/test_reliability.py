@@ -165,3 +165,19 @@ def test_a_second_run_on_the_same_result_name_is_refused(digits_tiny_root, tmp_p
     # its holder gone, the lock is stale and taken over
     assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", "--executor", "sequential")) == 0
     assert sidecar(tmp_path)["status"] == "finished" and not (tmp_path / f"{STEM}.lock").exists()
+
+
+def test_out_of_gpu_memory_is_one_line(digits_tiny_root, tmp_path, capsys, monkeypatch):
+    import torch
+
+    from flcore.servers.serveravg import FedAvgServer
+
+    def oom(self, round_idx):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(FedAvgServer, "run_round", oom)
+    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "2", "--executor", "sequential")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "out of GPU memory" in err[0] and "--client_state cpu" in err[0], err
+    meta = json.loads((tmp_path / f"{STEM}.json").read_text())
+    assert meta["status"] == "failed" and "OutOfMemoryError" in meta["status_reason"]
