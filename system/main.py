@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -327,14 +328,15 @@ def train_and_record(cfg: Config, server, recorder) -> None:
     recorder.finish("finished")
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main(argv=None) -> int:
     import signal
 
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM ends a run as Ctrl-C does
+    from utils.results import interrupt
+
+    # SIGTERM ends a run as Ctrl-C does; neither interrupts the writing of a result file.
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # handlers can only be set there
+        previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         cfg = parse_config(argv)
         run(cfg)
@@ -355,7 +357,8 @@ def main(argv=None) -> int:
             raise
         return 2
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
 
 

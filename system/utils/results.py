@@ -17,21 +17,42 @@ RESULTS_DIR = REPO_ROOT / "results"
 __version__ = "0.1.0"
 
 
+_writing = {"now": False, "interrupted": False}
+
+
+def interrupt(signum, frame) -> None:
+    """Signal handler for Ctrl-C and SIGTERM (main.py installs it): a KeyboardInterrupt, held back while
+    result files are being written so that a signal never leaves a half-written file open."""
+    if _writing["now"]:
+        _writing["interrupted"] = True
+    else:
+        raise KeyboardInterrupt
+
+
 def atomic_write(writes: list[tuple[Path, object]]) -> None:
     """Write each (path, write(tmp_path)) to a temporary file first, then rename them all into place: a
     failed write (a full disk) leaves every previous complete file as it was and no temporary file behind,
-    and the files of one save (an h5 and its sidecar) are replaced together."""
+    and the files of one save (an h5 and its sidecar) are replaced together. A signal that arrives
+    meanwhile takes effect once the files are in place."""
     tmps = [path.with_name(path.name + ".tmp") for path, _ in writes]
+    outer = _writing["now"]
+    _writing["now"] = True
     try:
-        for tmp, (_, write) in zip(tmps, writes):
-            write(tmp)
-    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
-        for tmp in tmps:
-            tmp.unlink(missing_ok=True)
-        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
-        raise FLError(f"could not write {writes[0][0]} ({why}); the previous complete file is kept") from None
-    for tmp, (path, _) in zip(tmps, writes):
-        os.replace(tmp, path)
+        try:
+            for tmp, (_, write) in zip(tmps, writes):
+                write(tmp)
+        except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
+            for tmp in tmps:
+                tmp.unlink(missing_ok=True)
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+            raise FLError(f"could not write {writes[0][0]} ({why}); the previous complete file is kept") from None
+        for tmp, (path, _) in zip(tmps, writes):
+            os.replace(tmp, path)
+    finally:
+        _writing["now"] = outer
+    if not outer and _writing["interrupted"]:
+        _writing["interrupted"] = False
+        raise KeyboardInterrupt
 
 
 def _pid_alive(pid: int) -> bool:
