@@ -26,8 +26,35 @@ from utils.data_utils import DATASET_ROOT, OFFLINE_GENERATORS, load_split  # noq
 from utils.errors import Diverged, FLError, Interrupted  # noqa: E402
 
 
+def parse_bool(text: str) -> bool:
+    """A boolean flag's explicit value, as PFLlib's scripts pass them (``-ld True``): true/false/1/0/yes/no/on/off."""
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false/1/0, got '{text}'")
+
+
+class BoolFlag(argparse.Action):
+    """A switch that also takes an explicit value: ``-ld`` and ``-ld True`` turn it on, ``-ld false`` off.
+    Registered as the parser's ``store_true``, so every algorithm's switches behave alike."""
+
+    def __init__(self, option_strings, dest, default=False, required=False, help=None):
+        super().__init__(option_strings, dest, nargs="?", const=True, default=default, type=parse_bool,
+                         required=required, help=help, metavar="BOOL")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """A bad flag is one line on stderr (exit code 2), not the whole usage text."""
+    """A bad flag is one line on stderr (exit code 2), not the whole usage text. Long flags are never
+    abbreviated, and ``store_true`` switches accept an explicit value (``BoolFlag``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+        self.register("action", "store_true", BoolFlag)
 
     def error(self, message):
         self.exit(2, f"error: {message} (python system/main.py -h lists the flags)\n")

@@ -47,7 +47,16 @@ def test_bad_flag_values(digits_root, tmp_path, capsys):
     assert main.main(cli(digits_root, tmp_path, "-jr", "1.5")) == 2
     assert "-jr" in error_line(capsys)
     with pytest.raises(SystemExit):
-        main.main(cli(digits_root, tmp_path, "-ld", "False"))  # a real boolean: takes no value
+        main.main(cli(digits_root, tmp_path, "-ld", "maybe"))  # a boolean takes true/false/1/0 or no value
+    assert "expected true/false/1/0, got 'maybe'" in error_line(capsys)
+
+
+@pytest.mark.parametrize("given,value", [((), False), (("-ld",), True), (("-ld", "True"), True),
+                                         (("-ld", "false"), False), (("-ld", "1"), True), (("-ld", "0"), False),
+                                         (("-ld", "-ls", "2"), True)])
+def test_boolean_flags_take_an_optional_value(digits_root, tmp_path, given, value):
+    cfg = main.parse_config(cli(digits_root, tmp_path, *given))
+    assert cfg.learning_rate_decay is value
 
 
 def test_nan_loss_stops_and_keeps_results(digits_root, tmp_path, capsys):
