@@ -103,7 +103,9 @@ def base_parser() -> argparse.ArgumentParser:
            "seeded sample of --train_loss_fraction of each client's data, or not at all")
     a("--train_loss_fraction", type=float, default=0.1,
       help="share of each client's training samples in the sampled train loss (drawn once per run)")
-    a("-sfn", "--save_folder_name", default="", help="if set, save the final global model's state here")
+    a("-sfn", "--save_folder_name", default="",
+      help="if set, save the final global model's state there: a relative name is a folder under the results "
+           "folder (never the working directory), an absolute path is taken as is")
     a("-ab", "--auto_break", action="store_true", help="stop when the best accuracy is -tc evaluations old")
     a("-tc", "--top_cnt", type=int, default=100)
     a("--seed", type=int, default=0, help="run i uses seed + i for every random stream")
@@ -319,7 +321,7 @@ def run_all(cfg: Config, data, executor) -> list[Path]:
         print(f"run {r}: best acc {best:.4f}, last acc {last:.4f}, {time.time() - start:.1f} s, "
               f"{recorder.h5_path}")
         if cfg.save_folder_name:
-            folder = Path(cfg.save_folder_name)
+            folder = out_dir / cfg.save_folder_name  # an absolute path replaces out_dir
             folder.mkdir(parents=True, exist_ok=True)
             torch.save(server.global_model.state_dict(), folder / f"{recorder.stem}_server.pt")
         paths.append(recorder.h5_path)

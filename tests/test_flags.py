@@ -183,3 +183,11 @@ def test_bncnn_running_statistics_are_sample_weighted(digits_noniid_root, monkey
         batches = np.array([int(u[2][k]) for u in uploads])
         assert batches.tolist() == [math.ceil(m / 20) for m in n]
         assert int(glob[k]) == round(float((n * batches).sum() / n.sum()))
+
+
+def test_relative_save_folder_goes_under_the_results_folder(digits_tiny_root, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main.main(cli(digits_tiny_root, tmp_path / "res", "-gr", "1", "--executor", "sequential",
+                         "-sfn", "items")) == 0
+    assert (tmp_path / "res" / "items" / "Digits_FedAvg_test_0_server.pt").exists()
+    assert not (tmp_path / "items").exists()  # nothing written relative to the working directory
