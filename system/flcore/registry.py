@@ -21,6 +21,9 @@ ALGORITHMS = {
     "FedFomo": "flcore.servers.serverfomo:FedFomoServer",
     "APPLE": "flcore.servers.serverapple:APPLEServer",
     "PartialFed": "flcore.servers.serverpartial:PartialFedServer",
+    "MOON": "flcore.servers.servermoon:MOONServer",
+    "FedGen": "flcore.servers.servergen:FedGenServer",
+    "FedCross": "flcore.servers.servercross:FedCrossServer",
 }
 
 
