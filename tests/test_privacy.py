@@ -281,3 +281,13 @@ def test_dlg_needs_images(tmp_path, capsys):
     assert not list((tmp_path / "o").glob("*.h5"))  # refused before any round ran
     assert main.main(flags[:-1]) == 0  # the same run without -dlg is fine
     assert len(read_h5(tmp_path / "o" / "Synthetic_FedAvg_test_0.h5")["rs_test_acc"]) == 2
+
+
+def test_privatize_handles_scalar_parameters():
+    """A 0-d parameter (APFL's alpha could be one) has per-sample gradients of shape (B,): its entries count
+    in each sample's norm like any other coordinate."""
+    grads = {"alpha": torch.tensor([3.0, 0.0]), "w": torch.tensor([[4.0, 0.0], [0.0, 0.5]])}
+    out = privacy.privatize(grads, 1.0, 0.0, torch.Generator().manual_seed(0))
+    # sample 0: norm 5 -> scaled by 1/5; sample 1: norm 0.5 -> kept; then the mean over the batch
+    assert torch.allclose(out["alpha"], torch.tensor((3.0 / 5 + 0.0) / 2), atol=1e-5)
+    assert torch.allclose(out["w"], torch.tensor([4.0 / 5 / 2, 0.5 / 2]), atol=1e-5)

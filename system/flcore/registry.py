@@ -21,10 +21,31 @@ ALGORITHMS = {
     "FedFomo": "flcore.servers.serverfomo:FedFomoServer",
     "APPLE": "flcore.servers.serverapple:APPLEServer",
     "PartialFed": "flcore.servers.serverpartial:PartialFedServer",
+    "FedDyn": "flcore.servers.serverdyn:FedDynServer",
+    "FedLC": "flcore.servers.serverlc:FedLCServer",
+    "FedNTD": "flcore.servers.serverntd:FedNTDServer",
     "MOON": "flcore.servers.servermoon:MOONServer",
     "FedGen": "flcore.servers.servergen:FedGenServer",
+    "FedBN": "flcore.servers.serverbn:FedBNServer",
+    "APFL": "flcore.servers.serverapfl:APFLServer",
+    "FedMTL": "flcore.servers.servermtl:FedMTLServer",
     "FedCross": "flcore.servers.servercross:FedCrossServer",
 }
+
+
+# PFLlib's -algo spellings that differ from the names above.
+ALIASES = {"PerAvg": "Per-FedAvg", "FedROD": "FedRoD", "FedAvgC": "FedAvg-C", "FedProxC": "FedProx-C"}
+
+
+def canonical_name(name: str) -> str:
+    """The registered name for ``name``: itself, a PFLlib alias, or a registered name or alias that differs
+    only in case; unknown names come back unchanged (the caller reports them)."""
+    if name in ALGORITHMS:
+        return name
+    if name in ALIASES:
+        return ALIASES[name]
+    folded = {k.lower(): k for k in ALGORITHMS} | {k.lower(): v for k, v in ALIASES.items()}
+    return folded.get(name.lower(), name)
 
 
 def get_server_class(name: str):

@@ -70,7 +70,7 @@ def privatize(grads: dict[str, torch.Tensor], clip: float, sigma: float,
     """DP-SGD's release from per-sample gradients (first dim = batch): clip each sample's whole gradient
     to L2 norm ``clip``, sum, add N(0, (sigma * clip)^2) per coordinate, divide by the batch size."""
     b = next(iter(grads.values())).shape[0]
-    norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads.values()))
+    norms = torch.sqrt(sum(g.reshape(len(g), -1).pow(2).sum(1) for g in grads.values()))
     factor = (clip / (norms + 1e-6)).clamp(max=1.0)
     out = {}
     for n, g in grads.items():

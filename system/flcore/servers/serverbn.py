@@ -1,0 +1,59 @@
+"""FedBN: Federated Learning on Non-IID Features via Local Batch Normalization.
+Li, Jiang, Zhang, Kamp, Dou. ICLR 2021. https://arxiv.org/abs/2102.07623
+Official code: https://github.com/med-air/FedBN
+
+Relative to FedAvg this changes what is shared: every BatchNorm layer stays on its client, its affine
+parameters (γ, β) and its running statistics (mean, variance, batch count) alike. Everything else is
+FedAvg's sample-weighted mean (Algorithm 1 of the paper):
+
+    w^{t+1}_l = Σ_i (n_i / Σ_j n_j) w^t_{i,l}  for every non-BatchNorm entry l;  BatchNorm entries of client i
+    stay client i's.
+
+Clients are evaluated on their own models (their BatchNorm layers under the shared rest). BatchNorm
+layers are found by module type (``torch.nn.modules.batchnorm._BatchNorm``), not by the substring
+'bn' in a name, which misses torchvision's ``downsample.1`` (PFLlib's filter, so PFLlib's FedBN on
+ResNet-18 averages those). PFLlib keeps BatchNorm statistics local for *every* algorithm (it averages and
+sends parameters only); here every other algorithm averages them (``--bn_stats shared``, the default)
+and FedBN keeps the whole layer local whatever ``--bn_stats`` says.
+
+The model needs BatchNorm: ``-m BNCNN`` (the 4-layer CNN with BatchNorm after each convolution) or
+``-m ResNet18``; ``-m auto`` picks ``BNCNN`` for images. On a model without BatchNorm FedBN would be
+FedAvg, so it stops with an error instead. With ``-ala`` ALA initialises the shared entries from the
+global model (its ``-p`` top layers blended), the BatchNorm layers staying the client's.
+``-dp`` is refused: DP-SGD needs per-sample gradients, which BatchNorm does not have.
+
+Flags: none of its own (PFLlib: none).
+"""
+from flcore.clients.clientbn import FedBNClient, bn_prefixes
+from flcore.servers.serverbase import Server
+from flcore.trainmodel.models import build_model
+from utils.aggregate import weighted_average
+from utils.errors import FLError
+
+
+class FedBNServer(Server):
+    client_class = FedBNClient
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        super().check_config(cfg)
+        if cfg.privacy:
+            raise FLError("-dp needs per-sample gradients, which FedBN's BatchNorm layers do not have; drop -dp "
+                          "(or use a DP-compatible algorithm on -m CNN)")
+
+    def build_model(self):
+        if self.cfg.model == "auto" and len(self.data.input_shape) == 3:
+            model = build_model("BNCNN", self.data.input_shape, self.data.num_classes, self.cfg.feature_dim)
+        else:
+            model = super().build_model()
+        if not bn_prefixes(model):
+            raise FLError(f"FedBN keeps BatchNorm layers local, but -m {self.cfg.model} has none (FedBN would be "
+                          f"FedAvg); use -m BNCNN or -m ResNet18")
+        return model
+
+    def aggregate(self, uploads) -> None:
+        """Sample-weighted mean of the uploaded (non-BatchNorm) entries; the global model's BatchNorm
+        entries are never used by the clients and stay as initialised."""
+        if uploads:
+            avg = weighted_average([u.state for u in uploads], [u.weight for u in uploads])
+            self.global_model.load_state_dict(avg, strict=False)

@@ -1,0 +1,165 @@
+"""APFL against hand computations: α's gradient is <v - w, ∇f(v̄)> (autograd through the mixture), one
+round of local steps follows Algorithm 1 with the adaptive α (a reference loop), α stays in [0, 1], the
+personalised model is α v + (1 - α) w, α = 0 held fixed is FedAvg; -ala and -dp run."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.func import functional_call
+
+import main
+from conftest import cli
+from flcore.registry import get_server_class
+from utils.data_utils import load_split
+from utils.results import read_h5
+
+SEQ = ("--executor", "sequential")
+
+
+def build(root, *flags):
+    cfg = main.parse_config(cli(root, root, "-algo", "APFL", *SEQ, *flags))
+    data = load_split("Digits", root, None, "cpu")
+    return get_server_class("APFL")(cfg.replace(num_classes=data.num_classes), data, 0, None)
+
+
+def perturb(model, seed: int, scale: float = 0.05) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+def test_alpha_gradient_is_the_inner_product_of_v_minus_w_and_the_mixture_gradient(digits_tiny_root):
+    c = build(digits_tiny_root, "-al", "0.3").clients[0]
+    perturb(c.vmodel, 1)
+    x, y = c.x_train[:16], c.y_train[:16]
+    for p in [*c.model.parameters(), *c.vmodel.parameters(), c.mixer.alpha]:
+        p.grad = None
+    c.joint_loss(x, y).backward()
+    # Hand: the gradient of f at the mixed point v̄ = α v + (1 - α) w, taken on plain tensors.
+    w = {k: p.detach() for k, p in c.model.named_parameters()}
+    v = {k: p.detach() for k, p in c.vmodel.named_parameters()}
+    mix = {k: (0.3 * v[k] + 0.7 * w[k]).requires_grad_(True) for k in v}
+    loss = torch.nn.functional.cross_entropy(functional_call(c.vmodel, mix, (x,)), y)
+    g_mix = dict(zip(mix, torch.autograd.grad(loss, list(mix.values()))))
+    want_alpha = sum((v[k] - w[k]).flatten() @ g_mix[k].flatten() for k in v)
+    torch.testing.assert_close(c.mixer.alpha.grad[0], want_alpha, atol=1e-6, rtol=1e-4)
+    assert abs(float(want_alpha)) > 1e-4  # not vacuous
+    for k, p in c.vmodel.named_parameters():  # ∇_v f(v̄) = α ∇f(v̄)
+        torch.testing.assert_close(p.grad, 0.3 * g_mix[k], atol=1e-7, rtol=1e-4)
+    w_req = {k: t.clone().requires_grad_(True) for k, t in w.items()}
+    lw = torch.nn.functional.cross_entropy(functional_call(c.model, w_req, (x,)), y)
+    g_w = dict(zip(w_req, torch.autograd.grad(lw, list(w_req.values()))))
+    for k, p in c.model.named_parameters():  # w moves by its own loss only
+        torch.testing.assert_close(p.grad, g_w[k], atol=1e-7, rtol=1e-4)
+
+
+def test_local_round_follows_algorithm_1(digits_tiny_root):
+    lr, bs = 0.05, 16
+    server = build(digits_tiny_root, "-al", "0.6", "-lr", str(lr), "-lbs", str(bs))
+    c = server.clients[2]
+    server.send_models([c])
+    perturb(c.vmodel, 2)
+    w = {k: p.detach().clone() for k, p in c.model.named_parameters()}
+    v = {k: p.detach().clone() for k, p in c.vmodel.named_parameters()}
+    a = torch.tensor(0.6)
+    gen = torch.Generator().set_state(c.batch_gen.get_state())
+    c.train(0)
+    n, steps = c.train_samples, 0
+    perm = torch.randperm(n, generator=gen)
+    for i in range(0, n, bs):
+        idx = perm[i:i + bs]
+        xb, yb = c.x_train[idx], c.y_train[idx]
+        wq = {k: t.clone().requires_grad_(True) for k, t in w.items()}
+        gw = torch.autograd.grad(torch.nn.functional.cross_entropy(functional_call(c.model, wq, (xb,)), yb),
+                                 list(wq.values()))
+        mq = {k: (a * v[k] + (1 - a) * w[k]).requires_grad_(True) for k in v}
+        gm = torch.autograd.grad(torch.nn.functional.cross_entropy(functional_call(c.vmodel, mq, (xb,)), yb),
+                                 list(mq.values()))
+        ga = sum((v[k] - w[k]).flatten() @ g.flatten() for k, g in zip(v, gm))
+        v = {k: v[k] - lr * a * g for k, g in zip(v, gm)}
+        w = {k: w[k] - lr * g for k, g in zip(w, gw)}
+        a = (a - lr * ga).clamp(0.0, 1.0)
+        steps += 1
+    assert steps == math.ceil(n / bs)
+    for k, p in c.model.named_parameters():
+        torch.testing.assert_close(p.detach(), w[k], atol=1e-5, rtol=1e-4)
+    for k, p in c.vmodel.named_parameters():
+        torch.testing.assert_close(p.detach(), v[k], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(c.mixer.alpha.detach()[0], a, atol=1e-5, rtol=1e-4)
+    assert abs(float(a) - 0.6) > 1e-3  # α moved
+    up = c.upload()  # only w crosses the wire
+    assert all(torch.equal(up.state[k], p) for k, p in c.model.state_dict().items())
+
+
+def test_alpha_is_projected_onto_the_unit_interval(digits_tiny_root):
+    c = build(digits_tiny_root, "-al", "0.05", "-lr", "0.1").clients[0]
+    c.mixer.alpha.grad = torch.tensor([10.0])  # α - lr g = -0.95: projected to 0
+    c.after_backward()
+    c.optimizer.step()
+    assert abs(c.mixing_weight()) < 1e-9
+    c.mixer.alpha.grad = torch.tensor([-30.0])  # 0 + 3: projected to 1
+    c.after_backward()
+    c.optimizer.step()
+    assert abs(c.mixing_weight() - 1.0) < 1e-6
+
+
+def test_personalised_model_is_the_mixture(digits_tiny_root):
+    server = build(digits_tiny_root, "-al", "0.25", "-lr", "0.1")
+    server.run_round(0)
+    server.send_models(server.clients)
+    c = server.clients[3]
+    a = c.mixing_weight()
+    mixed = dict(c.eval_model().named_parameters())
+    for (k, v), w in zip(c.vmodel.named_parameters(), c.model.parameters()):
+        torch.testing.assert_close(mixed[k].detach(), a * v.detach() + (1 - a) * w.detach())
+    assert any(not torch.equal(v, w) for v, w in zip(c.vmodel.parameters(), c.model.parameters()))
+
+
+def test_fixed_alpha_zero_is_fedavg(digits_tiny_root, tmp_path):
+    common = ("-gr", "3", "-lr", "0.1", *SEQ)
+    assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedAvg", *common)) == 0
+    assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "APFL", "-al", "0", "--no-adapt_alpha", *common)) == 0
+    fedavg = read_h5(tmp_path / "Digits_FedAvg_test_0.h5")
+    apfl = read_h5(tmp_path / "Digits_APFL_test_0.h5")
+    for key in ("rs_test_acc", "rs_train_loss"):
+        assert np.array_equal(fedavg[key], apfl[key]), key
+    assert np.all(apfl["rs_alpha_mean"] == 0.0)
+
+
+def test_ala_and_dp_run(digits_tiny_root, tmp_path):
+    assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "APFL", "-ala", "-gr", "2", "-lr", "0.1")) == 0
+    assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "APFL", "-dp", "-gr", "2", "-lr", "0.1",
+                         "-go", "dp")) == 0
+    h5 = read_h5(tmp_path / "Digits_APFL_dp_0.h5")
+    assert h5["rs_dp_epsilon_max"][-1] > 0
+
+
+def test_parked_and_resumed_runs_equal_the_plain_run(digits_tiny_root, tmp_path, monkeypatch):
+    """v, α and the optimizer's extra groups live on the client object: parking clients off the device
+    and a crash + resume (in fork workers) give the plain sequential run's numbers."""
+    from flcore.servers.serverbase import Server
+
+    torch.set_num_threads(1)  # bitwise comparison with single-thread fork workers
+    flags = ("-algo", "APFL", "-gr", "3", "-jr", "0.6", "-lr", "0.1", "--checkpoint_every", "2")
+    assert main.main(cli(digits_tiny_root, tmp_path / "base", *flags, *SEQ)) == 0
+    assert main.main(cli(digits_tiny_root, tmp_path / "park", *flags, *SEQ, "--client_state", "cpu")) == 0
+    after_round = Server.after_round
+
+    def crash_in_round_2(self):
+        if self.round_idx == 2:
+            raise RuntimeError("killed")
+        after_round(self)
+
+    monkeypatch.setattr(Server, "after_round", crash_in_round_2)
+    with pytest.raises(RuntimeError, match="killed"):
+        main.main(cli(digits_tiny_root, tmp_path / "crash", *flags, *SEQ))
+    monkeypatch.setattr(Server, "after_round", after_round)
+    fork = ("--executor", "fork", "--workers", "2")
+    assert main.main(cli(digits_tiny_root, tmp_path / "crash", *flags, *fork, "--resume")) == 0
+    base = read_h5(tmp_path / "base" / "Digits_APFL_test_0.h5")
+    for other in ("park", "crash"):
+        got = read_h5(tmp_path / other / "Digits_APFL_test_0.h5")
+        for key in ("rs_test_acc", "rs_train_loss", "rs_alpha_mean"):
+            assert np.array_equal(base[key], got[key]), (other, key)

@@ -1,0 +1,121 @@
+"""FedNTD against hand computations: the not-true logits drop exactly the true class, the loss on fixed
+logits, the teacher is the received global model (with -ala too), β = 0 is FedAvg, and -dp's per-sample
+gradients of the whole loss (teacher included) match plain autograd."""
+import math
+
+import numpy as np
+import torch
+
+import main
+from conftest import cli
+from flcore.clients.clientntd import not_true, ntd_loss
+from flcore.registry import get_server_class
+from utils.data_utils import load_split
+from utils.results import read_h5
+
+
+def make_server(root, *flags):
+    cfg = main.parse_config(cli(root, root, "-algo", "FedNTD", "--executor", "sequential", *flags))
+    return get_server_class("FedNTD")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root))
+
+
+def test_not_true_drops_exactly_the_true_class():
+    logits = torch.arange(12.0).reshape(3, 4)  # rows [0 1 2 3], [4 5 6 7], [8 9 10 11]
+    got = not_true(logits, torch.tensor([0, 2, 3]))
+    assert got.tolist() == [[1, 2, 3], [4, 5, 7], [8, 9, 10]]
+
+
+def hand_ntd(local, teacher, y, tau):
+    """τ² KL(q̃_g || q̃_l) per sample with plain Python, averaged over the batch (the official criterion's
+    τ² keeps the gradient's scale as τ grows)."""
+    total = 0.0
+    for zl, zg, t in zip(local.tolist(), teacher.tolist(), y.tolist()):
+        zl = [v / tau for i, v in enumerate(zl) if i != t]
+        zg = [v / tau for i, v in enumerate(zg) if i != t]
+        ql = [math.exp(v) / sum(math.exp(u) for u in zl) for v in zl]
+        qg = [math.exp(v) / sum(math.exp(u) for u in zg) for v in zg]
+        total += sum(g * math.log(g / l) for g, l in zip(qg, ql))
+    return tau ** 2 * total / len(y)
+
+
+def test_ntd_loss_equals_a_hand_computation():
+    local = torch.tensor([[2.0, 0.5, -1.0, 0.3], [0.1, 0.2, 3.0, -0.4]])
+    teacher = torch.tensor([[1.0, 1.5, 0.0, -0.2], [2.0, -1.0, 0.5, 0.7]])
+    y = torch.tensor([0, 2])
+    for tau in (1.0, 3.0):
+        assert math.isclose(float(ntd_loss(local, teacher, y, tau)), hand_ntd(local, teacher, y, tau), rel_tol=1e-5)
+    # changing the true-class logits changes nothing: the term sees the not-true classes only
+    moved = local.clone()
+    moved[0, 0], moved[1, 2] = -5.0, 9.0
+    assert torch.equal(ntd_loss(moved, teacher, y, 1.0), ntd_loss(local, teacher, y, 1.0))
+
+
+def test_client_loss_is_ce_plus_beta_ntd_against_the_received_global_model(digits_root):
+    beta, tau = 0.7, 2.0
+    server = make_server(digits_root, "-bt", str(beta), "-tau", str(tau))
+    client = server.clients[0]
+    server.send_models([client])
+    with torch.no_grad():
+        for p in client.model.parameters():  # as after some local steps: local != global
+            p.mul_(1.1)
+    x, y = client.x_train[:16], client.y_train[:16]
+    with torch.no_grad():
+        local, teacher = client.model(x), server.global_model(x)
+    want = torch.nn.functional.cross_entropy(local, y).item() + beta * hand_ntd(local, teacher, y, tau)
+    assert math.isclose(client.loss(x, y).item(), want, rel_tol=1e-5)
+    assert not any(p.requires_grad for p in client.teacher.parameters())
+
+
+def test_beta_zero_is_fedavg(digits_root, tmp_path):
+    args = ("-gr", "2", "-lr", "0.1")
+    assert main.main(cli(digits_root, tmp_path, "-algo", "FedAvg", *args)) == 0
+    assert main.main(cli(digits_root, tmp_path, "-algo", "FedNTD", "-bt", "0", *args)) == 0
+    a = read_h5(tmp_path / "Digits_FedAvg_test_0.h5")
+    b = read_h5(tmp_path / "Digits_FedNTD_test_0.h5")
+    for key in ("rs_test_acc", "rs_train_loss", "rs_test_auc"):
+        assert np.array_equal(a[key], b[key]), key
+
+
+def test_teacher_is_the_received_global_model_with_ala(digits_root):
+    server = make_server(digits_root, "-ala", "--ala_max_epochs", "3", "-gr", "2", "-lr", "0.1", "-eg", "5")
+    server.train()
+    client = server.clients[0]
+    assert client.ala.weights is not None  # ALA ran in round 2
+    server.send_models([client])  # the next round's start: ALA mix for the student, global model for the teacher
+    glob = dict(server.global_model.named_parameters())
+    assert all(torch.equal(p, glob[k].detach()) for k, p in client.teacher.named_parameters())
+    assert any(not torch.equal(p.detach(), glob[k]) for k, p in client.model.named_parameters())
+    assert np.isfinite(server.evaluate()["train_loss"])
+
+
+def test_dp_per_sample_gradients_include_the_distillation_term(digits_root):
+    """-dp with no noise and no clipping is plain SGD on the same loss: the per-sample machinery sees the
+    teacher (an untrained client module) and the not-true gather under vmap."""
+    server = make_server(digits_root, "-dp", "-dps", "1", "--dp_clip", "1e9", "-bt", "2")
+    client = server.clients[0]
+    server.send_models([client])
+    with torch.no_grad():
+        for p in client.model.parameters():
+            p.mul_(1.1)
+    client.dp.sigma = 0.0
+    x, y = client.x_train[:7], client.y_train[:7]
+    client.optimizer.zero_grad()
+    client.loss(x, y).backward()
+    want = [p.grad.clone() for p in client.model.parameters()]
+    client.optimizer.zero_grad()
+    client.dp.backward(client, client.loss, client.optimizer, x, y)
+    for p, w in zip(client.model.parameters(), want):
+        torch.testing.assert_close(p.grad, w, atol=1e-5, rtol=1e-4)
+    assert all(t.grad is None for t in client.teacher.parameters())
+
+
+def test_dp_run_reports_epsilon(digits_root, tmp_path):
+    assert main.main(cli(digits_root, tmp_path, "-algo", "FedNTD", "-gr", "1", "-lr", "0.1", "-dp", "-eg", "1")) == 0
+    h5 = read_h5(tmp_path / "Digits_FedNTD_test_0.h5")
+    assert h5["rs_dp_epsilon_max"][-1] > 0 and math.isfinite(h5["rs_dp_epsilon_max"][-1])
+    assert np.all(np.isfinite(h5["rs_test_acc"]))
+
+
+def test_flags_are_checked(digits_root, tmp_path, capsys):
+    assert main.main(cli(digits_root, tmp_path, "-algo", "FedNTD", "-tau", "0", "-gr", "1")) == 2
+    assert "-tau > 0" in capsys.readouterr().err
