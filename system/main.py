@@ -19,11 +19,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flcore.registry import ALGORITHMS, get_server_class  # noqa: E402
+from flcore.registry import ALGORITHMS, canonical_name, get_server_class  # noqa: E402
 from flcore.trainmodel.models import MODELS  # noqa: E402
 from utils.config import Config  # noqa: E402
 from utils.data_utils import DATASET_ROOT, OFFLINE_GENERATORS, load_split  # noqa: E402
 from utils.errors import Diverged, FLError, Interrupted  # noqa: E402
+
+
+def canonical_model(name: str) -> str:
+    """A model name in any case (``cnn``, ``resnet18``) as registered; unknown names come back unchanged."""
+    return {m.lower(): m for m in ("auto", *MODELS)}.get(name.lower(), name)
 
 
 def parse_bool(text: str) -> bool:
@@ -65,6 +70,7 @@ def base_parser() -> argparse.ArgumentParser:
                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
     a("-go", "--goal", default="test", help="free tag, part of the result file name")
+    a("-ts", "--time_select", action="store_true", help="PFLlib declares it and never reads it; accepted, no effect")
     a("-dev", "--device", default="auto", choices=["auto", "cpu", "cuda"],
       help="auto = cuda when available; cuda without a GPU warns and falls back to cpu")
     a("-did", "--device_id", "--devices", default="0",
@@ -72,8 +78,9 @@ def base_parser() -> argparse.ArgumentParser:
     a("-data", "--dataset", default="Digits", help="split folder under the dataset root (see dataset/)")
     a("--dataset_root", default=str(DATASET_ROOT), help="folder holding the generated splits")
     a("--source", default=None, help="local npz (x, y) to generate a missing split from with default settings")
-    a("-ncl", "--num_classes", type=int, default=None, help="checked against the split (taken from it)")
-    a("-m", "--model", default="auto", choices=["auto", *MODELS],
+    a("-ncl", "-nb", "--num_classes", type=int, default=None,
+      help="checked against the split (taken from it); -nb is the FedALA repository's name")
+    a("-m", "--model", default="auto", choices=["auto", *MODELS], type=canonical_model,
       help="auto = CNN for images, DNN for vectors")
     a("-fd", "--feature_dim", type=int, default=512, help="hidden width of the CNN's fc layer")
     a("-vs", "--vocab_size", type=int, default=80, help="vocabulary size for fastText")
@@ -83,7 +90,8 @@ def base_parser() -> argparse.ArgumentParser:
     a("-ldg", "--learning_rate_decay_gamma", type=float, default=0.99)
     a("-gr", "--global_rounds", type=int, default=2000, help="communication rounds")
     a("-ls", "--local_epochs", type=int, default=1, help="local epochs per round")
-    a("-algo", "--algorithm", default="FedAvg", choices=list(ALGORITHMS))
+    a("-algo", "--algorithm", default="FedAvg", choices=list(ALGORITHMS), type=canonical_name,
+      help="a registered name, PFLlib's spelling (PerAvg, FedROD, ...) or either in any case")
     a("-jr", "--join_ratio", type=float, default=1.0, help="fraction of clients selected per round")
     a("-rjr", "--random_join_ratio", action="store_true", help="draw the count in [jr*N, N] each round")
     a("-nc", "--num_clients", type=int, default=None, help="clients to use (default: all in the split)")
@@ -184,6 +192,40 @@ def base_parser() -> argparse.ArgumentParser:
     return p
 
 
+OTHER = "other_algorithm__"  # dest prefix of flags that only other algorithms use
+
+
+class OtherAlgorithmFlags:
+    """Stands in for an argument group while another algorithm's ``add_args`` runs: its flags are accepted
+    (hidden from -h, never given a default, so they never reach the Config) unless the name is already
+    taken, by a common flag or an algorithm added before it. A shared sweep can pass ``-mu`` to every
+    algorithm, as PFLlib allows; the ones that do not use it say so."""
+
+    def __init__(self, group, taken: set):
+        self.group, self.taken = group, taken
+
+    def add_argument(self, *names, **kwargs):
+        free = [n for n in names if n not in self.taken]
+        if not free:
+            return
+        dest = kwargs.pop("dest", None) or next((n for n in names if n.startswith("--")), names[0]).lstrip("-")
+        kwargs.update(dest=OTHER + dest.replace("-", "_"), default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        kwargs.pop("required", None)
+        self.group.add_argument(*free, **kwargs)
+        self.taken.update(free)
+
+    def set_defaults(self, **kwargs):
+        pass
+
+
+def add_other_algorithms_flags(parser: argparse.ArgumentParser, chosen: str) -> None:
+    group = parser.add_argument_group("flags of other algorithms")
+    taken = set(parser._option_string_actions)
+    for name in ALGORITHMS:
+        if name != chosen:
+            get_server_class(name).add_args(OtherAlgorithmFlags(group, taken))
+
+
 def algorithm_arg(argv: list[str]) -> str:
     """The ``-algo`` value, read before any parsing: a parser of the common flags would misread an
     algorithm's own short flag before it exists (``-mu 0.1`` as ``-m u``), and argparse matches unknown
@@ -194,7 +236,7 @@ def algorithm_arg(argv: list[str]) -> str:
             name = argv[i + 1]
         elif arg.startswith("--algorithm="):
             name = arg.split("=", 1)[1]
-    return name
+    return canonical_name(name)
 
 
 def parse_config(argv=None) -> Config:
@@ -204,7 +246,15 @@ def parse_config(argv=None) -> Config:
     if name in ALGORITHMS:  # otherwise parse_args below fails, listing the valid names
         server_cls = get_server_class(name)
         server_cls.add_args(parser.add_argument_group(f"{name} flags"))
+        add_other_algorithms_flags(parser, name)
     args = parser.parse_args(argv)
+    other = sorted(k for k in vars(args) if k.startswith(OTHER))
+    if other:
+        names = {a.dest: a.option_strings[0] for a in parser._actions}
+        print(f"warning: -algo {args.algorithm} does not use {', '.join(names[k] for k in other)}; ignored",
+              file=sys.stderr)
+        for k in other:
+            delattr(args, k)
     server_cls = get_server_class(args.algorithm)
     cfg = Config(**vars(args))
     validate(cfg)
