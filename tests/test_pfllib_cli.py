@@ -22,6 +22,9 @@ PARSES = [
     ("-algo FedCross -ca 0.99 -cmss 1 -fsb 0", {"first_stage_bound": 0}),
     ("-algo FedAvg -m resnet18", {"model": "ResNet18"}),
     ("-algo fedavg -ts True", {"algorithm": "FedAvg", "time_select": True}),
+    ("-algo FedMTL -itk 4000", {"algorithm": "FedMTL", "itk": 4000}),
+    ("-algo FedDyn -al 0.1", {"alpha": 0.1}), ("-algo FedNTD -bt 1 -tau 1", {"beta": 1.0, "tau": 1.0}),
+    ("-algo APFL -al 0.5", {"alpha": 0.5}), ("-algo FedBN -m BNCNN", {"model": "BNCNN"}),
     ("-algo FedAvg -dlg True -dlgg 100", {"dlg_eval": True, "dlg_gap": 100}),
 ]
 

@@ -34,9 +34,11 @@ identity, so after it takes the square root of Ω's [0][0] entry the penalty is 
 ||Σ_t w_t||^2 (it pushes the *sum* of the models toward zero, not each model toward the mean); both terms
 are scaled by 10^-(digits of the parameter count + 1) in place of λ; W holds only the round's selected
 clients, in selection order, so client t's column changes from round to round; W flattens buffers too;
-and ``-itk`` (default 4000) is read but used only in commented-out code (chunking W's rows), so there is
-no ``-itk`` here.
+and ``-itk`` (default 4000) is read but used only in commented-out code (chunking W's rows), so ``-itk``
+is accepted here (PFLlib command lines run) and has no effect, with a warning.
 """
+import sys
+
 import torch
 
 from flcore.clients.clientmtl import FedMTLClient
@@ -55,10 +57,16 @@ class FedMTLServer(Server):
         parser.add_argument("-lam", "--lamda", type=float, default=0.01,
                             help="λ1, weight of tr(W Ω W^T) (Smith et al. tune it per data set)")
         parser.add_argument("--lamda2", type=float, default=0.0, help="λ2, weight of ||W||_F^2")
+        parser.add_argument("-itk", "--itk", type=int, default=None,
+                            help="PFLlib's flag (MOCHA iterations), read only in commented-out code there; "
+                                 "accepted so PFLlib command lines run, no effect")
 
     @classmethod
     def check_config(cls, cfg) -> None:
         super().check_config(cfg)
+        if cfg.itk is not None:
+            print(f"warning: -itk {cfg.itk} has no effect (FedMTL here solves the regularised objective by SGD)",
+                  file=sys.stderr)
         if cfg.ala:
             raise FLError("-ala initialises a local model from a global one; FedMTL's clients keep their own models "
                           "with no global model to receive, so drop -ala")
