@@ -75,7 +75,8 @@ class RunRecorder:
     own index: ``rs_dlg_round`` with ``rs_dlg_psnr``, ``rs_dlg_ssim``, ``rs_dlg_label_acc``, ... for ``-dlg``;
     ``-dp`` adds ``rs_dp_epsilon_max`` / ``_mean`` and ``rs_dp_client_epsilon`` to every evaluation. The
     JSON sidecar holds the config, seeds, split hash, library version, machine, the wall time of every
-    round and the run's ``status``: running (while it runs), finished, diverged (a non-finite loss),
+    round (also ``rs_round_time``), the bytes sent up and down in all (per round: ``rs_bytes_up``,
+    ``rs_bytes_down``, the tensors of every upload and broadcast payload, utils/comm.py) and the run's ``status``: running (while it runs), finished, diverged (a non-finite loss),
     interrupted (Ctrl-C or SIGTERM) or failed, with ``status_reason``."""
 
     def __init__(self, stem: str, meta: dict, out_dir: Path | str = RESULTS_DIR):
@@ -84,6 +85,7 @@ class RunRecorder:
         self.meta = dict(meta)
         self.series: dict[str, list] = {}
         self.round_time: list[float] = []
+        self.round_bytes: dict[str, list[int]] = {"up": [], "down": []}  # per round, summed over clients
         self.started = time.time()
         self.status, self.status_reason = "running", None  # finished / diverged / interrupted / failed
 
@@ -143,11 +145,13 @@ class RunRecorder:
 
     def state_dict(self) -> dict:
         """The series gathered so far (what a checkpoint keeps, so a resumed run writes complete files)."""
-        return {"series": {k: list(v) for k, v in self.series.items()}, "round_time": list(self.round_time)}
+        return {"series": {k: list(v) for k, v in self.series.items()}, "round_time": list(self.round_time),
+                "round_bytes": {k: list(v) for k, v in self.round_bytes.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.series = {k: list(v) for k, v in state["series"].items()}
         self.round_time = list(state["round_time"])
+        self.round_bytes = {k: list(v) for k, v in state.get("round_bytes", {"up": [], "down": []}).items()}
 
     def best_last(self) -> tuple[float, float]:
         acc = self.series.get("rs_test_acc", [])
@@ -164,12 +168,15 @@ class RunRecorder:
                 for key, values in self.series.items():
                     f.create_dataset(key, data=np.asarray(values, dtype=np.float64))
                 f.create_dataset("rs_round_time", data=np.asarray(self.round_time, dtype=np.float64))
+                for way, values in self.round_bytes.items():
+                    f.create_dataset(f"rs_bytes_{way}", data=np.asarray(values, dtype=np.float64))
 
         best, last = self.best_last()
         meta = {**self.meta, **(extra_meta or {}), "library_version": __version__,
                 "machine": {"python": platform.python_version(), "platform": platform.platform(),
                             "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
                 "round_time_s": self.round_time, "wall_time_s": time.time() - self.started,
+                "bytes_up_total": sum(self.round_bytes["up"]), "bytes_down_total": sum(self.round_bytes["down"]),
                 "best_test_acc": best, "last_test_acc": last,
                 "evaluations": len(self.series.get("rs_round", [])),
                 "status": self.status, "status_reason": self.status_reason}

@@ -38,6 +38,7 @@ from runtime.choose import make_executor
 from runtime.executors import ClientFactory, WorkerLost
 from runtime.faults import SlowClients
 from utils.aggregate import weighted_average
+from utils.comm import payload_bytes
 from utils.data_utils import FederatedData
 from utils.errors import FLError
 from utils.metrics import summarize
@@ -87,6 +88,7 @@ class Server:
             print(f"ALA adapts {len(names)} tensor(s) (top {cfg.layer_idx or 'all'} layer(s)): {', '.join(names)}")
         self.selected: list[Client] = []
         self.round_idx = 0
+        self.bytes_down = self.bytes_up = 0  # of the current round: what send_models / receive_models moved
 
     def build_model(self) -> torch.nn.Module:
         return build_model(self.cfg.model, self.data.input_shape, self.data.num_classes,
@@ -118,11 +120,14 @@ class Server:
         """Every client receives its payload; ``participants`` (the round's selection) are told they train."""
         self.prepare_broadcast(participants)
         chosen = {c.id for c in participants}
-        calls = []
+        calls, sizes = [], {}
         for c in self.clients:
             payload = self.broadcast(c)
             if payload is not None:
                 calls.append((c, (payload, c.id in chosen)))
+                if id(payload) not in sizes:
+                    sizes[id(payload)] = payload_bytes(payload)
+                self.bytes_down += sizes[id(payload)]
         self.executor.call_each("receive", calls)
 
     def active_clients(self, participants: list[Client]) -> list[Client]:
@@ -141,7 +146,9 @@ class Server:
         """Uploads of the clients that finish within ``-tth`` (simulated slow clients, runtime/faults.py)."""
         late = self.slow.late([c.id for c in clients], self.round_idx)
         self.late = sorted(late)
-        return self.executor.map([c for c in clients if c.id not in late], "upload")
+        uploads = self.executor.map([c for c in clients if c.id not in late], "upload")
+        self.bytes_up += sum(payload_bytes(u) for u in uploads)
+        return uploads
 
     def aggregate(self, uploads: list[Upload]) -> None:
         """Sample-weighted FedAvg over every floating state entry (BatchNorm statistics included unless
@@ -255,6 +262,7 @@ class Server:
         cfg = self.cfg
         self.round_idx = t
         start = time.perf_counter()
+        self.bytes_down = self.bytes_up = 0
         self.selected = self.select_clients()
         self.send_models(self.selected)
         if t % cfg.eval_gap == 0:
@@ -270,6 +278,8 @@ class Server:
         self.after_round()
         if self.recorder is not None:
             self.recorder.round_time.append(time.perf_counter() - start)
+            self.recorder.round_bytes["up"].append(self.bytes_up)
+            self.recorder.round_bytes["down"].append(self.bytes_down)
         if cfg.checkpoint_every and ((t + 1) % cfg.checkpoint_every == 0 or t + 1 == cfg.global_rounds):
             checkpoint.save(self, t)
 
