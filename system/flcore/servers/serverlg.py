@@ -1,0 +1,25 @@
+"""LG-FedAvg: Think Locally, Act Globally: Federated Learning with Local and Global Representations.
+Liang, Liu, Ziyin, Allen, Auerbach, Brent, Salakhutdinov, Morency. arXiv 2020 (NeurIPS 2019 FL
+workshop). https://arxiv.org/abs/2001.01523   Official code: https://github.com/pliang279/LG-FedAvg
+
+Relative to FedAvg this changes what is shared, the opposite split of FedPer: each client keeps its own
+local representation (``base``) and shares the global classifier (``head``;
+``flcore.trainmodel.parts.split_head``). Each round client i takes the global head on top of its own
+base, runs FedAvg's ``-ls`` epochs of SGD on the whole model, and uploads only the head:
+
+    (θ_i^l, θ_i^g) ← SGD^{ls}((θ_i^l, θ^g); D_i),   θ^g ← Σ_i (n_i / Σ_j n_j) θ_i^g.
+
+Bases never leave the clients (``personal_keys = ("base.",)``). The paper's global part is the top
+layers (in its MNIST/CIFAR experiments the last two or three fully connected layers); here, as in
+PFLlib, it is the classifier ``fc``. The paper can also pre-train the whole model with FedAvg before the
+split; like PFLlib, no pre-training is done here. With ``-ala`` the received head is initialised by ALA
+under the client's own base (the head is one layer on the library's models: ``-p`` 1, the default, or 0;
+larger values are refused).
+With ``-dp`` the local training is DP-SGD (the base training loop). No flags of its own.
+"""
+from flcore.clients.clientlg import LGFedAvgClient
+from flcore.servers.serverper import PartSharingServer
+
+
+class LGFedAvgServer(PartSharingServer):
+    client_class = LGFedAvgClient

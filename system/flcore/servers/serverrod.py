@@ -1,0 +1,33 @@
+"""FedRoD: On Bridging Generic and Personalized Federated Learning for Image Classification.
+Chen, Chao. ICLR 2022. https://arxiv.org/abs/2107.00778   Official code: https://github.com/hongyouc/Fed-RoD
+
+Relative to FedAvg this changes the local objective and adds a personal head. The model is a body φ
+(``base``), a generic head h_G (``head``; ``flcore.trainmodel.parts.split_head``) and a personal head h_P
+(``phead``) on the same features z = φ(x). Each local step on a batch of client i:
+
+    φ, h_G ← SGD on BSM(h_G(z), y) = CE(h_G(z) + log n_i,c, y)     (balanced softmax, n_i,c: the
+                                                                     client's count of class c)
+    h_P    ← SGD on CE(sg[h_G(z)] + h_P(sg[z]), y)                 (sg: stop-gradient)
+
+and the server averages φ and h_G, sample-weighted (the generic model); h_P never leaves the client.
+The personalized prediction is h_G(z) + h_P(z): each client is evaluated on it. The balanced softmax
+makes the generic head's local objective an estimate of the class-balanced risk, the same on every
+client; a class absent from a client's data (n_c = 0) gets log n_c = -inf, so that client neither
+raises nor lowers it. The two updates use disjoint parameters, so they are one SGD step on the summed
+loss (``FedRoDClient.loss``). This is the paper's linear personal head (PFLlib's FedRoD), not its
+hypernetwork variant; h_P starts as a copy of the initial head, as in PFLlib.
+
+No flags of its own (the personal head uses ``-lr``). ``-ala``: the received body and generic head are
+initialised by ALA under the client's own personal head (the top ``-p`` layers of body + generic head
+are adapted, the loss that of the personalized prediction). ``-dp``: the summed loss is the DP-SGD
+objective, per-sample gradients of all three parts clipped together.
+"""
+from flcore.clients.clientrod import FedRoDClient, RoDModel
+from flcore.servers.serverper import PartSharingServer
+
+
+class FedRoDServer(PartSharingServer):
+    client_class = FedRoDClient
+
+    def build_model(self):
+        return RoDModel(super().build_model())  # phead: never updated on the server
