@@ -278,3 +278,17 @@ def test_ditto_with_ala_initialises_w_and_leaves_v(digits_root):
     assert same(params(client.pmodel), v)
     assert not same(params(client.model), params(server.global_model))
     assert same(client.anchor, params(server.global_model))
+
+
+def test_fine_tuning_under_dp_trains_the_copy_and_is_counted(digits_root):
+    """-dp: the evaluation fine-tune is DP-SGD on the copy (it moves), each of its steps is in the accountant,
+    and its noise never shifts training's stream."""
+    server = make_server(digits_root, "FedAvg-C", "-dp", "-fte", "1", "-lr", "0.05")
+    server.send_models(server.clients)
+    client = server.clients[0]
+    steps_before = sum(s for _, _, s in client.dp.history)
+    noise_before = client.dp.generator.get_state()
+    tuned = client.eval_model()
+    assert not same(params(tuned), params(client.model))  # the copy trained
+    assert sum(s for _, _, s in client.dp.history) == steps_before + client.batches_per_epoch()
+    assert torch.equal(client.dp.generator.get_state(), noise_before)  # its own noise stream

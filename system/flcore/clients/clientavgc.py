@@ -21,6 +21,9 @@ class FineTunedEval:
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.tune_gen = torch_gen(self.cfg.seed, self.run, "fine-tune", self.id)
+        # -dp: the fine-tune's noise has its own stream, so evaluating never shifts training's.
+        self.tune_noise = (torch_gen(self.cfg.seed, self.run, "fine-tune-noise", self.id, device=self.cfg.device)
+                           if self.dp is not None else None)
         self.tuned: nn.Module | None = None
         self.tune_round = 0  # the round the last broadcast opened: its (-ld decayed) rate fine-tunes
 
@@ -37,11 +40,21 @@ class FineTunedEval:
 
     def fine_tune(self, model: nn.Module) -> nn.Module:
         """``-fte`` epochs of plain SGD (batch ``-lbs``, cross-entropy) on the local data, at the rate local
-        training has in the round being evaluated (``-lr``, decayed with ``-ld``)."""
+        training has in the round being evaluated (``-lr``, decayed with ``-ld``). With ``-dp`` these steps
+        are DP-SGD too, counted by this client's accountant (epsilon grows with every evaluation): the copy
+        is held as ``self.tuned`` while it trains, so the per-sample gradients reach it."""
         model.train()
         opt = torch.optim.SGD(model.parameters(), lr=self.learning_rate(self.tune_round))
-        self.run_epochs(self.cfg.fine_tuning_epochs, optimizer=opt,
-                        objective=lambda x, y: self.loss_fn(model(x), y), generator=self.tune_gen)
+        objective = lambda x, y: self.loss_fn(model(x), y)  # noqa: E731
+        if self.dp is None:
+            self.run_epochs(self.cfg.fine_tuning_epochs, optimizer=opt, objective=objective, generator=self.tune_gen)
+            return model
+        self.tuned, noise = model, self.dp.generator
+        self.dp.generator = self.tune_noise
+        try:
+            self.run_epochs(self.cfg.fine_tuning_epochs, optimizer=opt, objective=objective, generator=self.tune_gen)
+        finally:
+            self.dp.generator = noise
         return model
 
 
