@@ -63,7 +63,8 @@ def plan(args) -> list[tuple[str, str, str, list[str]]]:
             runs += [("baselines", split, "repro", ["-algo", "FedALA"])]
             runs += [("baselines", split, "repro", ["-algo", a, "-ala"]) for a in ALA_PLUGINS]
     if "sens" in args.groups:
-        runs += [("sens", f"FMNIST_dir0.1{tag}", f"p{p}", ["-algo", "FedALA", "-p", p]) for p in ("2", "0")]
+        runs += [("sens", f"FMNIST_dir0.1{tag}", f"p{p}", ["-algo", "FedALA", "--ala_layers", p])
+                 for p in ("2", "0")]
         runs += [("sens", f"FMNIST_dir0.1{tag}", f"s{s}", ["-algo", "FedALA", "-s", s]) for s in ("5", "20", "100")]
     return runs
 

@@ -156,8 +156,12 @@ def base_parser() -> argparse.ArgumentParser:
     g.add_argument("-ala", "--ala", action="store_true", help="initialise local models with ALA")
     g.add_argument("-et", "--eta", type=float, default=1.0, help="ALA weight learning rate η (paper: 1.0)")
     g.add_argument("-s", "--rand_percent", type=int, default=80, help="s: %% of local data for ALA (paper: 80)")
-    g.add_argument("-p", "--layer_idx", type=int, default=1,
-                   help="p: number of top layers ALA adapts, counted in layers (paper: 1); 0 = all layers")
+    g.add_argument("-p", "--layer_idx", type=int, default=2,
+                   help="ALA adapts the last p parameter tensors, counted as PFLlib counts them (2 = the "
+                        "classifier's weight and bias: the paper's p = 1 layer); 0 = all")
+    g.add_argument("--ala_layers", type=int, default=None,
+                   help="count ALA's p in layers as the FedALA paper does (1 = the classifier; a norm layer joins "
+                        "the layer below, a ResNet stage is one layer); given, it replaces -p")
     g.add_argument("--ala_threshold", type=float, default=0.1,
                    help="start phase stops when the std of the last --ala_window losses is below this")
     g.add_argument("--ala_window", type=int, default=10, help="number of recent ALA losses in the std")
@@ -271,6 +275,7 @@ def validate(cfg: Config) -> None:
         (0 < cfg.join_ratio <= 1, "-jr must be in (0, 1]"), (0 <= cfg.client_drop_rate < 1, "-cdr must be in [0, 1)"),
         (cfg.eval_gap >= 1, "-eg must be >= 1"), (cfg.times > cfg.prev >= 0, "need 0 <= -pv < -t"),
         (0 < cfg.rand_percent <= 100, "-s must be in (0, 100]"), (cfg.layer_idx >= 0, "-p must be >= 0"),
+        (cfg.ala_layers is None or cfg.ala_layers >= 0, "--ala_layers must be >= 0"),
         (cfg.ala_max_epochs >= 1, "--ala_max_epochs must be >= 1"), (cfg.ala_window >= 2, "--ala_window must be >= 2"),
         (cfg.workers >= 0, "--workers must be >= 0"), (cfg.max_restarts >= 0, "--max_restarts must be >= 0"),
         (cfg.gpus_per_worker is None or cfg.gpus_per_worker >= 0, "--gpus_per_worker must be >= 0"),

@@ -10,6 +10,7 @@ import main
 from conftest import cli
 from flcore.trainmodel.parts import adapted_names
 from utils.ALA import ALA, combine, converged, weight_step
+from utils.errors import FLError
 from utils.results import read_h5
 
 
@@ -115,8 +116,11 @@ def test_same_seed_same_weights():
     assert all(torch.equal(outs[0][k], outs[1][k]) for k in outs[0])
 
 
-def test_p_counts_layers_not_tensors():
+def test_ala_layers_count_layers_and_p_counts_tensors():
+    """--ala_layers counts the paper's layers; -p counts parameter tensors from the top, as PFLlib's -p
+    (whose default 2 is the paper's p = 1 on these models: the classifier's weight and bias)."""
     from flcore.trainmodel.models import build_model
+    from flcore.trainmodel.parts import ala_names
 
     cnn = build_model("CNN", (1, 28, 28), 10)
     assert adapted_names(cnn, 1) == ["fc.weight", "fc.bias"]
@@ -129,10 +133,17 @@ def test_p_counts_layers_not_tensors():
     counts = [sum(sizes[n] for n in adapted_names(resnet, p)) for p in range(1, 7)]
     assert [round(c / 1e6, 3) for c in counts] == [0.005, 8.399, 10.499, 11.024, 11.172, 11.182]
     assert adapted_names(resnet, 0) == list(sizes)
-    with pytest.raises(ValueError):
+    with pytest.raises(FLError, match="--ala_layers 7: the model has 6 layer"):
         adapted_names(resnet, 7)
-    with pytest.raises(ValueError):
+    with pytest.raises(FLError):
         adapted_names(cnn, 5)
+    # -p: tensors. The CNN's are conv1 (w, b), conv2 (w, b), fc1 (w, b), fc (w, b).
+    names = [n for n, _ in cnn.named_parameters()]
+    assert ala_names(cnn, 2) == ["fc.weight", "fc.bias"] == ala_names(cnn, 2, None) == ala_names(cnn, 99, 1)
+    assert ala_names(cnn, 1) == ["fc.bias"] and ala_names(cnn, 3) == names[-3:] and ala_names(cnn, 0) == names
+    assert ala_names(resnet, 2) == ["fc.weight", "fc.bias"]  # PFLlib's default: the classifier only
+    with pytest.raises(FLError, match="-p 9: the model has 8 parameter tensors"):
+        ala_names(cnn, 9)
 
 
 def test_round_one_leaves_local_model_as_global(digits_root):

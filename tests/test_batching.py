@@ -47,7 +47,7 @@ def test_resnet18_on_32x32_trains_when_one_sample_is_left_over(digits_root, tmp_
 def test_ala_weight_learning_merges_a_one_sample_batch_too(digits_root, tmp_path):
     # s = 53 %: ALA's sample of 21 is int(11.13) = 11 = 10 + 1; p = 2 adapts layer4 and fc, so the whole
     # model (BatchNorm included) runs in every W step.
-    client, model = resnet_client(digits_root, tmp_path, FedALAClient, 21, "-s", "53", "-p", "2",
+    client, model = resnet_client(digits_root, tmp_path, FedALAClient, 21, "-s", "53", "--ala_layers", "2",
                                   "--ala_max_epochs", "2")
     assert client.ala.head is None  # BatchNorm: no precomputed features
     client.train(0)

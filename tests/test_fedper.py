@@ -106,12 +106,15 @@ def test_fedper_with_ala_adapts_the_body_under_the_local_head(digits_root):
 
 
 def test_lg_fedavg_with_ala_adapts_the_received_head(digits_root, tmp_path):
-    server = make_server(digits_root, "LG-FedAvg", "-ala", "-p", "1", "--ala_max_epochs", "5", "-lr", "0.1")
+    server = make_server(digits_root, "LG-FedAvg", "-ala", "--ala_max_epochs", "5", "-lr", "0.1")  # -p 2 tensors
     assert server.clients[0].ala.names == ["head.weight", "head.bias"]
-    with pytest.raises(FLError, match="receives only its head, 1 layer"):
-        make_server(digits_root, "LG-FedAvg", "-ala", "-p", "2")  # would reach into the local base
-    assert main.main(cli(digits_root, tmp_path, "-algo", "LG-FedAvg", "-ala", "-p", "1", "-gr", "2",
-                         "-lr", "0.1")) == 0
+    assert make_server(digits_root, "LG-FedAvg", "-ala", "--ala_layers", "1").clients[0].ala.names == \
+        ["head.weight", "head.bias"]
+    with pytest.raises(FLError, match="receives only its head, which has 1 layer"):
+        make_server(digits_root, "LG-FedAvg", "-ala", "--ala_layers", "2")  # would reach into the local base
+    with pytest.raises(FLError, match="receives only its head, which has 2 parameter tensors"):
+        make_server(digits_root, "LG-FedAvg", "-ala", "-p", "3")
+    assert main.main(cli(digits_root, tmp_path, "-algo", "LG-FedAvg", "-ala", "-gr", "2", "-lr", "0.1")) == 0
 
 
 @pytest.mark.parametrize("algo", ["FedPer", "LG-FedAvg"])

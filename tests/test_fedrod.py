@@ -114,7 +114,7 @@ def test_upload_and_aggregate(digits_noniid_root):
 
 
 def test_ala_adapts_the_received_part_under_the_personal_head(digits_noniid_root):
-    server = make_server(digits_noniid_root, "-ala", "-p", "2", "--ala_max_epochs", "5", "-gr", "2", "-lr", "0.1")
+    server = make_server(digits_noniid_root, "-ala", "--ala_layers", "2", "--ala_max_epochs", "5", "-gr", "2", "-lr", "0.1")
     client = server.clients[0]
     assert client.ala.names[-2:] == ["head.weight", "head.bias"]
     assert len(client.ala.names) == 4 and client.ala.names[0].startswith("base.")

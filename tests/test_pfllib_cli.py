@@ -73,3 +73,21 @@ def test_bad_lines_fail_with_one_line(line, message, digits_root, tmp_path, caps
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.parametrize("flags,names", [
+    (("-p", "2"), ["fc.weight", "fc.bias"]),  # FedALA's run_me.sh: PFLlib's -p counts tensors
+    (("-p", "4"), ["fc1.0.weight", "fc1.0.bias", "fc.weight", "fc.bias"]),
+    (("-p", "1"), ["fc.bias"]),
+    (("--ala_layers", "1"), ["fc.weight", "fc.bias"]),  # the paper's p, in layers
+    (("--ala_layers", "2"), ["fc1.0.weight", "fc1.0.bias", "fc.weight", "fc.bias"]),
+])
+def test_p_means_what_it_means_in_pfllib(flags, names, digits_root, tmp_path):
+    from flcore.registry import get_server_class
+    from runtime.executors import SequentialExecutor
+    from utils.data_utils import load_split
+
+    cfg = main.parse_config(cli(digits_root, tmp_path, "-algo", "FedALA", "-et", "1", "-s", "80", *flags))
+    server = get_server_class("FedALA")(cfg.replace(num_classes=10), load_split("Digits", digits_root), 0, None,
+                                        SequentialExecutor())
+    assert server.clients[0].ala.names == names

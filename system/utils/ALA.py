@@ -16,13 +16,12 @@ round (the paper's t = 2) W is trained until, after more than ``window`` epochs,
 afterwards one epoch per round, reusing W. A client
 that has never trained yet (the paper's t = 1) has no local model worth keeping and takes Θ as is.
 
-Layers (``-p``): a layer is a module that owns parameters (conv, linear), a normalisation layer joins the
+What is adapted: ``-p`` counts parameter tensors from the top, as PFLlib's ``-p`` (its default 2 = the
+classifier's weight and bias = the paper's p = 1 on every model here; ``-p 0`` = all), and
+``--ala_layers`` counts the paper's layers and replaces it when given. A layer is a module that owns parameters (conv, linear), a normalisation layer joins the
 layer below it, and a stage of residual blocks counts as one, so ResNet-18 has the paper's six (stem,
 layer1-4, fc; p = 2 adapts layer4 + fc, 8.4M parameters) (``flcore.trainmodel.parts.adapted_names``
-gives the names ALA is built with); ``-p 0``
-adapts all layers. PFLlib's ``-p``
-counts parameter *tensors* instead (its default ``-p 2`` on the CNN = fc.weight + fc.bias = our
-``-p 1``, the paper's default), and its ``-p 0`` means "all" only through a ``[-0:]`` slicing quirk.
+and ``ala_names`` give the names ALA is built with); ``--ala_layers 0`` adapts all layers.
 
 Speed, same numbers up to float rounding: when only the classifier is adapted (p = 1 on a model with
 the ``fc`` head contract and no batch-dependent layers, passed as ``head``), its inputs, the frozen lower

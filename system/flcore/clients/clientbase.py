@@ -19,7 +19,7 @@ import time
 import torch
 from torch import nn
 
-from flcore.trainmodel.parts import adapted_names, batch_dependent
+from flcore.trainmodel.parts import ala_names, batch_dependent
 from runtime.checkpoint import pack_state, unpack_state
 from utils.amp import autocast, make_scaler
 from utils.batching import batch_bounds, batches_of, has_batch_norm
@@ -70,7 +70,7 @@ class Client:
 
             # The classifier's inputs can be computed once per round unless a layer mixes a batch's samples.
             head = None if batch_dependent(self.model) else "fc"
-            self.ala = ALA.from_config(cfg, cid, run, adapted_names(self.model, cfg.layer_idx), head)
+            self.ala = ALA.from_config(cfg, cid, run, ala_names(self.model, cfg.layer_idx, cfg.ala_layers), head)
         self.train_time: list[float] = []  # seconds of each local training, one entry per round trained
         self.dp = None  # -dp: this client's DP-SGD noise stream and accountant history
         if cfg.privacy:

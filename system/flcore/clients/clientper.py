@@ -8,8 +8,7 @@ import copy
 from torch import nn
 
 from flcore.clients.clientbase import Client, Upload, copy_state
-from flcore.trainmodel.parts import adapted_names, layer_groups
-from utils.errors import FLError
+from flcore.trainmodel.parts import ala_names
 
 
 class PartSharingClient(Client):
@@ -20,13 +19,11 @@ class PartSharingClient(Client):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.ala is not None:
-            # ALA adapts the top -p layers of the received part only: the local part is never received.
+            # ALA adapts the top of the received part only (-p tensors / --ala_layers): the local part is
+            # never received.
             part = nn.ModuleDict({name: getattr(self.model, name) for name in self.shared})
-            layers = len(layer_groups(part))
-            if self.cfg.layer_idx > layers:
-                raise FLError(f"-ala -p {self.cfg.layer_idx}: {self.cfg.algorithm} receives only its "
-                              f"{' + '.join(self.shared)}, {layers} layer(s); choose -p 1 to {layers} (0 = all)")
-            self.ala.names = adapted_names(part, self.cfg.layer_idx)
+            self.ala.names = ala_names(part, self.cfg.layer_idx, self.cfg.ala_layers,
+                                       f"{self.cfg.algorithm} receives only its {' + '.join(self.shared)}, which")
 
     def shared_state(self, model: nn.Module) -> dict:
         prefixes = tuple(f"{name}." for name in self.shared)

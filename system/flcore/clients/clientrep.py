@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 
 from flcore.clients.clientbase import Client, Upload, copy_state
-from flcore.trainmodel.parts import adapted_names, frozen
+from flcore.trainmodel.parts import ala_names, frozen
 
 
 class FedRepClient(Client):
@@ -13,8 +13,9 @@ class FedRepClient(Client):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.ala is not None:
-            # ALA adapts the top -p layers of the body: the head is this client's own, never received.
-            self.ala.names = [f"base.{n}" for n in adapted_names(self.model.base, self.cfg.layer_idx)]
+            # ALA adapts the top of the body (-p tensors / --ala_layers): the head is this client's own, never received.
+            self.ala.names = [f"base.{n}" for n in ala_names(self.model.base, self.cfg.layer_idx, self.cfg.ala_layers,
+                                                             "FedRep's body")]
 
     def receive(self, global_model, participating: bool = True) -> None:
         """Only the body is received; the head stays."""

@@ -7,11 +7,11 @@ with the global model Θ, each participant initialises Θ̂_i = Θ_i + (Θ − �
 element-wise weights W (utils/ALA.py). Training, upload (one model) and server aggregation are FedAvg's,
 so FedALA == FedAvg with ``-ala``, number for number.
 
-Flags (shared with ``-ala``): ``-et`` η = 1.0, ``-s`` s = 80, ``-p`` p = 1 layer (the paper's defaults),
+Flags (shared with ``-ala``): ``-et`` η = 1.0, ``-s`` s = 80, ``-p`` 2 tensors = the classifier's weight and bias = the paper's p = 1 layer (``--ala_layers`` counts layers as the paper; the paper's defaults),
 ``--ala_threshold`` 0.1, ``--ala_window`` 10, ``--ala_max_epochs`` 100.
 
 Where PFLlib differs: it runs ALA on every client every round (the paper: the round's participants;
-identical when ``-jr 1``), counts ``-p`` in tensors, samples D_i^s as an unseeded contiguous window and has
+identical when ``-jr 1``), samples D_i^s as an unseeded contiguous window and has
 no cap on the start phase (see utils/ALA.py for the full list).
 """
 from flcore.clients.clientala import FedALAClient

@@ -85,7 +85,9 @@ class Server:
         self.privacy = PrivacyMonitor.from_config(cfg, run, data, recorder)  # None unless -dlg or -dp
         if self.clients and self.clients[0].ala is not None:
             names = self.clients[0].ala.names
-            print(f"ALA adapts {len(names)} tensor(s) (top {cfg.layer_idx or 'all'} layer(s)): {', '.join(names)}")
+            count = (f"top {cfg.ala_layers or 'all'} layer(s)" if cfg.ala_layers is not None
+                     else f"last {cfg.layer_idx or 'all'} tensor(s), -p")
+            print(f"ALA adapts {len(names)} tensor(s) ({count}): {', '.join(names)}")
         self.selected: list[Client] = []
         self.round_idx = 0
         self.bytes_down = self.bytes_up = 0  # of the current round: what send_models / receive_models moved

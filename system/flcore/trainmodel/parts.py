@@ -3,7 +3,8 @@
 Every model of ``models.py`` keeps its classifier in the attribute ``fc`` (the head contract). From that:
 
 - ``layer_groups``: parameter names grouped into "layers" (FedALA's ``-p``, PartialFed's per-layer choice);
-- ``adapted_names``: the parameters of the top ``p`` layers;
+- ``adapted_names``: the parameters of the top ``p`` layers; ``ala_names``: what ALA adapts (``-p``
+  tensors, or ``--ala_layers`` layers);
 - ``split_head``: the same network as ``base`` + ``head`` (FedRep, and the model-splitting family);
 - ``frozen``: a part that takes no gradient inside a block (FedRep's alternating epochs);
 - ``batch_dependent``: layers whose output for one sample depends on the rest of its batch or on random
@@ -17,6 +18,7 @@ import copy
 from torch import nn
 
 from utils.batching import has_batch_norm
+from utils.errors import FLError
 
 NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
 
@@ -54,13 +56,26 @@ def layer_groups(model: nn.Module) -> list[list[str]]:
     return groups
 
 
-def adapted_names(model: nn.Module, p: int) -> list[str]:
+def adapted_names(model: nn.Module, p: int, what: str = "the model") -> list[str]:
     """Names of the parameter tensors in the top ``p`` layers (all layers when ``p`` is 0)."""
     groups = layer_groups(model)
     if p < 0 or p > len(groups):
-        raise ValueError(f"-p {p}: the model has {len(groups)} layers; choose 0 (all) to {len(groups)}")
+        raise FLError(f"--ala_layers {p}: {what} has {len(groups)} layer(s); choose 0 (all) to {len(groups)}")
     chosen = groups if p == 0 else groups[len(groups) - p:]
     return [n for g in chosen for n in g]
+
+
+def ala_names(model: nn.Module, tensors: int, layers: int | None = None, what: str = "the model") -> list[str]:
+    """The parameters ALA adapts: the top ``layers`` layers (``--ala_layers``, the FedALA paper's p) when
+    given, else the last ``tensors`` parameter tensors (``-p``, PFLlib's count; 0 = all). PFLlib's default
+    ``-p 2`` is the classifier's weight and bias: the paper's p = 1 on every model here."""
+    if layers is not None:
+        return adapted_names(model, layers, what)
+    names = [n for n, _ in model.named_parameters()]
+    if tensors < 0 or tensors > len(names):
+        raise FLError(f"-p {tensors}: {what} has {len(names)} parameter tensors; choose 0 (all) to {len(names)} "
+                      f"(or count layers with --ala_layers)")
+    return names[len(names) - tensors:] if tensors else names
 
 
 class BaseHeadSplit(nn.Module):
