@@ -119,6 +119,8 @@ def base_parser() -> argparse.ArgumentParser:
     a("--seed", type=int, default=0, help="run i uses seed + i for every random stream")
     a("--results_dir", default=None, help="where result files go (default: results/ in the repository)")
     a("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm progress bar")
+    a("--print_config", action=argparse.BooleanOptionalAction, default=True,
+      help="print every setting at start-up, marking values that differ from PFLlib's defaults")
     g = p.add_argument_group("execution, faults and checkpoints (docs/distributed.md, docs/performance.md)")
     g.add_argument("--executor", default="auto", choices=["auto", "sequential", "fork", "ray"],
                    help="where clients live: this process; single-thread worker processes forked from it "
@@ -326,6 +328,50 @@ def ensure_split(cfg: Config) -> None:
         raise FLError(f"generating split '{cfg.dataset}' failed (see the message above)")
 
 
+# PFLlib's defaults where this library's differ (its main.py; the paper's value is kept here, see README's
+# "Coming from PFLlib"). The start-up print marks every value that differs from PFLlib's.
+PFLLIB_DEFAULTS = {
+    "dataset": "MNIST", "model": "CNN", "num_classes": 10, "num_clients": 20, "save_folder_name": "items",
+    "layer_idx": 2, "dp_sigma": 0.0, "mu": 0.0, "lamda": 1.0, "beta": 0.0, "K": 5, "p_learning_rate": 0.01,
+    "M": 5, "alphaK": 1.0, "sigma": 1.0, "alpha": 1.0, "plocal_epochs": 1, "tau": 1.0, "fine_tuning_epochs": 10,
+    "dr_learning_rate": 0.0, "L": 1.0, "noise_dim": 512, "generator_learning_rate": 0.005, "hidden_dim": 512,
+    "server_epochs": 1000, "server_learning_rate": 1.0, "first_stage_bound": 0, "fedcross_alpha": 0.99,
+    "collaborative_model_select_strategy": 1, "itk": 4000, "bn_stats": "local", "ala_clients": "all",
+}
+
+
+def print_config(cfg: Config) -> None:
+    """Every setting of the run, one per line as PFLlib prints them, marking values that differ from
+    PFLlib's default for the same flag."""
+    lines = []
+    for key, value in vars(cfg).items():
+        mark = ""
+        if key in PFLLIB_DEFAULTS and PFLLIB_DEFAULTS[key] != value and value is not None:
+            mark = f"   (PFLlib default: {PFLLIB_DEFAULTS[key]})"
+        lines.append(f"  {key} = {value}{mark}")
+    print("configuration:\n" + "\n".join(lines))
+
+
+def provenance(server) -> dict:
+    """What a result file says about how it was made, beyond the flags: the model actually built, the
+    library's commit (when run from a git checkout) and the torch version."""
+    import torch
+
+    repo = Path(__file__).resolve().parents[1]
+    commit = None
+    try:
+        done = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        if done.returncode == 0:
+            dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=5).stdout.strip()
+            commit = done.stdout.strip() + ("+local-changes" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    model = server.global_model
+    return {"model_built": type(model).__name__, "model_parameters": sum(p.numel() for p in model.parameters()),
+            "git_commit": commit, "torch_version": torch.__version__}
+
+
 def label(cfg: Config) -> str:
     return cfg.algorithm + ("+ALA" if cfg.ala and cfg.algorithm != "FedALA" else "")
 
@@ -346,6 +392,8 @@ def run(cfg: Config, executor=None) -> list[Path]:
     cfg = cfg.replace(num_classes=data.num_classes, num_clients=len(data.clients))
     # The executor that really runs (--executor auto resolved, or the one given), so the results say which.
     cfg = cfg.replace(executor=executor.name if executor is not None else executor_kind(cfg))
+    if cfg.print_config:
+        print_config(cfg)
     if executor is not None:
         return run_all(cfg, data, executor)
     executor = make_executor(cfg)
@@ -371,10 +419,11 @@ def run_all(cfg: Config, data, executor) -> list[Path]:
         start = time.time()
         with recorder.lock():
             server = server_cls(cfg, data, r, recorder, executor=executor)
+            recorder.meta.update(provenance(server))
             train_and_record(cfg, server, recorder)
         best, last = recorder.best_last()
         print(f"run {r}: best acc {best:.4f}, last acc {last:.4f}, {time.time() - start:.1f} s, "
-              f"{recorder.h5_path}")
+              f"{recorder.h5_path} (+ {recorder.json_path.name})")
         if cfg.save_folder_name:
             folder = out_dir / cfg.save_folder_name  # an absolute path replaces out_dir
             folder.mkdir(parents=True, exist_ok=True)

@@ -91,3 +91,11 @@ def test_p_means_what_it_means_in_pfllib(flags, names, digits_root, tmp_path):
     server = get_server_class("FedALA")(cfg.replace(num_classes=10), load_split("Digits", digits_root), 0, None,
                                         SequentialExecutor())
     assert server.clients[0].ala.names == names
+
+
+def test_startup_print_marks_values_that_differ_from_pfllib(digits_root, tmp_path, capsys):
+    cfg = main.parse_config(cli(digits_root, tmp_path, "-algo", "MOON", "-p", "2"))
+    main.print_config(cfg)
+    out = capsys.readouterr().out.splitlines()
+    assert "  mu = 5.0   (PFLlib default: 0.0)" in out and "  tau = 0.5   (PFLlib default: 1.0)" in out
+    assert "  layer_idx = 2" in out and "  local_learning_rate = 0.005" in out  # same as PFLlib: unmarked

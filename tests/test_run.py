@@ -145,3 +145,15 @@ def test_get_mean_std_over_runs(tmp_path, capsys):
     # best: 0.5, 0.7 -> 60 ± 10; last: 0.4, 0.6 -> 50 ± 10
     assert "best 60.00 ± 10.00, last 50.00 ± 10.00" in capsys.readouterr().out
     assert get_mean_std.main([str(tmp_path / "nope.h5")]) == 2
+
+
+def test_sidecar_says_what_was_built_and_by_what(digits_tiny_root, tmp_path):
+    from flcore.trainmodel.models import build_model
+
+    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "0", "--executor", "sequential")) == 0
+    meta = json.loads((tmp_path / "Digits_FedAvg_test_0.json").read_text())
+    model = build_model("CNN", (1, 8, 8), 10)  # what -m auto resolves to for images
+    assert meta["model_built"] == type(model).__name__
+    assert meta["model_parameters"] == sum(p.numel() for p in model.parameters())
+    assert meta["torch_version"] == torch.__version__ and meta["status"] == "finished"
+    assert meta["git_commit"] is None or len(meta["git_commit"].split("+")[0]) == 40
