@@ -99,7 +99,7 @@ def cmd_run(args) -> None:
         cmd = [sys.executable, str(REPO / "system" / "main.py"), "-data", split, "-m", "CNN", "-gr",
                str(args.rounds), "-lr", str(args.lr), "-lbs", "10", "-ls", "1", "-go", goal, "-pv", str(run),
                "-t", str(run + 1), "--results_dir", str(out), "--no-progress", "-dev", args.device,
-               "--train_loss_eval", args.train_loss_eval, *flags]
+               "--train_loss_eval", args.train_loss_eval, "--overwrite", *flags]  # an unfinished run starts over
         start = time.time()
         print(f"[{group}] {stem}: {' '.join(cmd[2:])}", flush=True)
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -68,7 +68,7 @@ def cmd_run(args) -> None:
             continue
         cmd = [sys.executable, str(REPO / "system" / "main.py"), "-data", split, "-m", "CNN", "-lr", "0.05",
                "-lbs", "10", "-ls", "1", "-go", goal, "--seed", "0", "--results_dir", str(out), "--no-progress",
-               "-dev", "cpu", "--train_loss_eval", "off", *flags]
+               "-dev", "cpu", "--train_loss_eval", "off", "--overwrite", *flags]  # an unfinished run starts over
         start = time.time()
         print(f"[{group}] {s}: {' '.join(cmd[2:])}", flush=True)
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)

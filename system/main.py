@@ -118,6 +118,8 @@ def base_parser() -> argparse.ArgumentParser:
     a("-tc", "--top_cnt", type=int, default=100)
     a("--seed", type=int, default=0, help="run i uses seed + i for every random stream")
     a("--results_dir", default=None, help="where result files go (default: results/ in the repository)")
+    a("--overwrite", action="store_true",
+      help="replace existing result files of the same name (without it, a run whose result file exists is refused)")
     a("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm progress bar")
     a("--print_config", action=argparse.BooleanOptionalAction, default=True,
       help="print every setting at start-up, marking values that differ from PFLlib's defaults")
@@ -195,6 +197,9 @@ def base_parser() -> argparse.ArgumentParser:
                    help="noise multiplier sigma (PFLlib's flag, default 0.0 there = no noise; 1.0 here)")
     g.add_argument("--dp_clip", type=float, default=1.0, help="per-sample L2 clip norm C (Abadi et al. 2016: 4)")
     g.add_argument("--dp_delta", type=float, default=1e-5, help="delta of the reported (epsilon, delta)")
+    g.add_argument("--dp_secure_rng", action="store_true",
+                   help="seed the DP noise from the OS (secrets) instead of -seed, as a deployment needs (anyone "
+                        "with the seed can remove seeded noise); results are then not reproducible")
     return p
 
 
@@ -289,6 +294,7 @@ def validate(cfg: Config) -> None:
         (cfg.dlg_batch >= 1, "--dlg_batch must be >= 1"), (cfg.dp_clip > 0, "--dp_clip must be > 0"),
         (not cfg.privacy or cfg.dp_sigma > 0, "-dps must be > 0 with -dp (sigma 0 adds no noise: drop -dp)"),
         (0 < cfg.dp_delta < 1, "--dp_delta must be in (0, 1)"),
+        (cfg.privacy or not getattr(cfg, "dp_secure_rng", False), "--dp_secure_rng needs -dp"),
         (0 < cfg.train_loss_fraction <= 1, "--train_loss_fraction must be in (0, 1]"),
         (cfg.amp != "fp16" or not cfg.privacy, "--amp fp16 does not combine with -dp; use --amp bf16 or off"),
     ]
@@ -418,6 +424,9 @@ def run_all(cfg: Config, data, executor) -> list[Path]:
         recorder = RunRecorder(f"{cfg.dataset}_{label(cfg)}_{cfg.goal}_{r}", meta, out_dir)
         start = time.time()
         with recorder.lock():
+            if recorder.h5_path.exists() and not (cfg.overwrite or cfg.resume):
+                raise FLError(f"{recorder.h5_path} already exists; pass --overwrite to replace it, --resume to "
+                              f"continue it, or another -go to keep both")
             server = server_cls(cfg, data, r, recorder, executor=executor)
             recorder.meta.update(provenance(server))
             train_and_record(cfg, server, recorder)

@@ -48,6 +48,7 @@ def digits_tiny_root(tmp_path_factory) -> Path:
 
 
 def cli(root: Path, out: Path, *extra: str) -> list[str]:
-    """Command-line flags for a short quiet CPU run on a test split."""
+    """Command-line flags for a short quiet CPU run on a test split. Tests rerun into one folder on purpose
+    (same seed twice, a flag on and off), so existing result files are replaced (``--overwrite``)."""
     return ["-data", "Digits", "--dataset_root", str(root), "--results_dir", str(out), "-dev", "cpu",
-            "--no-progress", *extra]
+            "--no-progress", "--no-print_config", "--overwrite", *extra]

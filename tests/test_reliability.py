@@ -92,7 +92,7 @@ needs_proc = pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="n
 def test_signal_keeps_the_rounds_done_and_says_how_to_resume(digits_tiny_root, tmp_path, sig):
     flags = ("-gr", "200", "--executor", "fork", "--workers", "2", "--checkpoint_every", "1", "--no-progress")
     proc = start(digits_tiny_root, tmp_path, *flags)
-    wait_for_round(proc, 2)
+    wait_for_round(proc, 3)  # the third evaluation printed: at least two are saved
     workers = children(proc.pid)
     if sig == signal.SIGINT:  # Ctrl-C: the terminal signals the whole process group, workers included
         os.killpg(proc.pid, sig)
@@ -181,3 +181,22 @@ def test_out_of_gpu_memory_is_one_line(digits_tiny_root, tmp_path, capsys, monke
     assert len(err) == 1 and "out of GPU memory" in err[0] and "--client_state cpu" in err[0], err
     meta = json.loads((tmp_path / f"{STEM}.json").read_text())
     assert meta["status"] == "failed" and "OutOfMemoryError" in meta["status_reason"]
+
+
+def test_an_existing_result_is_not_overwritten_silently(digits_tiny_root, tmp_path, capsys):
+    flags = ("-gr", "1", "--executor", "sequential")
+
+    def plain(*extra):  # the tests' cli() passes --overwrite; a user's command line does not
+        argv = cli(digits_tiny_root, tmp_path, *flags)
+        argv.remove("--overwrite")
+        return argv + list(extra)
+
+    assert main.main(plain()) == 0
+    before = (tmp_path / f"{STEM}.h5").read_bytes()
+    capsys.readouterr()
+    assert main.main(plain("-lr", "0.1")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "already exists" in err[0] and "--overwrite" in err[0], err
+    assert (tmp_path / f"{STEM}.h5").read_bytes() == before
+    assert main.main(plain("-lr", "0.1", "--overwrite")) == 0
+    assert sidecar(tmp_path)["config"]["local_learning_rate"] == 0.1

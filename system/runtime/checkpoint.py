@@ -27,7 +27,7 @@ from utils.results import atomic_write
 FORMAT = 1
 RUN_ONLY = {"executor", "device", "device_id", "workers", "gpus_per_worker", "ray_address", "max_restarts",
             "resume", "checkpoint_every", "progress", "results_dir", "dataset_root", "times", "prev",
-            "global_rounds", "save_folder_name", "client_state", "client_state_dir"}
+            "global_rounds", "save_folder_name", "client_state", "client_state_dir", "overwrite", "print_config"}
 
 
 # Objects a checkpoint refers to instead of saving (the run's config, data, clients, recorder): id -> key
