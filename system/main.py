@@ -301,6 +301,12 @@ def validate(cfg: Config) -> None:
     for ok, msg in checks:
         if not ok:
             raise FLError(msg)
+    if cfg.privacy:
+        import importlib.util
+
+        if importlib.util.find_spec("opacus") is None:
+            raise FLError("-dp reports epsilon with opacus' RDP accountant, which is not installed: "
+                          "pip install -r requirements-optional.txt")
 
 
 def resolve_device(cfg: Config) -> Config:

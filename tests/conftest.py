@@ -1,6 +1,8 @@
 """Shared fixtures: tiny splits generated once per session into temporary folders."""
 from __future__ import annotations
 
+import importlib.util
+import inspect
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,25 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 # Two test processes on two cores spin-wait on each other's OpenMP threads; one thread each is faster.
 torch.set_num_threads(1)
+
+OPTIONAL = {"opacus": ('"-dp"', "opacus", "privacy=True", "DPSGD")}  # package -> what marks a test needing it
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests of a feature whose optional package (requirements-optional.txt) is absent skip with a reason;
+    Ray's tests skip through their fixture."""
+    for package, marks in OPTIONAL.items():
+        if importlib.util.find_spec(package) is not None:
+            continue
+        skip = pytest.mark.skip(reason=f"needs {package} (pip install -r requirements-optional.txt)")
+        for item in items:
+            try:
+                source = inspect.getsource(item.function)
+            except (OSError, TypeError):
+                continue
+            if any(m in source for m in marks) or any(m in str(item.callspec.params) for m in marks
+                                                      if hasattr(item, "callspec")):
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
