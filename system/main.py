@@ -473,6 +473,8 @@ def train_and_record(cfg: Config, server, recorder) -> None:
     except Exception as e:
         recorder.finish("failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         raise
+    # each client's local training time, one entry per round it trained (the cost side of a table)
+    recorder.meta["client_train_time_s"] = [list(c.train_time) for c in server.clients]
     recorder.finish("finished")
 
 

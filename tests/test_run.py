@@ -157,3 +157,11 @@ def test_sidecar_says_what_was_built_and_by_what(digits_tiny_root, tmp_path):
     assert meta["model_parameters"] == sum(p.numel() for p in model.parameters())
     assert meta["torch_version"] == torch.__version__ and meta["status"] == "finished"
     assert meta["git_commit"] is None or len(meta["git_commit"].split("+")[0]) == 40
+
+
+def test_sidecar_holds_each_clients_training_times(digits_tiny_root, tmp_path):
+    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "3", "-jr", "0.4", "--executor", "fork")) == 0
+    meta = json.loads((tmp_path / "Digits_FedAvg_test_0.json").read_text())
+    times = meta["client_train_time_s"]
+    assert len(times) == 5 and sum(map(len, times)) == 3 * 2  # int(0.4 * 5) = 2 clients train per round
+    assert all(t > 0 for ts in times for t in ts)
