@@ -1,0 +1,442 @@
+"""Sweeps: a grid of flags x seeds, one ``system/main.py`` process per (configuration, seed), resumable.
+
+    python scripts/sweep.py -data Digits -gr 20 -lr 0.1 --grid "-algo=FedAvg,FedALA,Ditto" --seeds 0,1,2 -j 2
+    python scripts/sweep.py --config scripts/benchmark_zoo.json --dry-run      # list the commands only
+
+Every flag that is not the sweep's own goes to every job unchanged. ``--grid`` takes ``FLAG=v1,v2,...``
+items (the product of all of them is run); a flag without a value (``-ala``) takes ``true``/``false``.
+``-algo=all`` means every registered algorithm, in registry order, so new algorithms join automatically.
+``--config`` reads a JSON file: ``base`` (flags for every job), ``grids`` (a list of grids, each a dict
+flag -> list of values; the jobs are the union of their products), ``per_algorithm`` (``-algo`` name ->
+flags its jobs need on top, e.g. FedBN's BatchNorm model), ``seeds``, ``tag``, ``out``; the
+command line adds to it (its flags after ``base``, its ``--grid`` items override those keys in every
+grid, its ``--seeds``/``--tag``/``--out`` replace the file's).
+
+A job is one run index ``i`` (``-pv i -t i+1``: seed ``--seed`` + i, file suffix ``_i``). Its ``-go`` is
+``<tag>-<hash>``, where the hash (8 hex digits) covers every flag whose effective value after parsing
+differs from its default (so ``-lr 0.1`` and ``--local_learning_rate 0.10`` are one configuration, and a
+flag added to the library later leaves existing names alone) except the seed's run index, the tag
+itself and where or how the run executes (device, executor, workers, paths, checkpointing). Runs
+that differ in any other flag therefore never share a file, and two jobs of one sweep that would are
+refused before anything runs. Jobs run with ``--checkpoint_every 1 --resume``: a job whose result file
+is complete (its last evaluation is round ``-gr``, or its sidecar's status is finished or diverged) is
+skipped, an interrupted one continues from its last round, and a finished job's checkpoint is deleted
+(``--keep-checkpoints`` keeps it). Each job's output goes to ``<out>/logs/<result name>.log``; a job
+that fails is reported with its command and log and the others go on; the exit code is 1 when any job
+failed or was refused. Ctrl-C stops the sweep (no further job starts); the same command resumes it.
+With ``-j`` > 1, ``--executor sequential`` lets the jobs share the cores instead of each starting a
+worker process per core.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import io
+import itertools
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "system"))
+
+MAIN = REPO / "system" / "main.py"
+# Config keys that do not change a run's numbers (where and how it runs, paths, checkpointing) or that
+# name it (goal, run index): left out of the configuration hash.
+NOT_HASHED = {"goal", "prev", "times", "resume", "checkpoint_every", "progress", "results_dir", "dataset_root",
+              "save_folder_name", "device", "device_id", "executor", "workers", "gpus_per_worker", "ray_address",
+              "max_restarts", "client_state", "client_state_dir"}
+# Flags the sweep sets on every job itself.
+RESERVED = {"-go", "--goal", "-pv", "--prev", "-t", "--times", "--results_dir", "--checkpoint_every", "--resume"}
+TRUE, FALSE = {"true", "on", "yes", "1"}, {"false", "off", "no", "0"}
+
+
+class SweepError(Exception):
+    """A sweep that cannot start (bad grid, duplicate result names): one line, exit code 2."""
+
+
+@dataclass
+class Job:
+    argv: list[str]  # flags for system/main.py
+    stem: str  # result file name without extension
+    out: Path
+    gr: int
+    grid_point: dict = field(default_factory=dict)
+
+    @property
+    def h5(self) -> Path:
+        return self.out / f"{self.stem}.h5"
+
+    @property
+    def log(self) -> Path:
+        return self.out / "logs" / f"{self.stem}.log"
+
+    @property
+    def ckpt(self) -> Path:
+        return self.out / f"{self.stem}.ckpt"
+
+    def command(self) -> list[str]:
+        return [sys.executable, str(MAIN), *self.argv]
+
+    def shown(self) -> str:
+        return f"python {os.path.relpath(MAIN)} " + " ".join(shlex.quote(a) for a in self.argv)
+
+
+# ---- building the job list ---------------------------------------------------------------------------
+def split_grid_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Take the ``--grid`` items (``FLAG=values``, which argparse would read as unknown options) out of
+    ``argv``; returns (grid items, the rest)."""
+    items, rest, in_grid = [], [], False
+    for arg in argv:
+        if arg == "--grid":
+            in_grid = True
+        elif arg.startswith("--grid="):
+            items.append(arg.split("=", 1)[1])
+            in_grid = True
+        elif in_grid and arg.startswith("-") and "=" in arg:
+            items.append(arg)
+        else:
+            in_grid = False
+            rest.append(arg)
+    return items, rest
+
+
+def parse_grid_items(items: list[str]) -> dict[str, list[str]]:
+    grid: dict[str, list[str]] = {}
+    for item in items:
+        flag, _, values = item.partition("=")
+        if not flag.startswith("-") or not values:
+            raise SweepError(f"--grid item '{item}' is not FLAG=value1,value2,...")
+        if flag in RESERVED:
+            raise SweepError(f"--grid {flag}: the sweep sets {flag} itself (use --seeds, --tag, --out)")
+        if flag in grid:
+            raise SweepError(f"--grid names {flag} twice")
+        grid[flag] = [v for v in values.split(",")]
+    return grid
+
+
+def expand_values(flag: str, values) -> list[str]:
+    """A grid entry's values as strings; ``all`` for -algo = every registered algorithm."""
+    from flcore.registry import ALGORITHMS
+
+    if isinstance(values, (str, int, float, bool)):
+        values = [values]
+    out = []
+    for v in values:
+        v = str(v).lower() if isinstance(v, bool) else str(v)
+        if flag in ("-algo", "--algorithm") and v == "all":
+            out.extend(ALGORITHMS)
+        else:
+            out.append(v)
+    return out
+
+
+def job_parser(argv: list[str]):
+    """system/main.py's parser for the algorithm that ``argv`` selects (its own flags included)."""
+    import main
+    from flcore.registry import ALGORITHMS, get_server_class
+
+    parser = main.base_parser()
+    name = main.algorithm_arg(argv)
+    if name in ALGORITHMS:
+        get_server_class(name).add_args(parser.add_argument_group(name))
+    return parser
+
+
+def flag_takes_value(argv: list[str], flag: str) -> bool:
+    action = job_parser(argv)._option_string_actions.get(flag)
+    if action is None:
+        import main
+
+        raise SweepError(f"--grid {flag}: not a flag of system/main.py for -algo {main.algorithm_arg(argv)}")
+    return not is_switch(action)
+
+
+def is_switch(action) -> bool:
+    """An on/off flag: ``store_true`` (value-less, or taking an optional explicit true/false)."""
+    return action.nargs == 0 or (action.nargs == "?" and action.const is True)
+
+
+def point_flags(point: dict[str, str], base: list[str]) -> list[str]:
+    """Flags for one grid point; value-less flags are added for true and left out for false."""
+    algo_first = sorted(point, key=lambda f: f not in ("-algo", "--algorithm"))
+    flags: list[str] = []
+    for flag in algo_first:
+        value = point[flag]
+        if flag_takes_value([*base, *flags], flag):
+            flags += [flag, value]
+        elif value.lower() in TRUE:
+            flags.append(flag)
+        elif value.lower() not in FALSE:
+            raise SweepError(f"--grid {flag} takes no value: use {flag}=true or {flag}=false, not '{value}'")
+    return flags
+
+
+def config_hash(cfg_dict: dict, defaults: dict) -> str:
+    """8 hex digits of the configuration's values that differ from their defaults (``NOT_HASHED`` aside):
+    equal configurations however spelled get one hash, and a flag added to the library later (at its
+    default) leaves existing names, and so finished jobs, as they are."""
+    kept = {k: v for k, v in sorted(cfg_dict.items())
+            if k not in NOT_HASHED and not (k in defaults and v == defaults[k])}
+    return hashlib.sha1(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def parse_job_flags(argv: list[str]):
+    """``main.parse_config`` with its one-line error captured instead of printed; returns (cfg, error)."""
+    import main
+    from utils.errors import FLError
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return main.parse_config(argv), None
+    except FLError as e:
+        return None, str(e)
+    except SystemExit:
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        return None, lines[-1] if lines else "invalid flags"
+
+
+def build_jobs(base: list[str], grids: list[dict], seeds: list[int], tag: str, out: Path,
+               per_algorithm: dict | None = None):
+    """Returns (jobs, invalid): ``invalid`` lists (flags, one-line error) of grid points main.py refuses.
+    ``per_algorithm``: flags added to every job of that ``-algo`` (after the grid's, so they win).
+    Raises SweepError when two jobs would write one result file."""
+    import main
+
+    for flag in RESERVED:
+        if any(a == flag or a.startswith(flag + "=") for a in base):
+            raise SweepError(f"{flag} is set by the sweep itself (use --seeds, --tag, --out)")
+    jobs, invalid, seen_points = [], [], {}
+    for g, grid in enumerate(grids):
+        keys = list(grid)
+        for combo in itertools.product(*(expand_values(k, grid[k]) for k in keys)):
+            point = dict(zip(keys, combo))
+            key = tuple(sorted(point.items()))
+            if seen_points.setdefault(key, g) != g:  # one point in two grids (of a file): one job
+                continue
+            flags = [*base, *point_flags(point, base)]
+            flags += [str(a) for a in (per_algorithm or {}).get(main.algorithm_arg(flags), [])]
+            cfg, error = parse_job_flags([*flags, "-go", tag])
+            if error:
+                invalid.append((flags, error))
+                continue
+            defaults = {a.dest: a.default for a in job_parser(flags)._actions if a.option_strings}
+            goal = f"{tag}-{config_hash(cfg.to_dict(), defaults)}"
+            for i in seeds:
+                argv = [*flags, "-go", goal, "-pv", str(i), "-t", str(i + 1), "--results_dir", str(out),
+                        "--checkpoint_every", "1", "--resume", "--no-progress"]
+                stem = f"{cfg.dataset}_{main.label(cfg)}_{goal}_{i}"
+                jobs.append(Job(argv, stem, out, cfg.global_rounds, point))
+    by_stem: dict[str, Job] = {}
+    for job in jobs:
+        if job.stem in by_stem:
+            other = by_stem[job.stem]
+            raise SweepError(f"two jobs would write {job.stem}.h5 (grid points {other.grid_point} and "
+                             f"{job.grid_point} give the same configuration); remove one")
+        by_stem[job.stem] = job
+    return jobs, invalid
+
+
+# ---- running ------------------------------------------------------------------------------------------
+def sidecar_status(job: Job) -> str | None:
+    """The run's ``status`` from its sidecar (running, finished, diverged, interrupted, failed), if any."""
+    try:
+        return json.loads(job.h5.with_suffix(".json").read_text()).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def is_complete(job: Job) -> bool:
+    """The result file holds every evaluation (its last one is round ``-gr``, the final evaluation), or
+    its sidecar says the run ended for good: finished (e.g. stopped early by ``-ab``) or diverged (a rerun
+    would diverge again: every draw is seeded)."""
+    if not job.h5.exists():
+        return False
+    try:
+        import h5py
+
+        with h5py.File(job.h5, "r") as f:
+            rounds = f["rs_round"][()] if "rs_round" in f else []
+    except OSError:
+        return False
+    return (len(rounds) > 0 and int(rounds[-1]) == job.gr) or sidecar_status(job) in ("finished", "diverged")
+
+
+def run_job(job: Job, keep_checkpoints: bool, threads: int = 0) -> tuple[int, str]:
+    """Run one job to its end; returns (exit code, note). The job's log is locked while it runs, so a
+    second sweep over the same folder leaves it alone."""
+    job.log.parent.mkdir(parents=True, exist_ok=True)
+    with open(job.log, "a") as log:
+        try:
+            fcntl.flock(log, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return 75, "running in another process"
+        resumed = job.ckpt.exists()
+        log.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} {'resume' if resumed else 'start'}: {job.shown()}\n")
+        log.flush()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if threads:  # parallel jobs share the cores instead of each taking all of them
+            env.setdefault("OMP_NUM_THREADS", str(threads))
+        proc = subprocess.run(job.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.write(f"# exit {proc.returncode}\n")
+    if proc.returncode == 0 and not keep_checkpoints:
+        job.ckpt.unlink(missing_ok=True)
+    return proc.returncode, "resumed" if resumed else ""
+
+
+def run_jobs(jobs: list[Job], workers: int, keep_checkpoints: bool = False, progress: bool = True) -> list:
+    """Run the incomplete jobs, ``workers`` at a time; returns the failures as (job, exit code)."""
+    from tqdm import tqdm
+
+    todo = [j for j in jobs if not is_complete(j)]
+    skipped = len(jobs) - len(todo)
+    print(f"sweep: {len(jobs)} jobs, {skipped} complete (skipped), {len(todo)} to run with {workers} "
+          f"process(es)", file=sys.stderr)
+    bar = tqdm(total=len(jobs), initial=skipped, unit="job", desc="sweep", disable=not progress, file=sys.stderr,
+               dynamic_ncols=True)
+    failures = []
+
+    threads = max(1, (os.cpu_count() or 1) // workers) if workers > 1 else 0
+    stop = threading.Event()  # Ctrl-C: no further job starts
+
+    def one(job):
+        if stop.is_set():
+            return job, None, ""
+        code, note = run_job(job, keep_checkpoints, threads)
+        return job, code, note
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        try:
+            for fut in as_completed([pool.submit(one, job) for job in todo]):
+                job, code, note = fut.result()
+                if code is None:
+                    continue
+                if code != 0 and sidecar_status(job) == "diverged":
+                    bar.write(f"diverged (kept as its result): {job.shown()}\n  log: {job.log}", file=sys.stderr)
+                elif code != 0:
+                    failures.append((job, code))
+                    reason = note or f"exit code {code}"
+                    bar.write(f"FAILED ({reason}): {job.shown()}\n  log: {job.log}", file=sys.stderr)
+                bar.update(1)
+                bar.set_postfix(failed=len(failures), refresh=False)
+        except KeyboardInterrupt:
+            stop.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        finally:
+            bar.close()
+    return failures
+
+
+def prepare_splits(jobs: list[Job]) -> None:
+    """Generate missing offline splits (Digits, Synthetic) once, before parallel jobs could race on them."""
+    import main
+
+    done = set()
+    for job in jobs:
+        cfg, _ = parse_job_flags(job.argv)
+        if cfg is not None and (cfg.dataset, cfg.dataset_root) not in done:
+            done.add((cfg.dataset, cfg.dataset_root))
+            main.ensure_split(cfg)
+
+
+# ---- command line ---------------------------------------------------------------------------------------
+def load_config_file(path: Path) -> dict:
+    try:
+        spec = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SweepError(f"cannot read sweep file {path}: {e}") from None
+    known = {"base", "grids", "per_algorithm", "seeds", "tag", "out", "description"}
+    unknown = set(spec) - known
+    if unknown:
+        raise SweepError(f"{path}: unknown keys {sorted(unknown)} (known: {', '.join(sorted(known))})")
+    return spec
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in str(text).split(",") if s.strip() != ""]
+    except ValueError:
+        raise SweepError(f"--seeds '{text}' is not a comma-separated list of run indices") from None
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise SweepError(f"--seeds '{text}': give distinct run indices >= 0")
+    return seeds
+
+
+def sweep_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False, usage="%(prog)s [sweep options] [--grid FLAG=v1,v2 ...] "
+                                                          "[flags for every job]")
+    p.add_argument("--config", type=Path, default=None, help="JSON sweep file (base, grids, seeds, tag, out)")
+    p.add_argument("--grid", metavar="FLAG=v1,v2", help="grid items (repeatable after one --grid)")
+    p.add_argument("--seeds", default=None, help="run indices, comma-separated (default 0); seed = --seed + index")
+    p.add_argument("--tag", default=None, help="readable part of every job's -go (default: sweep)")
+    p.add_argument("--out", type=Path, default=None, help="results folder of the sweep (default: results/sweep)")
+    p.add_argument("-j", "--jobs", type=int, default=1, help="jobs run in parallel")
+    p.add_argument("--dry-run", action="store_true", help="print the job commands and their state; run nothing")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep a finished job's .ckpt")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    return p
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    grid_items, rest = split_grid_args(argv)
+    args, base_cli = sweep_parser().parse_known_args(rest)
+    try:
+        spec = load_config_file(args.config) if args.config else {}
+        cli_grid = parse_grid_items(grid_items)
+        file_grids = [{k: v for k, v in g.items()} for g in spec.get("grids", [])] or [{}]
+        grids = [{**g, **cli_grid} for g in file_grids]
+        base = [str(a) for a in spec.get("base", [])] + base_cli
+        seeds = parse_seeds(args.seeds if args.seeds is not None else ",".join(map(str, spec.get("seeds", [0]))))
+        tag = args.tag or spec.get("tag") or "sweep"
+        if not tag.replace("-", "").replace(".", "").replace("+", "").isalnum() or "_" in tag:
+            raise SweepError(f"--tag '{tag}': use letters, digits, '-', '.' or '+' (it is part of file names)")
+        # --out is relative to the working directory, the file's "out" and the default to the repository
+        out = args.out if args.out is not None else REPO / spec.get("out", "results/sweep")
+        if args.jobs < 1:
+            raise SweepError("-j must be >= 1")
+        out = out.resolve()
+        if out.is_relative_to(Path.cwd()):  # shorter commands and messages; jobs run in this folder
+            out = out.relative_to(Path.cwd())
+        jobs, invalid = build_jobs(base, grids, seeds, tag, out, spec.get("per_algorithm"))
+    except SweepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for flags, error in invalid:
+        print(f"REFUSED (main.py: {error}): python system/main.py {' '.join(shlex.quote(a) for a in flags)}",
+              file=sys.stderr)
+    if args.dry_run:
+        for job in jobs:
+            state = "complete" if is_complete(job) else "resume" if job.ckpt.exists() else "new"
+            print(f"[{state}] {job.shown()}")
+        print(f"{len(jobs)} jobs ({sum(is_complete(j) for j in jobs)} complete), {len(invalid)} refused; "
+              f"results in {out}", file=sys.stderr)
+        return 1 if invalid else 0
+    prepare_splits(jobs)
+    try:
+        failures = run_jobs(jobs, args.jobs, args.keep_checkpoints, args.progress)
+    except KeyboardInterrupt:
+        print("sweep interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    for job, code in failures:
+        print(f"failed (exit {code}): {job.shown()}\n  log: {job.log}", file=sys.stderr)
+    done = len(jobs) - len(failures)
+    print(f"sweep: {done}/{len(jobs)} jobs complete, {len(failures)} failed, {len(invalid)} refused; results in "
+          f"{out}", file=sys.stderr)
+    return 1 if failures or invalid else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

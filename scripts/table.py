@@ -1,0 +1,466 @@
+"""Result files -> a table of mean ± std over seeds, grouped by configuration keys.
+
+    python scripts/table.py results/sweep                                   # every run in a sweep folder
+    python scripts/table.py "results/*_bench-*.h5" --group algorithm,dataset --target 0.8 --format latex
+    python scripts/table.py results/benchmark --columns best,last,time --commands
+
+Inputs are result files (``.h5`` or their ``.json`` sidecars), globs or folders (searched recursively
+for ``.h5``). Each run's configuration comes from its sidecar. Rows are groups of runs with equal values
+of the ``--group`` keys (any config key; ``algorithm`` is the run's label, with "+ALA" for ``-ala`` runs
+as in the result names); each cell is the mean ± std over the group's runs (population std, as
+``system/get_mean_std.py``), one run per seed. Columns (``--columns``):
+
+- ``best``: best test accuracy (%, sample-weighted over clients) over the evaluations; ``last``: at the
+  last evaluation; ``auc``: best test AUC (%);
+- ``target``: first evaluated round whose accuracy reaches ``--target`` (a fraction, or a percentage
+  above 1); runs that never reach it are counted beside the mean ("(2/3)"), none reaching it shows "-";
+- ``time``: seconds per round (the mean of the sidecar's per-round wall times; the mean over seeds);
+- ``comm``: megabytes sent per round, up plus down, summed over clients (``rs_bytes_up``/``rs_bytes_down``;
+  shown by default only when the runs recorded them);
+- ``seeds``: how many runs the row averages.
+
+The best entry of each column is bold (markdown, LaTeX; the CSV names them in a ``best_in`` column):
+highest for accuracies and AUC, lowest for rounds and seconds. Warnings (stderr, one line each) when rows
+average different numbers of seeds, when one seed appears twice in a row, when runs differ in config keys
+that are not grouped (seed, goal, paths and run-only settings aside), for diverged runs (counted with
+their evaluations until then) and for incomplete runs (interrupted, failed or still running: left out
+unless ``--incomplete``). ``--commands`` adds, per row, the ``system/main.py`` command that
+reproduces it (from the sidecar's configuration).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import io
+import json
+import math
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "system"))
+
+# Config keys never compared between runs: the seed and the tag, paths, and where/how a run executed.
+IGNORED = {"seed", "goal", "prev", "times", "results_dir", "dataset_root", "save_folder_name", "client_state_dir",
+           "client_state", "resume", "checkpoint_every", "progress", "ray_address", "device_id", "workers",
+           "max_restarts", "gpus_per_worker"}
+# Left out of reproduction commands: run-only settings and values the run resolves itself.
+NOT_IN_COMMAND = (IGNORED - {"goal"}) | {"device", "executor", "num_classes"}
+COLUMNS = {"best": "best acc (%)", "last": "last acc (%)", "auc": "best AUC (%)", "target": "rounds to {t}",
+           "time": "s/round", "comm": "MB/round", "seeds": "seeds"}
+HIGHER_IS_BETTER = {"best": True, "last": True, "auc": True, "target": False, "time": False, "comm": False}
+
+
+class TableError(Exception):
+    """Bad inputs (no files, an unknown group key): one line, exit code 2."""
+
+
+@dataclass
+class Run:
+    path: Path
+    meta: dict
+    series: dict
+
+    @property
+    def config(self) -> dict:
+        return self.meta.get("config", {})
+
+    @property
+    def complete(self) -> bool:
+        """Every evaluation is there (the last one is round ``-gr``), or the sidecar says the run ended for
+        good: finished (e.g. ``-ab``) or diverged. Files without a status: the round rule alone."""
+        rounds = self.series.get("rs_round", [])
+        gr = self.config.get("global_rounds")
+        if self.meta.get("status") in ("finished", "diverged"):
+            return True
+        return len(rounds) > 0 and (gr is None or int(rounds[-1]) == gr)
+
+    def key(self, name: str):
+        if name == "algorithm":
+            return self.meta.get("label", self.config.get("algorithm"))
+        if name in self.config:
+            return self.config[name]
+        if name in self.meta and not isinstance(self.meta[name], (dict, list)):
+            return self.meta[name]
+        raise TableError(f"--group {name}: {self.path.name} has no config key '{name}'")
+
+
+@dataclass
+class Row:
+    group: tuple
+    runs: list[Run]
+    stats: dict = field(default_factory=dict)  # column -> (mean, std, reached, n)
+
+
+# ---- reading ---------------------------------------------------------------------------------------------
+def find_files(inputs: list[str]) -> list[Path]:
+    """Result ``.h5`` files named by paths, globs or folders (recursively), each once, in a stable order."""
+    found: dict[Path, None] = {}
+    for item in inputs:
+        matches = [Path(m) for m in sorted(glob.glob(item, recursive=True))] or [Path(item)]
+        for m in matches:
+            if m.is_dir():
+                for f in sorted(m.rglob("*.h5")):
+                    found[f.resolve()] = None
+            elif m.suffix in (".h5", ".json") and m.with_suffix(".h5").exists():
+                found[m.with_suffix(".h5").resolve()] = None
+            elif not m.exists():
+                raise TableError(f"no result files match '{item}'")
+            else:
+                raise TableError(f"{m} is not a result file (.h5 or .json)")
+    return list(found)
+
+
+def read_run(path: Path) -> Run:
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        series = {k: f[k][()] for k in f.keys()}
+    meta = json.loads(path.with_suffix(".json").read_text())
+    return Run(path, meta, series)
+
+
+def load_runs(inputs: list[str], incomplete: bool = False, warn=None) -> list[Run]:
+    """Runs with a sidecar; incomplete ones (last evaluation before ``-gr``) only with ``incomplete``."""
+    warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
+    runs = []
+    for path in find_files(inputs):
+        if not path.with_suffix(".json").exists():
+            warn(f"{path.name} has no .json sidecar (configuration unknown); left out")
+            continue
+        run = read_run(path)
+        if run.meta.get("status") == "diverged":
+            warn(f"{path.name} diverged ({run.meta.get('status_reason')}); its evaluations until then are counted")
+        if not run.complete:
+            rounds = run.series.get("rs_round", [])
+            at = int(rounds[-1]) if len(rounds) else "none"
+            status = f", status {run.meta['status']}" if run.meta.get("status") else ""
+            if not incomplete:
+                warn(f"{path.name} is incomplete (last evaluation: round {at} of {run.config.get('global_rounds')}"
+                     f"{status}); left out (--incomplete includes it)")
+                continue
+        runs.append(run)
+    if not runs:
+        raise TableError(f"no complete result files with sidecars in {' '.join(inputs)}")
+    return runs
+
+
+# ---- metrics and grouping -----------------------------------------------------------------------------
+def run_metrics(run: Run, target: float | None) -> dict:
+    """One run's values: best/last accuracy and best AUC in %, first round reaching ``target`` (None when
+    never), mean seconds per round."""
+    acc = np.asarray(run.series["rs_test_acc"], dtype=float)
+    out = {"best": 100 * float(np.nanmax(acc)), "last": 100 * float(acc[-1])}
+    auc = run.series.get("rs_test_auc")
+    out["auc"] = 100 * float(np.nanmax(auc)) if auc is not None and len(auc) else math.nan
+    times = run.meta.get("round_time_s") or list(run.series.get("rs_round_time", []))
+    out["time"] = float(np.mean(times)) if len(times) else math.nan
+    up, down = run.series.get("rs_bytes_up"), run.series.get("rs_bytes_down")
+    out["comm"] = float(np.mean(np.asarray(up) + np.asarray(down))) / 1e6 if up is not None and len(up) else math.nan
+    if target is not None:
+        rounds = np.asarray(run.series["rs_round"])
+        hit = np.flatnonzero(acc >= target)
+        out["target"] = float(rounds[hit[0]]) if len(hit) else None
+    return out
+
+
+def registry_order() -> list[str]:
+    try:
+        from flcore.registry import ALGORITHMS
+
+        return list(ALGORITHMS)
+    except ImportError:
+        return []
+
+
+def sort_key(group_keys: list[str], group: tuple, order: list[str]) -> tuple:
+    parts = []
+    for k, v in zip(group_keys, group):
+        if k == "algorithm" and isinstance(v, str):
+            base = v.split("+")[0]
+            parts.append((order.index(base) if base in order else len(order), v))
+        else:
+            parts.append((0, v) if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, str(v)))
+    return tuple(parts)
+
+
+def aggregate(runs: list[Run], group_keys: list[str], target: float | None = None) -> list[Row]:
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(tuple(run.key(k) for k in group_keys), []).append(run)
+    order = registry_order()
+    rows = [Row(g, rs) for g, rs in sorted(groups.items(), key=lambda kv: sort_key(group_keys, kv[0], order))]
+    for row in rows:
+        per_run = [run_metrics(r, target) for r in row.runs]
+        for col in ("best", "last", "auc", "time", "comm") + (("target",) if target is not None else ()):
+            vals = [m[col] for m in per_run if m[col] is not None and not math.isnan(m[col])]
+            mean = float(np.mean(vals)) if vals else math.nan
+            std = float(np.std(vals)) if vals else math.nan
+            row.stats[col] = (mean, std, len(vals), len(per_run))
+    return rows
+
+
+def base_config_keys() -> set[str] | None:
+    """The common flags of system/main.py (every algorithm has them), or None when it cannot be imported."""
+    try:
+        import main
+
+        return {a.dest for a in main.base_parser()._actions if a.option_strings}
+    except Exception:  # noqa: BLE001 - only narrows the comparison below
+        return None
+
+
+def _distinct(values) -> list:
+    out = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def check_rows(rows: list[Row], group_keys: list[str]) -> list[str]:
+    """Warnings: unequal seed counts, a seed twice in a row, runs differing in keys that are not grouped."""
+    warnings = []
+    name = {id(r): " / ".join(map(str, r.group)) for r in rows}
+    counts = {name[id(r)]: len(r.runs) for r in rows}
+    if len(set(counts.values())) > 1:
+        warnings.append("rows average different numbers of seeds: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    for r in rows:
+        seeds = [run.meta.get("seed") for run in r.runs]
+        twice = sorted({s for s in seeds if seeds.count(s) > 1}, key=str)
+        if twice:
+            warnings.append(f"{name[id(r)]}: seed(s) {', '.join(map(str, twice))} appear in more than one run "
+                            f"(reruns under another -go?)")
+    skip = IGNORED | set(group_keys) | ({"algorithm", "ala"} if "algorithm" in group_keys else set())
+    # within a row: every key (the algorithm's own flags included)
+    for r in rows:
+        keys = sorted(set().union(*(run.config for run in r.runs)) - skip)
+        for k in keys:
+            vals = _distinct(run.config.get(k) for run in r.runs)
+            if len(vals) > 1:
+                warnings.append(f"{name[id(r)]} averages runs that differ in {k} ({', '.join(map(str, vals))}); "
+                                f"add it to --group")
+    # between rows: keys every run has (the common flags when the algorithm is grouped)
+    if len(rows) > 1:
+        every = set.intersection(*(set(run.config) for r in rows for run in r.runs)) - skip
+        common = base_config_keys() if "algorithm" in group_keys else None
+        keys = sorted(every & common if common else every)
+        differing = []
+        for k in keys:
+            per_row = [_distinct(run.config.get(k) for run in r.runs) for r in rows]
+            if len(_distinct(v for vals in per_row for v in vals)) > 1 and all(len(v) == 1 for v in per_row):
+                by_value: dict = {}
+                for r, v in zip(rows, per_row):
+                    by_value.setdefault(json.dumps(v[0], default=str), []).append(name[id(r)])
+                shown = "; ".join(f"{json.loads(v)}: {', '.join(rs) if len(rs) <= 3 else f'{len(rs)} rows'}"
+                                  for v, rs in by_value.items())
+                differing.append(f"{k} ({shown})")
+        if differing:
+            warnings.append("rows differ in keys that are not grouped: " + ", ".join(differing)
+                            + "; add them to --group if intended")
+    return warnings
+
+
+# ---- rendering ----------------------------------------------------------------------------------------
+def best_rows(rows: list[Row], col: str) -> set[int]:
+    means = [r.stats[col][0] for r in rows]
+    ok = [m for m in means if not math.isnan(m)]
+    if len(rows) < 2 or not ok:
+        return set()
+    best = max(ok) if HIGHER_IS_BETTER[col] else min(ok)
+    return {i for i, m in enumerate(means) if m == best}
+
+
+def cell(stats: tuple, col: str) -> str:
+    mean, std, reached, n = stats
+    if math.isnan(mean):
+        return "-"
+    if col in ("time", "comm"):
+        return f"{mean:.2f}"
+    digits = 1 if col == "target" else 2
+    text = f"{mean:.{digits}f}" if n == 1 else f"{mean:.{digits}f} ± {std:.{digits}f}"
+    return text + (f" ({reached}/{n})" if col == "target" and reached < n else "")
+
+
+def headers(group_keys: list[str], columns: list[str], target: float | None) -> list[str]:
+    tgt = "" if target is None else f"{100 * target:g}%"
+    return [*group_keys, *(COLUMNS[c].format(t=tgt) for c in columns)]
+
+
+def table_cells(rows: list[Row], columns: list[str]) -> tuple[list[list[str]], list[list[bool]]]:
+    marks = {c: best_rows(rows, c) for c in columns if c in HIGHER_IS_BETTER}
+    texts, bold = [], []
+    for i, r in enumerate(rows):
+        texts.append([str(v) for v in r.group] + [str(len(r.runs)) if c == "seeds" else cell(r.stats[c], c)
+                                                   for c in columns])
+        bold.append([False] * len(r.group) + [i in marks.get(c, ()) for c in columns])
+    return texts, bold
+
+
+def render_markdown(head, texts, bold) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for t, b in zip(texts, bold):
+        lines.append("| " + " | ".join(f"**{x}**" if m else x for x, m in zip(t, b)) + " |")
+    return "\n".join(lines)
+
+
+LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "_": r"\_", "#": r"\#", "$": r"\$",
+                 "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def latex_escape(text: str) -> str:
+    return "".join(LATEX_SPECIAL.get(ch, ch) for ch in text)
+
+
+def render_latex(head, texts, bold, n_keys: int) -> str:
+    def fmt(x: str, b: bool, is_key: bool) -> str:
+        if is_key or not any(ch.isdigit() for ch in x) or x.isdigit():
+            return latex_escape(x) if x != "-" else "--"
+        body = latex_escape(x).replace(" ± ", r" \pm ")
+        body = body.replace(r" (", r"\ (")
+        return f"$\\mathbf{{{body}}}$" if b else f"${body}$"
+
+    lines = [r"\begin{tabular}{" + "l" * n_keys + "r" * (len(head) - n_keys) + "}", r"\toprule",
+             " & ".join(latex_escape(h) for h in head) + r" \\", r"\midrule"]
+    for t, b in zip(texts, bold):
+        lines.append(" & ".join(fmt(x, m, j < n_keys) for j, (x, m) in enumerate(zip(t, b))) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines)
+
+
+def render_csv(rows: list[Row], group_keys: list[str], columns: list[str], commands: list[str] | None) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    stat_cols = [c for c in columns if c != "seeds"]
+    head = [*group_keys, "seeds"]
+    for c in stat_cols:
+        head += [f"{c}_mean", f"{c}_std"] + (["target_reached"] if c == "target" else [])
+    head.append("best_in")
+    if commands is not None:
+        head.append("command")
+    w.writerow(head)
+    marks = {c: best_rows(rows, c) for c in stat_cols}
+    for i, r in enumerate(rows):
+        line = [*r.group, len(r.runs)]
+        for c in stat_cols:
+            mean, std, reached, _ = r.stats[c]
+            line += ["" if math.isnan(mean) else f"{mean:.10g}", "" if math.isnan(std) else f"{std:.10g}"]
+            line += [reached] if c == "target" else []
+        line.append(";".join(c for c in stat_cols if i in marks[c]))
+        if commands is not None:
+            line.append(commands[i])
+        w.writerow(line)
+    return buf.getvalue().rstrip("\n")
+
+
+# ---- reproduction commands ----------------------------------------------------------------------------
+def run_index_flags(runs: list[int]) -> list[str]:
+    lo, hi = min(runs), max(runs)
+    if sorted(runs) != list(range(lo, hi + 1)):
+        return ["-pv", str(lo), "-t", str(hi + 1)]  # a superset: the row's runs are among these
+    return (["-pv", str(lo)] if lo else []) + (["-t", str(hi + 1)] if hi + 1 != 1 else [])
+
+
+def reproduce_command(config: dict, runs: list[int]) -> str:
+    """The ``system/main.py`` command that reruns these runs: every flag whose value differs from its
+    default (the dataset, algorithm and rounds always), with the run indices as ``-pv``/``-t``."""
+    import main
+    from flcore.registry import ALGORITHMS, get_server_class
+
+    parser = main.base_parser()
+    algo = config.get("algorithm")
+    if algo in ALGORITHMS:
+        get_server_class(algo).add_args(parser.add_argument_group(algo))
+    always = ["dataset", "algorithm", "global_rounds"]
+    actions = sorted(parser._actions, key=lambda a: always.index(a.dest) if a.dest in always else len(always))
+    argv: list[str] = []
+    for action in actions:
+        dest = action.dest
+        if not action.option_strings or dest in NOT_IN_COMMAND or dest not in config:
+            continue
+        value = config[dest]
+        if value == action.default and dest not in always:
+            continue
+        flag = action.option_strings[0]
+        if isinstance(action, argparse.BooleanOptionalAction):
+            argv.append(f"--{'' if value else 'no-'}{flag.lstrip('-')}")
+        elif action.nargs == 0 or (action.nargs == "?" and action.const is True):  # a store_true switch
+            if bool(value) != bool(action.default):
+                argv += [flag] if value else [flag, "false"]
+        else:
+            argv += [flag, str(value)]
+    argv += run_index_flags(runs)
+    return "python system/main.py " + " ".join(shlex.quote(a) for a in argv)
+
+
+# ---- command line ---------------------------------------------------------------------------------------
+def build_table(inputs: list[str], group_keys: list[str], columns: list[str], fmt: str = "md",
+                target: float | None = None, commands: bool = False, incomplete: bool = False,
+                warn=None, drop_unrecorded: bool = False) -> str:
+    """The table as text. ``drop_unrecorded``: leave out the ``comm`` column when no run recorded bytes."""
+    warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
+    runs = load_runs(inputs, incomplete, warn)
+    if drop_unrecorded and not any(len(r.series.get("rs_bytes_up", [])) for r in runs):
+        columns = [c for c in columns if c != "comm"]
+    rows = aggregate(runs, group_keys, target)
+    for w in check_rows(rows, group_keys):
+        warn(w)
+    cmds = [reproduce_command(r.runs[0].config, [run.meta.get("run", 0) for run in r.runs]) for r in rows] \
+        if commands else None
+    if fmt == "csv":
+        return render_csv(rows, group_keys, columns, cmds)
+    head = headers(group_keys, columns, target)
+    texts, bold = table_cells(rows, columns)
+    names = [" / ".join(map(str, r.group)) for r in rows]
+    if fmt == "latex":
+        out = render_latex(head, texts, bold, len(group_keys))
+        return out + ("".join(f"\n% {n}: {c}" for n, c in zip(names, cmds)) if cmds else "")
+    out = render_markdown(head, texts, bold)
+    return out + ("\n\nReproduce a row:\n\n" + "\n".join(f"- {n}: `{c}`" for n, c in zip(names, cmds))
+                  if cmds else "")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("inputs", nargs="+", help="result files (.h5/.json), globs, or folders")
+    p.add_argument("--group", default="algorithm", help="config keys that make a row (comma-separated)")
+    p.add_argument("--columns", default=None,
+                   help="comma-separated, of best,last,auc,target,time,comm,seeds (default: all; target with "
+                        "--target, comm where bytes were recorded)")
+    p.add_argument("--target", type=float, default=None, help="accuracy for 'rounds to target' (0.8 or 80)")
+    p.add_argument("--format", default="md", choices=["md", "latex", "csv"])
+    p.add_argument("--commands", action="store_true", help="add the command that reproduces each row")
+    p.add_argument("--incomplete", action="store_true", help="include runs that stopped before -gr")
+    p.add_argument("-o", "--output", type=Path, default=None, help="write the table here instead of stdout")
+    args = p.parse_args(argv)
+    target = None if args.target is None else args.target / 100 if args.target > 1 else args.target
+    default_cols = ["best", "last", "auc"] + (["target"] if target is not None else []) + ["time", "comm", "seeds"]
+    columns = default_cols if args.columns is None else [c.strip() for c in args.columns.split(",") if c.strip()]
+    group_keys = [k.strip() for k in args.group.split(",") if k.strip()]
+    try:
+        bad = [c for c in columns if c not in COLUMNS]
+        if bad:
+            raise TableError(f"--columns: unknown {bad[0]} (choose from {', '.join(COLUMNS)})")
+        if "target" in columns and target is None:
+            raise TableError("--columns target needs --target")
+        if not group_keys:
+            raise TableError("--group needs at least one key")
+        text = build_table(args.inputs, group_keys, columns, args.format, target, args.commands, args.incomplete,
+                           drop_unrecorded=args.columns is None)
+    except TableError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.output:
+        args.output.write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""scripts/sweep.py: one result name per configuration, refusal of two jobs on one name, skipping complete
+jobs, resuming an interrupted one (killed with SIGKILL) from its checkpoint, failures reported without
+stopping the others."""
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import sweep  # noqa: E402
+from flcore.registry import ALGORITHMS  # noqa: E402
+
+
+def base(root, *extra):
+    return ["-data", "Digits", "--dataset_root", str(root), "-dev", "cpu", "--executor", "sequential", *extra]
+
+
+def test_equal_configurations_refused_with_one_line(tmp_path, capsys):
+    # 0.1 and 0.10 parse to one configuration: the second job would overwrite the first one's file
+    rc = sweep.main([*base(tmp_path, "-gr", "2"), "--grid", "-lr=0.1,0.10", "--out", str(tmp_path), "--dry-run"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert err[0].startswith("error: two jobs would write Digits_FedAvg_sweep-") and "remove one" in err[0]
+    assert not list(tmp_path.iterdir())  # nothing ran
+    assert sweep.main([*base(tmp_path, "-gr", "2"), "--grid", "-lr=0.1,0.1", "--dry-run"]) == 2
+    assert capsys.readouterr().err.startswith("error: two jobs would write")
+    # one point in two grids of a file (e.g. after --grid overrides a key in both) is one job
+    jobs, _ = sweep.build_jobs(base(tmp_path, "-gr", "2"), [{"-lr": ["0.1"]}, {"-lr": ["0.1"]}], [0], "t", tmp_path)
+    assert len(jobs) == 1
+
+
+def test_names_unique_per_configuration(tmp_path):
+    jobs, invalid = sweep.build_jobs(base(tmp_path, "-gr", "2"), [{"-lr": ["0.05", "0.1"]}], [0, 1], "t", tmp_path)
+    assert invalid == [] and len({j.stem for j in jobs}) == 4
+    assert [j.stem.rsplit("_", 1)[1] for j in jobs] == ["0", "1", "0", "1"]
+    # one job per run index: -pv i -t i+1
+    assert [(j.argv[j.argv.index("-pv") + 1], j.argv[j.argv.index("-t") + 1]) for j in jobs[:2]] == [("0", "1"),
+                                                                                                      ("1", "2")]
+    goals = [j.argv[j.argv.index("-go") + 1] for j in jobs]
+    assert goals[0] == goals[1] != goals[2] == goals[3] and goals[0].startswith("t-")
+
+    def goal(*flags):
+        (job,), _ = sweep.build_jobs([*base(tmp_path, "-gr", "2"), *flags], [{}], [0], "t", tmp_path)
+        return job.argv[job.argv.index("-go") + 1]
+
+    # the hash covers the effective configuration: spelling and run-only settings do not change it
+    assert goal("-lr", "0.1") == goal("--local_learning_rate", "0.10") == goals[2]
+    assert goal("-lr", "0.1", "--executor", "fork", "--workers", "2") == goals[2]
+    assert goal("-lr", "0.1", "-lbs", "20") != goals[2]
+    assert goal("-lr", "0.1", "-gr", "3") != goals[2]  # more rounds are another result, not an overwrite
+    assert goal("-lr", "0.1", "-lbs", "10") == goals[2]  # the default given explicitly
+
+
+def test_a_new_flag_at_its_default_keeps_names(tmp_path, monkeypatch):
+    import main
+
+    (job,), _ = sweep.build_jobs(base(tmp_path, "-gr", "2"), [{}], [0], "t", tmp_path)
+    original = main.base_parser
+
+    def with_new_flag():
+        p = original()
+        p.add_argument("--new_flag", type=int, default=7)
+        return p
+
+    monkeypatch.setattr(main, "base_parser", with_new_flag)
+    (same,), _ = sweep.build_jobs(base(tmp_path, "-gr", "2"), [{}], [0], "t", tmp_path)
+    (other,), _ = sweep.build_jobs(base(tmp_path, "-gr", "2", "--new_flag", "8"), [{}], [0], "t", tmp_path)
+    assert same.stem == job.stem != other.stem
+
+
+def test_grid_values_all_and_boolean_flags(tmp_path):
+    jobs, _ = sweep.build_jobs(base(tmp_path), [{"-algo": ["all"]}], [0], "t", tmp_path)
+    assert [j.argv[j.argv.index("-algo") + 1] for j in jobs] == list(ALGORITHMS)
+    jobs, _ = sweep.build_jobs(base(tmp_path), [{"-algo": ["FedAvg"], "-ala": ["true", "false"]}], [0], "t", tmp_path)
+    assert ["-ala" in j.argv for j in jobs] == [True, False] and "_FedAvg+ALA_" in jobs[0].stem
+    with pytest.raises(sweep.SweepError, match="takes no value"):
+        sweep.build_jobs(base(tmp_path), [{"-ala": ["maybe"]}], [0], "t", tmp_path)
+    with pytest.raises(sweep.SweepError, match="set by the sweep"):
+        sweep.build_jobs([*base(tmp_path), "-go", "x"], [{}], [0], "t", tmp_path)
+    # a grid point main.py refuses is listed, the others still become jobs
+    jobs, invalid = sweep.build_jobs(base(tmp_path), [{"-lr": ["0.1", "-1"]}], [0], "t", tmp_path)
+    assert len(jobs) == 1 and len(invalid) == 1 and invalid[0][1] == "-lr must be > 0"
+
+
+def _write_h5(path: Path, rounds):
+    with h5py.File(path, "w") as f:
+        f.create_dataset("rs_round", data=np.asarray(rounds, dtype=float))
+
+
+def test_complete_means_the_last_evaluation_is_round_gr(tmp_path):
+    job = sweep.Job(["-gr", "2"], "s", tmp_path, 2)
+    assert not sweep.is_complete(job)
+    _write_h5(job.h5, [0, 1])
+    assert not sweep.is_complete(job)
+    _write_h5(job.h5, [0, 1, 2])
+    assert sweep.is_complete(job)
+    # stopped early (-ab) or diverged: complete by the sidecar's status; interrupted or failed: not
+    job = sweep.Job(["-gr", "9", "-ab"], "a", tmp_path, 9)
+    _write_h5(job.h5, [0, 1, 2])
+    for status, complete in (("running", False), ("interrupted", False), ("failed", False), ("finished", True),
+                             ("diverged", True)):
+        job.h5.with_suffix(".json").write_text(json.dumps({"status": status}))
+        assert sweep.is_complete(job) == complete, status
+
+
+def test_failures_reported_and_the_others_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sweep.Job, "command", lambda self: [sys.executable, "-c", self.argv[0]])
+    ok = sweep.Job([f"open({str(tmp_path / 'ran')!r}, 'w')"], "ok", tmp_path, 1)
+    bad = sweep.Job(["import sys; print('boom'); sys.exit(3)"], "bad", tmp_path, 1)
+    failures = sweep.run_jobs([bad, ok], workers=1, progress=False)
+    assert [(j.stem, code) for j, code in failures] == [("bad", 3)]
+    assert (tmp_path / "ran").exists()  # the job after the failed one still ran
+    err = capsys.readouterr().err
+    assert "FAILED (exit code 3)" in err and str(bad.log) in err and "boom" in bad.log.read_text()
+    assert bad.log.read_text().rstrip().endswith("# exit 3")
+
+
+def test_a_job_running_elsewhere_is_left_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep.Job, "command", lambda self: [sys.executable, "-c", "pass"])
+    job = sweep.Job([], "busy", tmp_path, 1)
+    job.log.parent.mkdir()
+    with open(job.log, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert sweep.run_job(job, False) == (75, "running in another process")
+    assert sweep.run_job(job, False)[0] == 0
+
+
+def test_runtime_failure_gives_nonzero_exit_with_command_and_log(digits_tiny_root, tmp_path, capsys):
+    # -nc 99 passes flag parsing but the 5-client split refuses it when the job loads it
+    rc = sweep.main([*base(digits_tiny_root, "-gr", "1", "-nc", "99"), "--out", str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    log = next((tmp_path / "logs").glob("*.log"))
+    assert f"log: {log}" in err and "failed (exit 2): python" in err and "-nc 99" in err
+    assert "asks for more clients" in log.read_text()
+
+
+def _wait_for(path: Path, proc, timeout=300.0):
+    end = time.time() + timeout
+    while not path.exists():
+        assert proc.poll() is None, "the job ended before its first checkpoint"
+        assert time.time() < end, f"no {path.name} after {timeout} s"
+        time.sleep(0.02)
+
+
+def test_skip_complete_and_resume_killed(digits_tiny_root, tmp_path, capsys):
+    flags = base(digits_tiny_root, "-gr", "3", "-lr", "0.1")
+    args = [*flags, "--seeds", "0,1", "--out", str(tmp_path), "--no-progress"]
+    jobs, _ = sweep.build_jobs(flags, [{}], [0, 1], "sweep", tmp_path)
+    done, killed = jobs
+    # job 1 is killed (SIGKILL) right after its first checkpoint (after round 0)
+    proc = subprocess.Popen(killed.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        _wait_for(killed.ckpt, proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert killed.h5.exists() and not sweep.is_complete(killed)
+    assert sweep.main(args) == 0
+    assert "2 jobs, 0 complete (skipped), 2 to run" in capsys.readouterr().err
+    log = killed.log.read_text()
+    assert log.count("# ") == 2 and " resume: " in log  # one attempt, started from the checkpoint
+    assert "resuming " + killed.ckpt.name + " after round" in log
+    assert "round    0 |" not in log  # round 0 was evaluated before the kill and is not rerun
+    with h5py.File(killed.h5, "r") as f:
+        assert list(f["rs_round"][()]) == [0, 1, 2, 3]
+    assert sweep.is_complete(done) and not killed.ckpt.exists() and not done.ckpt.exists()
+    # a second sweep runs nothing: files and logs untouched
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()}
+    assert sweep.main(args) == 0
+    assert "2 jobs, 2 complete (skipped), 0 to run" in capsys.readouterr().err
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()} == before
