@@ -1,6 +1,12 @@
-"""Mean ± std over runs of the best and of the last-round test accuracy.
+"""Mean ± std over runs of the best and of the last-round test accuracy, one line per configuration.
 
     python system/get_mean_std.py results/MNIST_FedALA_test_*.h5
+    python system/get_mean_std.py results/benchmark            # a folder: one line per algorithm / dataset
+
+Takes ``.h5`` result files or their ``.json`` sidecars (globs, folders). Runs are grouped by algorithm
+(with "+ALA") and dataset, so different algorithms are never averaged into one mean; runs of one group that
+differ in another flag are still averaged, with a warning naming the flag (``scripts/table.py`` groups by
+any keys and writes tables).
 """
 from __future__ import annotations
 
@@ -9,21 +15,28 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-from utils.results import mean_std_over_runs  # noqa: E402
+import table  # noqa: E402
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("files", nargs="+", help="result .h5 files, one per run")
+    p.add_argument("files", nargs="+", help="result .h5 / .json files, globs or folders, one file per run")
+    p.add_argument("--incomplete", action="store_true", help="include runs that stopped before -gr")
     args = p.parse_args(argv)
-    missing = [f for f in args.files if not Path(f).exists()]
-    if missing:
-        print(f"error: no such result file: {missing[0]}", file=sys.stderr)
+    try:
+        runs = table.load_runs(args.files, incomplete=args.incomplete)
+        keys = ["algorithm", "dataset"]
+        rows = table.aggregate(runs, keys)
+    except table.TableError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    s = mean_std_over_runs(args.files)
-    print(f"{s['runs']} runs: best {100 * s['best_mean']:.2f} ± {100 * s['best_std']:.2f}, "
-          f"last {100 * s['last_mean']:.2f} ± {100 * s['last_std']:.2f}")
+    for warning in table.check_rows(rows, keys):
+        print(f"warning: {warning}", file=sys.stderr)
+    for row in rows:
+        (bm, bs, _, n), (lm, ls, _, _) = row.stats["best"], row.stats["last"]
+        print(f"{row.group[0]} on {row.group[1]}, {n} runs: best {bm:.2f} ± {bs:.2f}, last {lm:.2f} ± {ls:.2f}")
     return 0
 
 

@@ -133,17 +133,27 @@ def test_fedavg_on_real_mnist(tmp_path):
     assert acc[-1] > 0.65, acc  # chance is 0.1
 
 
-def test_get_mean_std_over_runs(tmp_path, capsys):
-    import h5py
-
+def test_get_mean_std_groups_by_algorithm(tmp_path, capsys):
+    """Per (algorithm, dataset) mean ± std of best and last accuracy; never one mean over two algorithms;
+    .json sidecars are read as readily as .h5 files."""
     import get_mean_std
+    from utils.results import RunRecorder
 
-    for i, acc in enumerate([[0.1, 0.5, 0.4], [0.2, 0.7, 0.6]]):
-        with h5py.File(tmp_path / f"r_{i}.h5", "w") as f:
-            f.create_dataset("rs_test_acc", data=acc)
-    assert get_mean_std.main([str(tmp_path / "r_0.h5"), str(tmp_path / "r_1.h5")]) == 0
-    # best: 0.5, 0.7 -> 60 ± 10; last: 0.4, 0.6 -> 50 ± 10
-    assert "best 60.00 ± 10.00, last 50.00 ± 10.00" in capsys.readouterr().out
+    runs = {"FedAvg": [[0.1, 0.5, 0.4], [0.2, 0.7, 0.6]], "FedALA": [[0.3, 0.9, 0.8], [0.3, 0.7, 0.8]]}
+    for algo, curves in runs.items():
+        for i, acc in enumerate(curves):
+            cfg = {"algorithm": algo, "dataset": "Digits", "global_rounds": 2, "seed": i}
+            rec = RunRecorder(f"Digits_{algo}_t_{i}", {"config": cfg, "label": algo, "seed": i}, tmp_path)
+            for r, a in enumerate(acc):
+                rec.add(r, {"test_acc": a})
+            rec.finish("finished")
+    assert get_mean_std.main([str(tmp_path / "*.h5")]) == 0
+    out = capsys.readouterr().out
+    # FedAvg best: 0.5, 0.7 -> 60 ± 10; last: 0.4, 0.6 -> 50 ± 10. FedALA best 0.9, 0.8 -> 85 ± 5; last 80 ± 0
+    assert "FedAvg on Digits, 2 runs: best 60.00 ± 10.00, last 50.00 ± 10.00" in out
+    assert "FedALA on Digits, 2 runs: best 85.00 ± 5.00, last 80.00 ± 0.00" in out
+    assert get_mean_std.main([str(tmp_path / "Digits_FedAvg_t_0.json"), str(tmp_path / "Digits_FedAvg_t_1.json")]) == 0
+    assert capsys.readouterr().out.strip() == "FedAvg on Digits, 2 runs: best 60.00 ± 10.00, last 50.00 ± 10.00"
     assert get_mean_std.main([str(tmp_path / "nope.h5")]) == 2
 
 
