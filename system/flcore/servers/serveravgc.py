@@ -18,22 +18,28 @@ from flcore.servers.serverbase import Server
 from utils.errors import FLError
 
 
-class FedAvgCServer(Server):
-    client_class = FedAvgCClient
+class FineTunedEvalServer:
+    """The server side of ``FineTunedEval`` (clients/clientavgc.py), for every algorithm whose clients are
+    evaluated on a fine-tuned copy: the ``-fte`` flag (default ``fte_default``) and a payload that carries
+    the round, whose (``-ld``-decayed) rate the fine-tune uses."""
+    fte_default = 1
+    fte_help = "epochs each client fine-tunes its copy of the global model before evaluation (the FedALA paper names no value; 1 here)"
 
     @classmethod
     def add_args(cls, parser) -> None:
         super().add_args(parser)
-        parser.add_argument("-fte", "--fine_tuning_epochs", type=int, default=1,
-                            help="epochs each client fine-tunes its copy of the global model before "
-                                 "evaluation (the FedALA paper names no value; 1 here)")
-
-    def broadcast(self, client):
-        """The global model and the round it opens (the fine-tuning rate is that round's, with ``-ld``)."""
-        return {"model": self.global_model, "round": self.round_idx}
+        parser.add_argument("-fte", "--fine_tuning_epochs", type=int, default=cls.fte_default, help=cls.fte_help)
 
     @classmethod
     def check_config(cls, cfg) -> None:
         super().check_config(cfg)
         if cfg.fine_tuning_epochs < 1:
             raise FLError(f"-fte must be >= 1 (got {cfg.fine_tuning_epochs})")
+
+    def broadcast(self, client):
+        """The global model and the round it opens (the fine-tuning rate is that round's, with ``-ld``)."""
+        return {"model": self.global_model, "round": self.round_idx}
+
+
+class FedAvgCServer(FineTunedEvalServer, Server):
+    client_class = FedAvgCClient

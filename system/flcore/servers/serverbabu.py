@@ -24,27 +24,12 @@ evaluation fine-tune, whose steps the client's accountant counts: they read the 
 evaluated accuracy leaves the client. Epsilon therefore grows with every evaluation (``-eg``).
 """
 from flcore.clients.clientbabu import FedBABUClient
+from flcore.servers.serveravgc import FineTunedEvalServer
 from flcore.servers.serverper import PartSharingServer
-from utils.errors import FLError
 
 
-class FedBABUServer(PartSharingServer):
+class FedBABUServer(FineTunedEvalServer, PartSharingServer):
     client_class = FedBABUClient
-
-    @classmethod
-    def add_args(cls, parser) -> None:
-        super().add_args(parser)
-        parser.add_argument("-fte", "--fine_tuning_epochs", type=int, default=5,
-                            help="epochs each client fine-tunes its copy of the model before evaluation "
-                                 "(FedBABU paper: 5; PFLlib: 10)")
-
-    def broadcast(self, client):
-        """The global model and the round it opens (the fine-tune runs at that round's rate, with ``-ld``)."""
-        return {"model": self.global_model, "round": self.round_idx}
-
-    @classmethod
-    def check_config(cls, cfg) -> None:
-        super().check_config(cfg)
-        if cfg.fine_tuning_epochs < 1:
-            raise FLError(f"-fte must be >= 1 (got {cfg.fine_tuning_epochs}): FedBABU's head is only trained "
-                          f"by the evaluation fine-tune")
+    fte_default = 5
+    fte_help = ("epochs each client fine-tunes its copy of the model before evaluation (FedBABU paper: 5; PFLlib: 10); "
+                "the head is trained only by this fine-tune")
