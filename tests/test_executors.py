@@ -154,7 +154,13 @@ def test_ray_matches_sequential(algo, digits_tiny_root, tmp_path, sequential_run
 # ---- crash and --resume ------------------------------------------------------------------------------
 # Algorithms whose server keeps per-client state (FedAMP's and FedFomo's stored models, APPLE's cores),
 # and FedALA's client state (ALA weights and streams) parked off the device.
-RESUMED = [("FedAMP",), ("FedFomo",), ("APPLE",), ("FedALA", "--client_state", "cpu")]
+# Algorithms whose state beyond the model must survive a checkpoint: stored models and attention (FedAMP,
+# FedFomo, APPLE, FedMTL), ALA weights, control variates and regulariser states (FedDyn's h and gradients),
+# previous models (MOON), the server's generator with its optimizer and streams (FedGen), middleware models
+# and their dispatch stream (FedCross: 5 rounds, so a lost stream shows), APFL's v and alpha.
+RESUMED = [("FedAMP",), ("FedFomo",), ("APPLE",), ("FedALA", "--client_state", "cpu"), ("FedMTL", "-lam", "0.5"),
+           ("FedDyn", "--client_state", "cpu"), ("MOON",), ("FedGen", "-se", "5"), ("FedCross", "-gr", "5"),
+           ("APFL", "--client_state", "cpu")]
 
 
 @pytest.mark.parametrize("executor", ["fork", "sequential"])
@@ -186,7 +192,8 @@ def test_resume_after_crash_equals_uninterrupted_run(case, executor, digits_tiny
 
     assert_same(base, run_main(digits_tiny_root, crash, *flags, *ON[executor], "--resume"))
     assert "after round 1" in capsys.readouterr().out
-    assert len(read_h5(crash / f"Digits_{algo}_test_0.h5")["rs_round_time"]) == 3
+    rounds = main.parse_config(cli(digits_tiny_root, crash, *flags)).global_rounds  # a case may set its own -gr
+    assert len(read_h5(crash / f"Digits_{algo}_test_0.h5")["rs_round_time"]) == rounds
     # A checkpoint does not depend on the executor: the same one resumed on the other executor.
     other = "sequential" if executor == "fork" else "fork"
     assert_same(base, run_main(digits_tiny_root, tmp_path / "other", *flags, *ON[other], "--resume"))

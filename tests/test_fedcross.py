@@ -274,31 +274,6 @@ def test_dp_runs_with_positive_epsilon(digits_tiny_root, tmp_path):
     assert np.all(h5["rs_dp_client_epsilon"][-1] > 0)
 
 
-def test_resume_after_a_crash_equals_the_uninterrupted_run(digits_tiny_root, tmp_path, monkeypatch):
-    """The middleware models and the dispatch stream are server state: a run resumed from its checkpoint
-    gives the numbers of an undisturbed one."""
-    from flcore.servers.serverbase import Server
-
-    flags = ("-algo", "FedCross", "-gr", "5", "-jr", "0.6", "--checkpoint_every", "2", "--executor", "sequential",
-             *FAST)
-    assert main.main(cli(digits_tiny_root, tmp_path / "base", *flags)) == 0
-    after_round = Server.after_round
-
-    def crash_in_round_2(self):
-        if self.round_idx == 2:
-            raise RuntimeError("killed")
-        after_round(self)
-
-    monkeypatch.setattr(Server, "after_round", crash_in_round_2)
-    with pytest.raises(RuntimeError, match="killed"):
-        main.main(cli(digits_tiny_root, tmp_path / "crash", *flags))
-    monkeypatch.setattr(Server, "after_round", after_round)
-    assert main.main(cli(digits_tiny_root, tmp_path / "crash", *flags, "--resume")) == 0
-    base, resumed = (read_h5(tmp_path / d / "Digits_FedCross_test_0.h5") for d in ("base", "crash"))
-    for key in ("rs_test_acc", "rs_test_auc"):
-        assert np.array_equal(base[key], resumed[key]), key
-
-
 def test_local_batchnorm_statistics_stay_with_the_client(digits_tiny_root):
     """--bn_stats local: the evaluated global model carries the client's own BatchNorm statistics."""
     server = build(digits_tiny_root, "-m", "BNCNN", "--bn_stats", "local")

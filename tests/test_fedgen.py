@@ -155,25 +155,3 @@ def test_ala_runs(digits_tiny_root, tmp_path):
 def test_bad_flags_end_with_one_line(flags, words, digits_tiny_root, tmp_path, capsys):
     assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedGen", "-gr", "0", *flags)) == 2
     assert words in capsys.readouterr().err
-
-
-def test_resume_after_a_crash_gives_the_uninterrupted_run(digits_tiny_root, tmp_path, monkeypatch):
-    """The server's generator, its Adam state and streams, and p(y) survive a checkpoint."""
-    from flcore.servers.serverbase import Server
-
-    flags = ("--checkpoint_every", "2", "--executor", "sequential")
-    base = run(digits_tiny_root, tmp_path / "base", *flags, rounds="4")
-    after_round = Server.after_round
-
-    def crash_in_round_2(self):
-        if self.round_idx == 2:
-            raise RuntimeError("killed")
-        after_round(self)
-
-    monkeypatch.setattr(Server, "after_round", crash_in_round_2)
-    with pytest.raises(RuntimeError, match="killed"):
-        run(digits_tiny_root, tmp_path / "crash", *flags, rounds="4")
-    monkeypatch.setattr(Server, "after_round", after_round)
-    resumed = run(digits_tiny_root, tmp_path / "crash", *flags, "--resume", rounds="4")
-    for key in ("rs_test_acc", "rs_train_loss"):
-        assert np.array_equal(base[key], resumed[key]), key

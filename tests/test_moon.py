@@ -124,29 +124,3 @@ def test_bad_flags_end_with_one_line(digits_tiny_root, tmp_path, capsys):
     for flags in (("-tau", "0"), ("-mu", "-1")):
         assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "MOON", "-gr", "0", *flags)) == 2
         assert "MOON needs -mu >= 0 and -tau > 0" in capsys.readouterr().err
-
-
-def test_resume_after_a_crash_gives_the_uninterrupted_run(digits_tiny_root, tmp_path, monkeypatch):
-    """Each client's previous and global models survive a checkpoint."""
-    from flcore.servers.serverbase import Server
-
-    def go(out, *extra):
-        assert main.main(cli(digits_tiny_root, out, "-algo", "MOON", "-gr", "4", "-lr", "0.1", "--executor",
-                             "sequential", "--checkpoint_every", "2", *extra)) == 0
-        return read_h5(out / "Digits_MOON_test_0.h5")
-
-    base = go(tmp_path / "base")
-    after_round = Server.after_round
-
-    def crash_in_round_2(self):
-        if self.round_idx == 2:
-            raise RuntimeError("killed")
-        after_round(self)
-
-    monkeypatch.setattr(Server, "after_round", crash_in_round_2)
-    with pytest.raises(RuntimeError, match="killed"):
-        go(tmp_path / "crash")
-    monkeypatch.setattr(Server, "after_round", after_round)
-    resumed = go(tmp_path / "crash", "--resume")
-    for key in ("rs_test_acc", "rs_train_loss"):
-        assert np.array_equal(base[key], resumed[key]), key
