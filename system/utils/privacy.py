@@ -18,12 +18,25 @@ Poisson-subsampled Gaussian mechanism (each sample in a batch independently with
 one adjacency; we feed it q = B / n_i per step. This is the customary approximation (Abadi et al. train
 on shuffled lots too), not a proof for shuffled batches: Chua et al. (ICML 2024, "How Private are DP-SGD
 Implementations?") show shuffling can leak more than the Poisson figure. Each client is accounted
-separately for record-level privacy of its own data; only its DP-SGD steps are counted (data-dependent
-steps outside the loss hook, e.g. ALA's weight learning on local data, are not privatised).
+separately for record-level privacy of its own data, at q = B / (the samples its batches are drawn from,
+``Client.train_count``). Only its DP-SGD steps are counted: an algorithm whose data-dependent steps lie
+outside the DP path either refuses ``-dp`` in its ``check_config`` or names them in its server's
+``dp_uncovered`` (with ``-ala``, ALA's weight learning on local data is added); ``uncovered_steps`` collects
+them, the monitor prints them as a warning at start-up and docs/privacy.md lists them.
+
+The noise generator: by default each client's noise comes from a ``torch.Generator`` seeded from ``-seed``,
+the run and the client id, so a run is reproducible. That is right for research and wrong for a
+deployment: anyone who knows the seed can regenerate the noise and subtract it. ``--dp_secure_rng`` seeds
+every client's noise generator from the operating system's entropy (``secrets``); results are then not
+reproducible (two runs with the same flags differ). torch's generator itself is not a cryptographic PRNG
+(opacus' ``secure_mode`` uses torchcsprng for that).
 """
 from __future__ import annotations
 
 import copy
+import functools
+import secrets
+import sys
 from collections import Counter
 
 import numpy as np
@@ -94,8 +107,12 @@ def epsilon(history: list[tuple[float, float, int]], delta: float) -> float:
     """Epsilon at ``delta`` after DP-SGD steps given as (noise multiplier, sample rate, steps) triples,
     from opacus' RDP accountant (Mironov 2017 RDP of the subsampled Gaussian; conversion to (eps, delta)
     by Balle et al. 2020, tighter than the classic rdp + log(1/delta)/(alpha-1))."""
-    if not history:
-        return 0.0
+    return _epsilon(tuple(map(tuple, history)), delta) if history else 0.0
+
+
+@functools.lru_cache(maxsize=4096)
+def _epsilon(history: tuple, delta: float) -> float:
+    """``epsilon``, memoised: every evaluation asks it for every client, mostly about the same histories."""
     from opacus.accountants import RDPAccountant
 
     acc = RDPAccountant()
@@ -105,11 +122,17 @@ def epsilon(history: list[tuple[float, float, int]], delta: float) -> float:
 
 class DPSGD:
     """One client's DP-SGD state: clip norm, noise multiplier, its own noise stream and its step history
-    (the accountant's input). Built by ``Client.__init__`` with ``-dp``."""
+    (the accountant's input). Built by ``Client.__init__`` with ``-dp``. The noise stream is seeded from
+    (-seed, run, client id): reproducible, fine for research, not for deployment (the seed removes the
+    noise); ``--dp_secure_rng`` seeds it from the OS instead (see the module docstring)."""
 
-    def __init__(self, clip: float, sigma: float, n_samples: int, batch_size: int, generator: torch.Generator):
+    def __init__(self, clip: float, sigma: float, n_samples: int, batch_size: int, generator: torch.Generator,
+                 secure: torch.Generator | None = None):
         self.clip, self.sigma, self.n = clip, sigma, n_samples
         self.batch_size, self.generator = batch_size, generator
+        # --dp_secure_rng: one OS-seeded stream for all of this client's noise (fine-tuning included); an
+        # algorithm that swaps ``generator`` for a stream of its own then changes nothing.
+        self.secure = secure
         self.history: list[tuple[float, float, int]] = []
 
     @classmethod
@@ -118,23 +141,31 @@ class DPSGD:
         if bn:
             raise FLError(f"-dp needs per-sample gradients, but the model has {bn[0]} layers, which mix the "
                           f"samples of a batch; use a model without BatchNorm (-m CNN or -m DNN)")
+        secure = None
+        if getattr(cfg, "dp_secure_rng", False):
+            secure = torch.Generator(device=cfg.device)
+            secure.manual_seed(secrets.randbits(63))
         return cls(cfg.dp_clip, cfg.dp_sigma, n_samples, cfg.batch_size,
-                   torch_gen(cfg.seed, run, "dp-noise", cid, device=cfg.device))
+                   torch_gen(cfg.seed, run, "dp-noise", cid, device=cfg.device), secure)
 
     def backward(self, client, objective, optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Set ``.grad`` of every parameter ``optimizer`` trains to the DP-SGD gradient of
         ``objective(x, y)`` (the client's ``loss`` hook, or the objective ``run_epochs`` was given), the
         per-sample parameters swapped into the client's modules; returns the batch's mean loss (detached).
-        One accountant step at q = max(B, len(x)) / n (an epoch's last, smaller batch counts at full rate)."""
+        One accountant step at q = max(B, len(x)) / n, n the samples the client's batches are drawn from
+        (``train_count``: FedFomo's training part, PartialFed's trained slice), at most its training set;
+        an epoch's last, smaller batch counts at the full rate."""
         modules = {k: v for k, v in vars(client).items() if isinstance(v, nn.Module)}
         holder = _LossHolder(modules, objective)
         trained = {id(p) for g in optimizer.param_groups for p in g["params"] if p.requires_grad}
         named = dict(holder.named_parameters())
         names = [n for n, p in named.items() if id(p) in trained]
         grads, losses = per_sample_gradients(holder, names, x, y)
-        for n, g in privatize(grads, self.clip, self.sigma, self.generator).items():
+        noise = self.generator if self.secure is None else self.secure
+        for n, g in privatize(grads, self.clip, self.sigma, noise).items():
             named[n].grad = g
-        q = min(1.0, max(self.batch_size, len(x)) / self.n)
+        pool = min(self.n, client.train_count())
+        q = min(1.0, max(self.batch_size, len(x)) / max(pool, 1))
         if self.history and self.history[-1][:2] == (self.sigma, q):
             self.history[-1] = (self.sigma, q, self.history[-1][2] + 1)
         else:
@@ -143,6 +174,21 @@ class DPSGD:
 
     def epsilon(self, delta: float) -> float:
         return epsilon(self.history, delta)
+
+
+ALA_UNCOVERED = "ALA's weight learning on local training data (-ala / FedALA)"
+
+
+def uncovered_steps(cfg, cls) -> list[str]:
+    """The data-dependent steps of this configuration (``cls``: its server class) that the reported
+    epsilon does not cover: the server's ``dp_uncovered`` (one string, "" when every step is private) and,
+    with ALA, its weight learning. The one list the start-up warning and docs/privacy.md's table
+    (tests/test_dp_registry.py) are checked against."""
+    steps = [cls.dp_uncovered] if getattr(cls, "dp_uncovered", "") else []
+    client_ala = getattr(cls.client_class, "use_ala", False)
+    if (cfg.ala or client_ala) and ALA_UNCOVERED not in steps:
+        steps.append(ALA_UNCOVERED)
+    return steps
 
 
 # ---- the server-side monitor -----------------------------------------------------------------------
@@ -190,27 +236,35 @@ class PrivacyMonitor:
     model it sent; for personalised methods (FedALA's ALA-initialised model, private heads) it is more
     than a real server knows, so the scores are an upper bound on what leaks."""
 
-    def __init__(self, cfg, run: int, data, recorder=None):
+    def __init__(self, cfg, run: int, data, recorder=None, server_cls=None):
         self.cfg, self.run, self.recorder = cfg, run, recorder
         self.input_shape, self.num_classes = tuple(data.input_shape), data.num_classes
         norm = data.config.get("normalize") or {}
         channels = self.input_shape[0] if len(self.input_shape) == 3 else 1
         self.mean, self.std = norm.get("mean", [0.0] * channels), norm.get("std", [1.0] * channels)
         self.starts: dict[int, nn.Module] = {}
+        self.trained: set[int] = set()  # ids of the clients that have trained in this run (-dp's guard)
         if cfg.dlg_eval and len(self.input_shape) != 3:
             raise FLError(f"-dlg reconstructs images, but split '{data.name}' holds inputs of shape "
                           f"{list(self.input_shape)}; use an image split (Digits, MNIST, Cifar10, ...)")
+        if cfg.privacy and run == cfg.prev and server_cls is not None:
+            steps = uncovered_steps(cfg, server_cls)
+            if steps:
+                print(f"warning: -dp: {cfg.algorithm}'s epsilon does not cover: {'; '.join(steps)} "
+                      f"(see docs/privacy.md)", file=sys.stderr)
 
     @classmethod
-    def from_config(cls, cfg, run: int, data, recorder=None) -> "PrivacyMonitor | None":
-        return cls(cfg, run, data, recorder) if (cfg.dlg_eval or cfg.privacy) else None
+    def from_config(cls, cfg, run: int, data, recorder=None, server_cls=None) -> "PrivacyMonitor | None":
+        return cls(cfg, run, data, recorder, server_cls) if (cfg.dlg_eval or cfg.privacy) else None
 
     def attacks(self, round_idx: int) -> bool:
         return self.cfg.dlg_eval and round_idx % self.cfg.dlg_gap == 0
 
     def before_training(self, round_idx: int, active: list) -> None:
-        """Pick this round's attacked clients (own stream) and keep a copy of the model each starts from."""
+        """Pick this round's attacked clients (own stream) and keep a copy of the model each starts from;
+        note who trains (``metrics`` checks that each of them has a DP history)."""
         self.starts = {}
+        self.trained.update(c.id for c in active)
         if not self.attacks(round_idx) or not active:
             return
         for i in attacked_positions(self.cfg.seed, self.run, round_idx, len(active), self.cfg.dlg_clients):
@@ -298,8 +352,14 @@ class PrivacyMonitor:
 
     def metrics(self, clients: list) -> dict:
         """Per-evaluation DP figures: epsilon of every client at ``--dp_delta`` (0 before it trains); the
-        server prints the maximum with the round's accuracy."""
+        server prints the maximum with the round's accuracy. A client that trained under ``-dp`` without a
+        single DP-SGD step (an algorithm whose training bypasses the DP path) is an error: its epsilon of 0
+        would claim privacy the run did not give."""
         if not self.cfg.privacy:
             return {}
         eps = np.array([c.dp_epsilon(self.cfg.dp_delta) for c in clients])
+        bare = [c.id for c, e in zip(clients, eps) if c.id in self.trained and not e > 0]
+        if bare:
+            raise FLError(f"-dp: client {bare[0]} trained but its DP accountant is empty: {self.cfg.algorithm}'s "
+                          f"training bypassed DP-SGD, so the run is not private (a bug: refuse -dp in its check_config)")
         return {"dp_epsilon_max": float(eps.max()), "dp_epsilon_mean": float(eps.mean()), "dp_client_epsilon": eps}

@@ -7,6 +7,7 @@ from torch.func import functional_call
 
 from flcore.clients.clientavgc import FineTunedEval
 from flcore.clients.clientbase import Client
+from utils.errors import Diverged
 
 
 class PerFedAvgClient(FineTunedEval, Client):
@@ -40,7 +41,38 @@ class PerFedAvgClient(FineTunedEval, Client):
         self.alpha = self.learning_rate(round_idx)
         for group in self.optimizer.param_groups:
             group["lr"] = self.beta(round_idx)
-        self.run_epochs(self.cfg.local_epochs, 2 * self.cfg.batch_size, objective=self.meta_loss)
+        if self.dp is None:
+            self.run_epochs(self.cfg.local_epochs, 2 * self.cfg.batch_size, objective=self.meta_loss)
+        else:
+            self.dp_meta_steps()
+
+    def dp_meta_steps(self) -> None:
+        """``-dp``: the same FO-MAML steps, each of its two gradients a DP-SGD release on its own half
+        of the batch (two accountant steps per meta-step, each at the rate of a ``-lbs`` batch): the
+        inner step w' = w - α g̃(w; D), then w ← w - β g̃(w'; D'). ``meta_loss`` cannot be privatised per
+        sample, as its inner gradient mixes the samples of D."""
+        params = list(self.model.parameters())
+        total, steps = torch.zeros((), device=self.device), 0
+        for idx in self.batches(self.cfg.local_epochs, 2 * self.cfg.batch_size):
+            half = len(idx) // 2
+            first, second = (idx[:half], idx[half:]) if half else (idx, idx)
+            start = [p.detach().clone() for p in params]
+            self.optimizer.zero_grad(set_to_none=True)
+            self.dp.backward(self, self.loss, self.optimizer, self.x_train[first], self.y_train[first])
+            with torch.no_grad():
+                for p in params:
+                    p.sub_(self.alpha * p.grad)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self.dp.backward(self, self.loss, self.optimizer, self.x_train[second], self.y_train[second])
+            with torch.no_grad():
+                for p, w in zip(params, start):
+                    p.copy_(w)
+            self.optimizer.step()
+            total += loss.detach()
+            steps += 1
+        if not torch.isfinite(total):
+            raise Diverged(f"client {self.id}: Per-FedAvg loss became {float(total) / max(steps, 1)}; lower -lr "
+                           f"({self.cfg.local_learning_rate}) or -bt")
 
     def steps_per_round(self) -> int:
         """Each step takes a batch of 2 x ``-lbs`` samples."""
@@ -48,9 +80,22 @@ class PerFedAvgClient(FineTunedEval, Client):
 
     def fine_tune(self, model: torch.nn.Module) -> torch.nn.Module:
         """The paper's personalisation: one SGD step of size α (this round's, decayed by ``-ld`` as in
-        training) on one local batch."""
+        training) on one local batch. With ``-dp`` that step is a DP-SGD release too (noise from the
+        fine-tune stream, one accountant step per evaluation): the copy is held as ``self.tuned`` while
+        it steps, so the per-sample gradients reach it."""
         idx = next(self.batches(1, generator=self.tune_gen))
         model.train()
+        if self.dp is not None:
+            opt = torch.optim.SGD(model.parameters(), lr=self.alpha)
+            self.tuned, noise = model, self.dp.generator
+            self.dp.generator = self.tune_noise
+            try:
+                opt.zero_grad(set_to_none=True)
+                self.dp.backward(self, lambda a, b: self.loss_fn(model(a), b), opt, self.x_train[idx], self.y_train[idx])
+                opt.step()
+            finally:
+                self.dp.generator = noise
+            return model
         grads = torch.autograd.grad(self.loss_fn(model(self.x_train[idx]), self.y_train[idx]),
                                     list(model.parameters()))
         with torch.no_grad():

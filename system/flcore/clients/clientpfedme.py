@@ -1,5 +1,6 @@
 """pFedMe client: K inner steps on the personalised model θ per batch, then one step of w (see
-servers/serverpfedme.py)."""
+servers/serverpfedme.py). With ``-dp`` every inner step's data gradient is a DP-SGD release (K accountant
+steps per batch); w's step reads only θ and w."""
 import copy
 
 import torch
@@ -17,6 +18,10 @@ class PFedMeClient(Client):
     def eval_model(self):
         return self.theta
 
+    def theta_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """f(θ; x, y), the data term of the inner problem (what ``-dp`` clips and noises per sample)."""
+        return self.loss_fn(self.theta(x), y)
+
     def local_update(self, round_idx: int) -> None:
         """Per batch: K steps of θ on f(θ) + λ/2 ||θ - w||^2, then w ← w - η λ (w - θ) through the
         client optimizer (so -lr and its decay apply to η)."""
@@ -29,9 +34,12 @@ class PFedMeClient(Client):
             x, y = self.x_train[idx], self.y_train[idx]
             for _ in range(self.cfg.K):
                 self.theta_optimizer.zero_grad(set_to_none=True)
-                loss = self.loss_fn(self.theta(x), y)
-                loss.backward()
-                with torch.no_grad():
+                if self.dp is None:
+                    loss = self.loss_fn(self.theta(x), y)
+                    loss.backward()
+                else:  # -dp: each inner step is one DP-SGD release of ∇f(θ; batch), counted by the accountant
+                    loss = self.dp.backward(self, self.theta_loss, self.theta_optimizer, x, y)
+                with torch.no_grad():  # the proximal term's gradient reads no data: added after the release
                     for t, v in zip(theta, w):
                         t.grad.add_(t - v, alpha=lam)
                 self.theta_optimizer.step()

@@ -16,7 +16,10 @@ no cap on the start phase (see utils/ALA.py for the full list).
 """
 from flcore.clients.clientala import FedALAClient
 from flcore.servers.serverbase import Server
+from utils.privacy import ALA_UNCOVERED
 
 
 class FedALAServer(Server):
     client_class = FedALAClient
+    # -dp: what the reported epsilon does not cover (utils/privacy.py uncovered_steps, docs/privacy.md)
+    dp_uncovered = ALA_UNCOVERED

@@ -82,7 +82,7 @@ class Server:
         self.slow = SlowClients(cfg, run, steps)
         self.late: list[int] = []  # clients whose upload missed the last round (-tth)
         self.recorder = recorder
-        self.privacy = PrivacyMonitor.from_config(cfg, run, data, recorder)  # None unless -dlg or -dp
+        self.privacy = PrivacyMonitor.from_config(cfg, run, data, recorder, type(self))  # None unless -dlg or -dp
         if self.clients and self.clients[0].ala is not None:
             names = self.clients[0].ala.names
             count = (f"top {cfg.ala_layers or 'all'} layer(s)" if cfg.ala_layers is not None

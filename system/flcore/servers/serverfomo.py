@@ -10,6 +10,8 @@ validation split of its training data and moves toward the ones that lower its l
 
 then trains θ_i locally and uploads it; its affinity to n grows by w_n. When no neighbour helps, θ_i is
 kept. With ``-ala`` the FedFomo aggregate plays the global model's part: ALA initialises θ_i from it.
+With ``-dp`` local training is DP-SGD (at q = -lbs / the samples left for training), but the validation
+scoring is not privatised (``dp_uncovered``: a warning at start-up).
 
 Flags: ``-M`` models each participant downloads = 5 (PFLlib's default; the official code's default is 8),
 ``--val_ratio`` 0.2 (official code: 20 % of the local data), ``--epsilon`` 0.3 and ``--epsilon_decay``
@@ -28,6 +30,9 @@ from utils.errors import FLError
 
 class FedFomoServer(Server):
     client_class = FedFomoClient
+    # -dp: what the reported epsilon does not cover (utils/privacy.py uncovered_steps, docs/privacy.md)
+    dp_uncovered = ("FedFomo's scoring of the neighbours' models on the validation split (--val_ratio of the "
+                    "training data, never passed through DP-SGD)")
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -16,6 +16,12 @@ unset ``-bt`` is recorded as null in the run's config). With ``-ld`` α and β b
 round, as training does (the server sends the round with the model). The Hessian-free variant (HF) is
 not implemented.
 
+``-dp``: privatised step by step. Each meta-step's two gradients are DP-SGD releases on their own half of
+the batch (∇f(w; D) and ∇f(w'; D'), each clipped per sample and noised, two accountant steps per
+meta-step), and the evaluation's personalisation step is one more release on its batch (counted too, so
+epsilon grows with every evaluation). The FO-MAML loss of one batch is not privatised as a whole: its inner
+gradient mixes the samples of D, so a per-sample gradient of it is undefined.
+
 PFLlib takes the same FO step (it restores w before the β step, since June 2021) and personalises the
 same way (one α step on a training batch, since February 2023). Where it differs:
 - it ignores ``-bt``: β is the initial ``-lr`` and stays fixed under ``-ld``, while α decays by γ after

@@ -14,6 +14,10 @@ The server mixes the plain mean of the uploaded w's into the global model: w^{t+
 Flags (paper's non-convex MNIST settings, official README): ``-lam`` λ = 15, ``-K`` K = 5,
 ``-lrp`` personal rate 0.09, ``-bt`` β = 1 (the paper also reports β = 2 after tuning).
 
+``-dp``: each of the K inner steps per batch takes the DP-SGD gradient of f(θ; batch) (per-sample clipped
+and noised, one accountant step at q = -lbs / n each, so a round counts K times the batches of FedAvg); the
+proximal gradient λ(θ - w) and w's step read no data and are added after the release.
+
 Where the official code differs from the paper, this follows the paper: its server weights the mean by
 sample counts (the paper: plain mean over the sampled clients), and its inner step adds a weight decay of
 0.001 (the default ``mu`` of its pFedMe optimizer, which its client never sets; not in the paper). It
