@@ -58,11 +58,13 @@ def test_beta_defaults_to_the_learning_rate(digits_root):
         assert torch.allclose(p.detach(), q, atol=1e-6)
 
 
-def test_bt_sets_beta_and_must_be_positive(digits_root):
+def test_bt_sets_beta_and_must_be_positive(digits_root, capsys):
     assert make_server(digits_root, "-lr", "0.1", "-bt", "0.02").clients[0].beta(0) == pytest.approx(0.02)
-    for bad in ("0", "-0.1"):
-        with pytest.raises(FLError, match="-bt"):
-            make_server(digits_root, "-bt", bad)
+    with pytest.raises(FLError, match="-bt"):
+        make_server(digits_root, "-bt", "-0.1")
+    # PFLlib's default -bt 0.0, which its Per-FedAvg ignores: beta = -lr, with a warning
+    assert make_server(digits_root, "-lr", "0.1", "-bt", "0").clients[0].beta(0) == pytest.approx(0.1)
+    assert "-bt 0 is PFLlib's default" in capsys.readouterr().err
 
 
 def test_training_uses_the_decayed_alpha_and_beta_of_its_round(digits_root):

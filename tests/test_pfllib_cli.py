@@ -11,6 +11,7 @@ PARSES = [
     ("-t 1 -jr 1 -nc 5 -nb 10 -m cnn -algo FedALA -et 1 -s 80 -did 0",
      {"algorithm": "FedALA", "model": "CNN", "num_classes": 10, "eta": 1.0, "rand_percent": 80}),
     ("-algo PerAvg -bt 0.001 -ld True", {"algorithm": "Per-FedAvg", "beta": 0.001, "learning_rate_decay": True}),
+    ("-algo PerAvg -bt 0.0", {"algorithm": "Per-FedAvg", "beta": 0.0}),  # PFLlib's default: beta = -lr there and here
     ("-algo FedROD -ld False", {"algorithm": "FedRoD", "learning_rate_decay": False}),
     ("-algo FedProx -mu 0.01 -rjr True -ab True", {"mu": 0.01, "random_join_ratio": True, "auto_break": True}),
     ("-algo Ditto -mu 0.1 -pls 1", {"mu": 0.1, "plocal_epochs": 1}),

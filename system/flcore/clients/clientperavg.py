@@ -16,8 +16,9 @@ class PerFedAvgClient(FineTunedEval, Client):
         self.alpha = self.cfg.local_learning_rate  # inner step α of the current round (-lr, decayed by -ld)
 
     def beta(self, round_idx: int) -> float:
-        """Outer step β of round ``round_idx``: ``-bt`` (``-lr`` without it), decayed by ``-ld`` as α is."""
-        base = self.cfg.local_learning_rate if self.cfg.beta is None else self.cfg.beta
+        """Outer step β of round ``round_idx``: ``-bt`` (``-lr`` without it, or with PFLlib's ``-bt 0``),
+        decayed by ``-ld`` as α is."""
+        base = self.cfg.beta or self.cfg.local_learning_rate
         return base * self.learning_rate(round_idx) / self.cfg.local_learning_rate
 
     def receive(self, payload, participating: bool = True) -> None:

@@ -34,6 +34,8 @@ same way (one α step on a training batch, since February 2023). Where it differ
   partial batch), here one pass of ceil(n / (2 ``-lbs``)) (``steps_per_round``). ``-ls 2`` here takes
   about as many meta-steps as PFLlib's ``-ls 1``.
 """
+import sys
+
 from flcore.clients.clientperavg import PerFedAvgClient
 from flcore.servers.serverbase import Server
 from utils.errors import FLError
@@ -52,8 +54,11 @@ class PerFedAvgServer(Server):
     @classmethod
     def check_config(cls, cfg) -> None:
         super().check_config(cfg)
-        if cfg.beta is not None and cfg.beta <= 0:
+        if cfg.beta is not None and cfg.beta < 0:
             raise FLError(f"-bt must be > 0 (got {cfg.beta}); leave it out for β = -lr")
+        if cfg.beta == 0:  # PFLlib's default, which its Per-FedAvg ignores: its command lines carry it
+            print("warning: -bt 0 is PFLlib's default, which its Per-FedAvg ignores; β = -lr as there",
+                  file=sys.stderr)
 
     def broadcast(self, client) -> dict:
         """The global model and the round it opens: the α of that round (``-ld``) is the step size of
