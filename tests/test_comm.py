@@ -3,11 +3,13 @@ actually sent, against sizes computed by hand from the model."""
 import json
 
 import numpy as np
+import pytest
 import torch
 
 import main
 from conftest import cli
 from flcore.clients.clientbase import Upload
+from flcore.registry import ALGORITHMS, get_server_class
 from flcore.trainmodel.models import build_model
 from flcore.trainmodel.parts import split_head
 from utils.comm import payload_bytes
@@ -57,3 +59,36 @@ def test_scaffold_sends_its_control_variates(digits_tiny_root, tmp_path):
     full = state_bytes(model.state_dict())
     assert np.array_equal(h5["rs_bytes_down"], [5 * (full + params)] * 2)  # x and c
     assert np.array_equal(h5["rs_bytes_up"], [5 * (full + 8 + params)] * 2)  # y_i, weight and Δc_i
+
+
+def tensors_in(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, torch.nn.Module):
+        yield from obj.state_dict().values()
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from tensors_in(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from tensors_in(v)
+
+
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_payload_tensors_own_their_storage(algo, digits_tiny_root):
+    """What the wire carries is what the bytes count: a payload tensor that is a view of a larger one
+    (a row of a stacked matrix) would be pickled with its whole storage, once per client."""
+    from runtime.executors import SequentialExecutor
+    from utils.data_utils import load_split
+
+    flags = ("-m", "BNCNN") if algo == "FedBN" else ()
+    cfg = main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", algo, "-gr", "2", *flags))
+    server = get_server_class(algo)(cfg.replace(num_classes=10), load_split("Digits", digits_tiny_root), 0, None,
+                                    SequentialExecutor())
+    server.run_round(0)
+    server.round_idx = 1
+    server.selected = server.select_clients()
+    server.prepare_broadcast(server.selected)
+    for c in server.clients:
+        for t in tensors_in(server.broadcast(c)):
+            assert t.untyped_storage().nbytes() == t.nelement() * t.element_size(), (algo, c.id, t.shape)

@@ -91,7 +91,7 @@ class FedMTLServer(Server):
             stacked = torch.stack([s[k] for s in self.models]).to(torch.float64)  # m x shape
             mixed = torch.tensordot(off.to(stacked.device), stacked, dims=1).to(self.models[0][k].dtype)
             for t, c in enumerate(self.couplings):
-                c[k] = mixed[t]
+                c[k] = mixed[t].clone()  # its own storage: a view would carry all m rows to every client
 
     def broadcast(self, client):
         return {"coupling": self.couplings[client.id], "omega_tt": float(self.omega[client.id, client.id])}
