@@ -93,6 +93,25 @@ def test_idlg_label_rule_is_exact(digits, mlp):
         assert dlg.infer_labels(g, name, 1).tolist() == [int(labels[i])]
 
 
+def test_batch_label_rule_is_gradinversions_row_minimum():
+    """batch > 1: the classes whose gradient rows have the most negative minimum entry (Yin et al. 2021),
+    not the most negative sums; a hand-made gradient where the two rules disagree."""
+    g = {"fc.weight": torch.tensor([[-0.1, -0.1, -0.1, -0.1],   # sum -0.4, min -0.1
+                                    [0.5, 0.5, 0.5, -0.9],      # sum  0.6, min -0.9
+                                    [-0.3, 0.0, 0.0, 0.0],      # sum -0.3, min -0.3
+                                    [0.2, 0.2, 0.2, 0.2]])}     # sum  0.8, min  0.2
+    assert dlg.infer_labels(g, "fc.weight", 2).tolist() == [1, 2]  # mins -0.9, -0.3 (sums would give 0, 2)
+    assert dlg.infer_labels(g, "fc.weight", 1).tolist() == [0]  # one image: iDLG's most negative row sum
+
+
+def test_batch_label_rule_recovers_distinct_labels(digits, mlp):
+    _, normed, labels = digits
+    idx = [i for i in range(60) if int(labels[i]) in (1, 4, 7)]
+    chosen = [next(i for i in idx if int(labels[i]) == c) for c in (1, 4, 7)]
+    g = dlg.model_gradient(mlp, normed[chosen], labels[chosen])
+    assert dlg.infer_labels(g, "fc.weight", 3).tolist() == [1, 4, 7]
+
+
 @pytest.mark.parametrize("method", ["dlg", "idlg"])
 def test_attack_reconstructs_a_digit_from_its_gradient(digits, mlp, method):
     pixels, normed, labels = digits

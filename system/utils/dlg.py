@@ -66,14 +66,17 @@ def classifier_name(model: nn.Module, num_classes: int) -> str | None:
 
 
 def infer_labels(grads: dict[str, torch.Tensor], weight_name: str | None, batch: int) -> torch.Tensor | None:
-    """iDLG's label rule. One image: the class whose classifier-weight gradient row sums to a negative value
-    (the most negative row). ``batch`` > 1 extends it as Yin et al. (CVPR 2021) do: the ``batch`` most
-    negative rows, which is exact only when the batch's labels are distinct. None when the target holds no
-    classifier gradient (the head was not uploaded)."""
+    """Labels from the classifier-weight gradient ∇W (classes x features). One image: iDLG's rule (Zhao et
+    al. 2020), the class whose row sums to the most negative value (with non-negative features only the true
+    class's row is negative). ``batch`` > 1: GradInversion's rule (Yin et al., CVPR 2021), the ``batch``
+    classes whose rows have the most negative *minimum entry* (argsort over n of min_m ∇W_nm), exact only
+    when the batch's labels are distinct. None when the target holds no classifier gradient (the head was
+    not uploaded)."""
     if weight_name is None or weight_name not in grads:
         return None
-    row_sums = grads[weight_name].sum(dim=1)
-    return torch.argsort(row_sums)[:batch].sort().values
+    g = grads[weight_name]
+    score = g.sum(dim=1) if batch == 1 else g.min(dim=1).values
+    return torch.argsort(score)[:batch].sort().values
 
 
 # ---- the attack ------------------------------------------------------------------------------------
