@@ -19,7 +19,7 @@ import time
 import torch
 from torch import nn
 
-from flcore.trainmodel.parts import ala_names, batch_dependent
+from flcore.trainmodel.parts import HEAD, ala_names, batch_dependent, head_of
 from runtime.checkpoint import pack_state, unpack_state
 from utils.amp import autocast, make_scaler
 from utils.batching import batch_bounds, batches_of, has_batch_norm
@@ -69,7 +69,7 @@ class Client:
             from utils.ALA import ALA
 
             # The classifier's inputs can be computed once per round unless a layer mixes a batch's samples.
-            head = None if batch_dependent(self.model) else "fc"
+            head = None if batch_dependent(self.model) else HEAD
             self.ala = ALA.from_config(cfg, cid, run, ala_names(self.model, cfg.layer_idx, cfg.ala_layers), head)
         self.train_time: list[float] = []  # seconds of each local training, one entry per round trained
         self.dp = None  # -dp: this client's DP-SGD noise stream and accountant history
@@ -269,7 +269,7 @@ class Client:
         x, y = (self.x_train, self.y_train) if idx is None else (self.x_train[idx], self.y_train[idx])
         feats = self.ala.features_for(model) if self.ala is not None else None
         if feats is not None:  # this round's ALA already ran these lower layers on every training sample
-            logits = predict(model.fc, feats if idx is None else feats[idx], self.cfg.eval_batch_size)
+            logits = predict(head_of(model), feats if idx is None else feats[idx], self.cfg.eval_batch_size)
         else:
             with autocast(self.cfg, self.device):
                 logits = predict(model, x, self.cfg.eval_batch_size)

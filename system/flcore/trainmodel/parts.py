@@ -1,6 +1,7 @@
 """Cutting models into parts: the paper's layers, the head/body split, and what ties samples together.
 
-Every model of ``models.py`` keeps its classifier in the attribute ``fc`` (the head contract). From that:
+Every model of ``models.py`` keeps its classifier in the attribute ``HEAD`` = ``fc`` (the head contract; ``head_of``
+reads it). From that:
 
 - ``layer_groups``: parameter names grouped into "layers" (FedALA's ``-p``, PartialFed's per-layer choice);
 - ``adapted_names``: the parameters of the top ``p`` layers; ``ala_names``: what ALA adapts (``-p``
@@ -21,6 +22,15 @@ from utils.batching import has_batch_norm
 from utils.errors import FLError
 
 NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
+HEAD = "fc"  # the head contract: the attribute every model keeps its classifier in
+
+
+def head_of(model: nn.Module) -> nn.Module:
+    """The model's classifier (the head contract); a model without one cannot be split."""
+    head = getattr(model, HEAD, None)
+    if not isinstance(head, nn.Module):
+        raise TypeError(f"{type(model).__name__} has no classifier attribute '{HEAD}'; cannot split its head")
+    return head
 
 
 def layer_groups(model: nn.Module) -> list[list[str]]:
@@ -92,12 +102,11 @@ class BaseHeadSplit(nn.Module):
 
 
 def split_head(model: nn.Module) -> BaseHeadSplit:
-    """A copy of ``model`` cut into base and head at its ``fc`` attribute (the head contract)."""
-    if not isinstance(getattr(model, "fc", None), nn.Module):
-        raise TypeError(f"{type(model).__name__} has no classifier attribute 'fc'; cannot split its head")
+    """A copy of ``model`` cut into base and head at its classifier (``head_of``, the head contract)."""
+    head_of(model)
     base = copy.deepcopy(model)
-    head = base.fc
-    base.fc = nn.Identity()
+    head = head_of(base)
+    setattr(base, HEAD, nn.Identity())
     return BaseHeadSplit(base, head)
 
 
