@@ -235,7 +235,7 @@ def build_jobs(base: list[str], grids: list[dict], seeds: list[int], tag: str, o
             for i in seeds:
                 argv = [*flags, "-go", goal, "-pv", str(i), "-t", str(i + 1), "--results_dir", str(out),
                         "--checkpoint_every", "1", "--resume", "--no-progress"]
-                stem = f"{cfg.dataset}_{main.label(cfg)}_{goal}_{i}"
+                stem = main.result_stem(cfg.replace(goal=goal), i)
                 jobs.append(Job(argv, stem, out, cfg.global_rounds, point))
     by_stem: dict[str, Job] = {}
     for job in jobs:

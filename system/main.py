@@ -388,6 +388,11 @@ def label(cfg: Config) -> str:
     return cfg.algorithm + ("+ALA" if cfg.ala and cfg.algorithm != "FedALA" else "")
 
 
+def result_stem(cfg: Config, run: int) -> str:
+    """Run ``run``'s result file name without extension: ``<dataset>_<label>_<goal>_<run>``."""
+    return f"{cfg.dataset}_{label(cfg)}_{cfg.goal}_{run}"
+
+
 def run(cfg: Config, executor=None) -> list[Path]:
     """All runs of one configuration; returns the result files written. The runs share one executor
     (workers start once): ``executor`` if given (the caller closes it), else one made from the flags."""
@@ -427,7 +432,7 @@ def run_all(cfg: Config, data, executor) -> list[Path]:
         meta = {"config": cfg.to_dict(), "run": r, "seed": cfg.seed + r, "label": label(cfg),
                 "split": {"name": data.name, "config_hash": data.config_hash,
                           "source_sha256": data.config.get("source_sha256")}}
-        recorder = RunRecorder(f"{cfg.dataset}_{label(cfg)}_{cfg.goal}_{r}", meta, out_dir)
+        recorder = RunRecorder(result_stem(cfg, r), meta, out_dir)
         start = time.time()
         with recorder.lock():
             if recorder.h5_path.exists() and not (cfg.overwrite or cfg.resume):
