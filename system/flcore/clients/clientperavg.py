@@ -10,6 +10,12 @@ from flcore.clients.clientbase import Client
 from utils.errors import Diverged
 
 
+def halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A meta-step's two batches: the first and second half of ``t`` (a single sample serves both)."""
+    half = len(t) // 2
+    return (t[:half], t[half:]) if half else (t, t)
+
+
 class PerFedAvgClient(FineTunedEval, Client):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -29,8 +35,7 @@ class PerFedAvgClient(FineTunedEval, Client):
     def meta_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Loss on the second half of the batch at w' = w - α ∇f(w; first half). The inner gradient is
         taken without a graph, so d(loss)/dw = ∇f(w'; second half): the FO-MAML gradient."""
-        half = len(y) // 2
-        (x1, y1), (x2, y2) = ((x[:half], y[:half]), (x[half:], y[half:])) if half else ((x, y), (x, y))
+        (x1, x2), (y1, y2) = halves(x), halves(y)
         params = dict(self.model.named_parameters())
         grads = torch.autograd.grad(self.loss_fn(self.model(x1), y1), list(params.values()))
         fast = {n: p - self.alpha * g for (n, p), g in zip(params.items(), grads)}
@@ -55,8 +60,7 @@ class PerFedAvgClient(FineTunedEval, Client):
         params = list(self.model.parameters())
         total, steps = torch.zeros((), device=self.device), 0
         for idx in self.batches(self.cfg.local_epochs, 2 * self.cfg.batch_size):
-            half = len(idx) // 2
-            first, second = (idx[:half], idx[half:]) if half else (idx, idx)
+            first, second = halves(idx)
             start = [p.detach().clone() for p in params]
             self.optimizer.zero_grad(set_to_none=True)
             self.dp.backward(self, self.loss, self.optimizer, self.x_train[first], self.y_train[first])
