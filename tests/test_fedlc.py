@@ -1,5 +1,5 @@
 """FedLC against hand computations: the calibrated logits for a fixed label distribution (a class with no
-sample included), the client's loss on its own counts, τ = 0 as FedAvg, -ala, and the -dp refusal."""
+sample included), the client's loss on its own counts, τ = 0 as FedAvg, and -ala (-dp: tests/test_dp_registry.py)."""
 import math
 
 import numpy as np
@@ -72,8 +72,3 @@ def test_fedlc_runs_with_ala(digits_noniid_root):
     server.train()
     assert any(c.ala.weights is not None for c in server.clients)  # ALA ran in round 2
     assert np.isfinite(server.evaluate()["train_loss"])
-
-
-def test_fedlc_refuses_dp(digits_root, tmp_path, capsys):
-    assert main.main(cli(digits_root, tmp_path, "-algo", "FedLC", "-dp", "-gr", "1")) == 2
-    assert "drop -dp" in capsys.readouterr().err
