@@ -70,8 +70,12 @@ def plan(args) -> list[tuple[str, str, str, list[str]]]:
 
 
 def result_stem(split: str, flags: list[str], goal: str, run: int) -> str:
-    algo = flags[flags.index("-algo") + 1]
-    return f"{split}_{algo}{'+ALA' if '-ala' in flags else ''}_{goal}_{run}"
+    """The result name system/main.py gives this run (its own ``result_stem``, from the same flags)."""
+    if str(REPO / "system") not in sys.path:
+        sys.path.insert(0, str(REPO / "system"))
+    import main
+
+    return main.result_stem(main.parse_config(["-data", split, "-go", goal, *flags]), run)
 
 
 def finished(out: Path, stem: str, rounds: int) -> bool:
