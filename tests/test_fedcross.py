@@ -1,6 +1,6 @@
 """FedCross: the collaborator choice and the α mix by hand, the server's cross-aggregation of the uploaded
 slots (kept slots, global = mean of the middleware models), α = 1 against a reference loop of K
-independent middleware models, the FedAvg first stage (-fsb counted in rounds), -jr / -cdr, -ala, -dp."""
+independent middleware models, the FedAvg first stage (-fsb counted in rounds), -jr / -cdr, -ala (-dp: tests/test_dp_registry.py)."""
 import math
 
 import numpy as np
@@ -265,13 +265,6 @@ def test_ala_initialises_the_training_start_from_the_middleware_model(digits_tin
         changed += 1
     assert changed == 5
     assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedCross", "-ala", "-gr", "2", *FAST)) == 0
-
-
-def test_dp_runs_with_positive_epsilon(digits_tiny_root, tmp_path):
-    assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedCross", "-dp", "-gr", "1", *FAST)) == 0
-    h5 = read_h5(tmp_path / "Digits_FedCross_test_0.h5")
-    assert h5["rs_dp_epsilon_max"][0] == 0.0 and h5["rs_dp_epsilon_max"][-1] > 0
-    assert np.all(h5["rs_dp_client_epsilon"][-1] > 0)
 
 
 def test_local_batchnorm_statistics_stay_with_the_client(digits_tiny_root):

@@ -1,10 +1,9 @@
 """FedRoD: the balanced softmax by hand (absent classes included), each head's gradient against a hand
 construction, absent classes' generic-head rows left alone by local training, the personalized
 prediction = generic + personal logits, the upload (body + generic head, never the personal head) and its
-sample-weighted mean, -ala on the received part, and -dp with epsilon > 0."""
+sample-weighted mean, -ala on the received part (-dp: tests/test_dp_registry.py)."""
 import math
 
-import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
@@ -15,7 +14,6 @@ from flcore.clients.clientbase import Upload
 from flcore.clients.clientrod import balanced_softmax_loss
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
-from utils.results import read_h5
 
 
 def make_server(root, *flags):
@@ -128,10 +126,3 @@ def test_ala_adapts_the_received_part_under_the_personal_head(digits_noniid_root
     glob, got = state(server.global_model), state(client.model)
     assert all(torch.equal(got[k], glob[k]) for k in glob if not k.startswith("phead.") and k not in client.ala.names)
     assert any(not torch.equal(got[k], glob[k]) for k in client.ala.names)
-
-
-def test_dp_runs_with_positive_epsilon(digits_noniid_root, tmp_path):
-    assert main.main(cli(digits_noniid_root, tmp_path, "-algo", "FedRoD", "-gr", "2", "-lr", "0.1", "-dp")) == 0
-    h5 = read_h5(tmp_path / "Digits_FedRoD_test_0.h5")
-    assert 0 < h5["rs_dp_epsilon_max"][1] < h5["rs_dp_epsilon_max"][2]
-    assert np.all(np.isfinite(h5["rs_train_loss"]))
