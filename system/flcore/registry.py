@@ -34,6 +34,9 @@ ALGORITHMS = {
     "APFL": "flcore.servers.serverapfl:APFLServer",
     "FedMTL": "flcore.servers.servermtl:FedMTLServer",
     "FedCross": "flcore.servers.servercross:FedCrossServer",
+    "FedDBE": "flcore.servers.serverdbe:FedDBEServer",
+    "FedCAC": "flcore.servers.servercac:FedCACServer",
+    "PFL-DA": "flcore.servers.serverda:PFLDAServer",
 }
 
 

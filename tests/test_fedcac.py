@@ -1,0 +1,113 @@
+"""FedCAC: critical-parameter selection on hand-made sensitivities, overlap rates and collaborator choice on
+hand-made masks, the server's composition against a hand recomputation from the uploads, a client without
+a new composition keeping its critical entries, FedAvg when nothing is critical, and the refusals (-ala,
+bad -tau/-bt). -dp: tests/test_dp_registry.py."""
+import pytest
+import torch
+
+import main
+from conftest import cli
+from flcore.clients.clientcac import critical_mask
+from flcore.registry import get_server_class
+from flcore.servers.servercac import collaborators, overlap_rates
+from utils.data_utils import load_split
+from utils.errors import FLError
+
+
+def make_server(root, *flags, algo="FedCAC"):
+    cfg = main.parse_config(cli(root, root, "-algo", algo, "--executor", "sequential", "-gr", "2", *flags))
+    return get_server_class(algo)(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root))
+
+
+def test_critical_mask_is_the_top_tau_by_sensitivity():
+    after = torch.tensor([[1.0, -2.0], [3.0, 0.5]])
+    before = after - torch.tensor([[1.0, 1.0], [-1.0, 4.0]])
+    # s = |θ' ⊙ Δθ| = [[1, 2], [3, 2]]: the top half (2 of 4) are 3 and one 2, ties included -> three
+    assert torch.equal(critical_mask(before, after, 0.5), torch.tensor([[False, True], [True, True]]))
+    assert torch.equal(critical_mask(before, after, 0.25), torch.tensor([[False, False], [True, False]]))
+    assert critical_mask(before, after, 1.0).all()
+    assert not critical_mask(before, after, 0.1).any()  # int(0.1 · 4) = 0 entries
+    # fewer moved entries than the top fraction asks for: exactly the moved ones
+    moved = after.clone()
+    moved[0, 1] += 0.5
+    assert torch.equal(critical_mask(after, moved, 0.75), torch.tensor([[False, True], [False, False]]))
+    assert not critical_mask(after, after.clone(), 0.5).any()  # nothing moved: nothing critical
+
+
+def test_overlap_rates_and_collaborators_on_hand_made_masks():
+    m = torch.tensor([[1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=torch.bool)
+    o = overlap_rates(m)
+    # o_ij = 1 − |m_i − m_j|₁ / (2 |m_i|₁)
+    want = torch.tensor([[1, 0.5, 1, 0.75], [0.5, 1, 0.5, 0.75], [1, 0.5, 1, 0.75], [1 - 1 / 6, 1 - 1 / 6, 1 - 1 / 6, 1]],
+                        dtype=torch.float64)
+    assert torch.allclose(o, want)
+    off = want[~torch.eye(4, dtype=torch.bool)]
+    mean = float(off.mean())  # (0.5+1+.75 + .5+.5+.75 + 1+.5+.75 + 3·5/6) / 12 = 0.729
+    assert mean == pytest.approx((2.25 + 1.75 + 2.25 + 2.5) / 12)
+    # progress 0: threshold = mean, so o_ij >= 0.729: 0.75, 5/6 and 1 qualify
+    assert collaborators(o, 0.0) == [[0, 2, 3], [1, 3], [2, 0, 3], [3, 0, 1, 2]]
+    # progress 1: threshold = max = 1: only 0 and 2, whose critical sets are identical
+    assert collaborators(o, 1.0) == [[0, 2], [1], [2, 0], [3]]
+    assert collaborators(o, 2.0) == [[0], [1], [2], [3]]  # past β rounds: everyone alone
+    assert collaborators(o[:1, :1], 0.0) == [[0]]
+
+
+def test_server_composes_each_uploaders_model_by_hand(digits_tiny_root, monkeypatch):
+    server = make_server(digits_tiny_root, "-lr", "0.1", "-bt", "3")
+    seen = []
+    receive = server.receive_models
+    monkeypatch.setattr(server, "receive_models", lambda cs: seen.append(receive(cs)) or seen[-1])
+    server.run_round(0)
+    uploads = seen[0]
+    n = torch.tensor([float(u.weight) for u in uploads])
+    names = [k for k, _ in server.global_model.named_parameters()]
+    glob = {k: sum(w * u.state[k] for w, u in zip(n, uploads)) / n.sum() for k in names}
+    flat = torch.stack([torch.cat([u.extras["critical"][k].reshape(-1) for k in names]) for u in uploads]).double()
+    o = 1 - torch.cdist(flat, flat, p=1) / (2 * flat.sum(1, keepdim=True))
+    off = o[~torch.eye(len(uploads), dtype=torch.bool)]
+    threshold = off.mean() + (0 + 1) / 3 * (off.max() - off.mean())
+    sizes = []
+    for i, u in enumerate(uploads):
+        group = [i] + [j for j in range(len(uploads)) if j != i and o[i, j] >= threshold]
+        sizes.append(len(group))
+        for k in names:
+            mean = sum(uploads[j].state[k] for j in group) / len(group)
+            want = torch.where(u.extras["critical"][k], mean, glob[k])
+            assert torch.allclose(server.composed[u.id][k], want, atol=1e-6), (u.id, k)
+    assert max(sizes) > 1  # someone collaborates: the check is not about self-averages only
+    server.send_models(server.clients)
+    for c in server.clients:
+        for k, p in c.model.named_parameters():
+            assert torch.equal(p, server.composed[c.id][k])
+
+
+def test_a_client_without_a_composition_keeps_its_critical_entries(digits_tiny_root):
+    server = make_server(digits_tiny_root, "-lr", "0.1")
+    server.run_round(0)
+    c = server.clients[2]
+    before = {k: p.detach().clone() for k, p in c.model.named_parameters()}
+    glob = server.global_model.state_dict()
+    c.receive(("global", server.global_model), participating=False)
+    for k, p in c.model.named_parameters():
+        crit = c.critical[k]
+        assert crit.any() and (~crit).any()
+        assert torch.equal(p[crit], before[k][crit]) and torch.equal(p[~crit], glob[k][~crit])
+
+
+def test_nothing_critical_is_fedavg(digits_tiny_root):
+    cac = make_server(digits_tiny_root, "-lr", "0.1", "-tau", "1e-9")
+    avg = make_server(digits_tiny_root, "-lr", "0.1", algo="FedAvg")
+    for t in range(2):
+        cac.run_round(t)
+        avg.run_round(t)
+    for k, v in avg.global_model.state_dict().items():
+        assert torch.equal(cac.global_model.state_dict()[k], v), k
+    for c, a in zip(cac.clients, avg.clients):
+        assert all(not m.any() for m in c.critical.values())
+        assert all(torch.equal(p, q) for p, q in zip(c.model.parameters(), a.model.parameters()))
+
+
+@pytest.mark.parametrize("flags,message", [(("-ala",), "-ala"), (("-bt", "0"), "-bt > 0"), (("-tau", "0"), "-tau")])
+def test_refusals(flags, message, digits_tiny_root):
+    with pytest.raises(FLError, match=message):
+        main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCAC", *flags))
