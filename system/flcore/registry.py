@@ -37,6 +37,9 @@ ALGORITHMS = {
     "FedDBE": "flcore.servers.serverdbe:FedDBEServer",
     "FedCAC": "flcore.servers.servercac:FedCACServer",
     "PFL-DA": "flcore.servers.serverda:PFLDAServer",
+    "FD": "flcore.servers.serverfd:FDServer",
+    "FML": "flcore.servers.serverfml:FMLServer",
+    "FedKD": "flcore.servers.serverkd:FedKDServer",
 }
 
 

@@ -1,0 +1,137 @@
+"""FedKD against hand computations: the SVD compression keeps the stated energy with the fewest singular
+values and loses exactly the dropped ones, the threshold follows T(t) = Ts + (Te - Ts) t / R, the upload is
+the factors (fewer bytes than the mentee), the server's global mentee and every client's copy stay equal,
+and the adaptive distillation losses match the paper's formulas with each model trained by its own loss."""
+import pytest
+import torch
+from torch.nn import functional as F
+
+import main
+from conftest import cli
+from flcore.clients.clientkd import adaptive_kd_losses, energy_threshold, svd_compress
+from flcore.registry import get_server_class
+from utils.comm import payload_bytes
+from utils.data_utils import load_split
+
+
+def build(root, *flags):
+    cfg = main.parse_config(cli(root, root, "-algo", "FedKD", "--executor", "sequential", "-lr", "0.1",
+                                "-lbs", "20", "-nc", "3", "-gr", "4", *flags))
+    data = load_split("Digits", root, 3, "cpu")
+    return get_server_class("FedKD")(cfg.replace(num_classes=data.num_classes), data, 0, None)
+
+
+@pytest.mark.parametrize("energy", [0.5, 0.9, 0.95, 0.98, 1.0])
+def test_svd_keeps_the_energy_with_the_fewest_values(energy):
+    g = torch.Generator().manual_seed(0)
+    m = torch.randn(12, 7, generator=g, dtype=torch.float64) @ torch.diag(torch.tensor([8., 4, 2, 1, .5, .2, .1],
+                                                                                    dtype=torch.float64))
+    m = m @ torch.linalg.qr(torch.randn(7, 7, generator=g, dtype=torch.float64))[0]
+    sigma2 = torch.linalg.svdvals(m).square()
+    u, s, v = svd_compress(m, energy)
+    k = len(s)
+    assert u.shape == (12, k) and v.shape == (k, 7)
+    total = float(sigma2.sum())
+    assert float(sigma2[:k].sum()) / total >= energy - 1e-12
+    assert k == 1 or float(sigma2[:k - 1].sum()) / total < energy  # minimal k
+    error = float(((u * s) @ v - m).square().sum())  # Frobenius² of what is dropped
+    assert error == pytest.approx(float(sigma2[k:].sum()), rel=1e-9, abs=1e-12)
+
+
+def test_zero_matrix_keeps_nothing():
+    u, s, v = svd_compress(torch.zeros(4, 3), 0.95)
+    assert len(s) == 0 and torch.equal((u * s) @ v, torch.zeros(4, 3))
+
+
+def test_threshold_schedule_by_hand():
+    assert energy_threshold(0.95, 0.98, 0, 10) == pytest.approx(0.95)
+    assert energy_threshold(0.95, 0.98, 5, 10) == pytest.approx(0.965)
+    assert energy_threshold(0.95, 0.98, 9, 10) == pytest.approx(0.95 + 0.03 * 9 / 10)
+    assert energy_threshold(0.9, 0.9, 3, 10) == pytest.approx(0.9)
+
+
+def test_upload_is_the_factors_at_the_rounds_threshold(digits_tiny_root):
+    server = build(digits_tiny_root, "-Ts", "0.6", "-Te", "0.9")
+    c = server.clients[0]
+    server.send_models([c])
+    server.round_idx = 2
+    start = {k: v.clone() for k, v in c.global_mentee.state_dict().items()}
+    c.train(2)
+    up = c.upload()
+    assert up.state is None
+    energy = 0.6 + 0.3 * 2 / 4  # T(2) with R = 4 rounds
+    dense = 0
+    factored = 0
+    for k, v in c.model.state_dict().items():
+        delta = v - start[k]
+        entry = up.extras["update"][k]
+        dense += delta.numel() * delta.element_size()
+        if isinstance(entry, tuple):
+            factored += 1
+            want = svd_compress(delta.reshape(delta.shape[0], -1), energy)
+            assert len(entry[1]) == len(want[1])
+            torch.testing.assert_close((entry[0] * entry[1]) @ entry[2], (want[0] * want[1]) @ want[2])
+        else:
+            torch.testing.assert_close(entry, delta)
+    assert factored >= 3  # the CNN's two conv kernels and its hidden layer at least
+    assert payload_bytes(up) < dense / 3
+
+
+def test_global_mentee_stays_in_sync_and_bytes_up_drop(digits_tiny_root):
+    server = build(digits_tiny_root)
+    for t in range(2):
+        server.run_round(t)
+    model_bytes = payload_bytes(server.global_model)
+    assert 0 < server.bytes_up < 3 * model_bytes / 3  # round 1's three uploads: under one mentee's bytes
+    assert 0 < server.bytes_down < 3 * model_bytes / 3
+    server.round_idx = 2
+    server.send_models(server.select_clients())
+    server.aggregate([])  # a round without uploads: the next broadcast carries no update again
+    server.send_models(server.select_clients())
+    glob = server.global_model.state_dict()
+    for c in server.clients:
+        for k, v in c.global_mentee.state_dict().items():
+            torch.testing.assert_close(v, glob[k], atol=1e-6, rtol=0)
+        for k, v in c.model.state_dict().items():  # the mentee restarts from the global mentee
+            torch.testing.assert_close(v, glob[k], atol=1e-6, rtol=0)
+        assert any(not torch.equal(v, glob[k]) for k, v in c.mentor.state_dict().items())
+
+
+def test_adaptive_losses_by_hand():
+    torch.manual_seed(0)
+    t_logits = torch.randn(4, 3, requires_grad=True)
+    s_logits = torch.randn(4, 3, requires_grad=True)
+    t_hidden = torch.randn(4, 5, requires_grad=True)
+    s_hidden = torch.randn(4, 5, requires_grad=True)
+    w_h = torch.nn.Linear(5, 5, bias=False)
+    y = torch.tensor([0, 2, 1, 2])
+    ce_t, ce_s = F.cross_entropy(t_logits, y), F.cross_entropy(s_logits, y)
+    pt, ps = F.softmax(t_logits, 1), F.softmax(s_logits, 1)
+    kl_t = (ps * (ps.log() - pt.log())).sum() / 4  # KL(p_s || p_t), batch mean
+    kl_s = (pt * (pt.log() - ps.log())).sum() / 4
+    mse = (t_hidden - w_h(s_hidden)).square().mean()
+    w = 1 / (ce_t + ce_s)
+    lt, ls = adaptive_kd_losses(t_logits, s_logits, t_hidden, s_hidden, w_h, y)
+    assert float(lt.detach()) == pytest.approx(float((ce_t + w * (kl_t + mse)).detach()), rel=1e-5)
+    assert float(ls.detach()) == pytest.approx(float((ce_s + w * (kl_s + mse)).detach()), rel=1e-5)
+    # The mentor's logits get only L_t's gradient, with the weight held constant.
+    (lt + ls).backward()
+    ref = t_logits.detach().clone().requires_grad_(True)
+    ce = F.cross_entropy(ref, y)
+    lp = F.log_softmax(ref, 1)
+    (ce + float(w.detach()) * (ps.detach() * (ps.detach().log() - lp)).sum() / 4).backward()
+    torch.testing.assert_close(t_logits.grad, ref.grad)
+    ref_s = s_logits.detach().clone().requires_grad_(True)  # and the mentee's only L_s's
+    ls_ref = F.log_softmax(ref_s, 1)
+    (F.cross_entropy(ref_s, y) + float(w.detach()) * (pt.detach() * (pt.detach().log() - ls_ref)).sum() / 4).backward()
+    torch.testing.assert_close(s_logits.grad, ref_s.grad)
+    # W_h learns from the hidden loss once (the mentee's side), weighted as it is.
+    w_ref = torch.nn.Linear(5, 5, bias=False)
+    w_ref.weight.data.copy_(w_h.weight.detach())
+    (float(w.detach()) * (t_hidden.detach() - w_ref(s_hidden.detach())).square().mean()).backward()
+    torch.testing.assert_close(w_h.weight.grad, w_ref.weight.grad)
+
+
+def test_ala_runs_onto_the_mentee(digits_tiny_root, tmp_path):
+    assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedKD", "-ala", "-gr", "2", "-nc", "3",
+                         "--executor", "sequential", "-lr", "0.1")) == 0
