@@ -8,13 +8,15 @@ from conftest import cli
 from flcore.registry import ALGORITHMS
 from utils.results import read_h5
 
+FLAGS = {"FedCP": ("-lam", "1")}  # FedCP's default λ 5 holds Digits' small features in place: see test_behaviour.py
+
 
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
 def test_algorithm_learns_and_is_deterministic(algo, digits_root, tmp_path):
     runs = []
     for sub in ("a", "b"):
         out = tmp_path / sub
-        flags = ("-algo", algo, "-gr", "2", "-lr", "0.1")
+        flags = ("-algo", algo, "-gr", "2", "-lr", "0.1", *FLAGS.get(algo, ()))
         assert main.main(cli(digits_root, out, *flags)) == 0
         runs.append(read_h5(out / f"Digits_{algo}_test_0.h5"))
     a, b = runs

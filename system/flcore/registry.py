@@ -40,6 +40,9 @@ ALGORITHMS = {
     "FD": "flcore.servers.serverfd:FDServer",
     "FML": "flcore.servers.serverfml:FMLServer",
     "FedKD": "flcore.servers.serverkd:FedKDServer",
+    "FedGC": "flcore.servers.servergc:FedGCServer",
+    "FedCP": "flcore.servers.servercp:FedCPServer",
+    "GPFL": "flcore.servers.servergpfl:GPFLServer",
 }
 
 

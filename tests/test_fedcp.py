@@ -1,0 +1,106 @@
+"""FedCP: the conditional policy's split by hand on a fixed tensor (r + s = 1, so h ⊙ r + h ⊙ s = h, and the
+output is the two heads' sum), the MMD² against a pairwise hand sum, a round's wiring (the global head
+frozen locally, the personal head uploaded under the global head's names and never overwritten, the new
+global head = the sample-weighted mean of the personal heads, the context never uploaded), -ala runs
+(-dp is refused: tests/test_dp_registry.py)."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import main
+from conftest import cli
+from flcore.clients.clientcp import CPModel, mmd
+from flcore.registry import get_server_class
+from flcore.trainmodel.parts import BaseHeadSplit
+from utils.data_utils import load_split
+
+
+def make_server(root, *flags):
+    cfg = main.parse_config(cli(root, root, "-algo", "FedCP", "--executor", "sequential", "-nc", "3", *flags))
+    return get_server_class("FedCP")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root, 3))
+
+
+def test_policy_split_by_hand():
+    torch.manual_seed(0)
+    m = CPModel(BaseHeadSplit(nn.Identity(), nn.Linear(2, 3)))
+    with torch.no_grad():
+        m.cpn[0].weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 2.0]]))
+        m.cpn[0].bias.copy_(torch.tensor([0.0, 0.5, -0.5, 0.0]))
+        m.context.copy_(torch.tensor([3.0, 4.0]))  # v / ||v|| = (0.6, 0.8)
+    h = torch.tensor([[1.0, 2.0]])
+    c = [1.0 * 0.6, 2.0 * 0.8]
+    z = [c[0], c[1] + 0.5, c[0] + c[1] - 0.5, -c[0] + 2 * c[1]]
+    mean = sum(z) / 4
+    var = sum((v - mean) ** 2 for v in z) / 4
+    a = [max(0.0, (v - mean) / math.sqrt(var + 1e-5)) for v in z]  # LayerNorm (weight 1, bias 0), ReLU
+    # scores as K = 2 pairs: the first K are the personal scores, the last K the global ones
+    r = [math.exp(a[2 + k]) / (math.exp(a[k]) + math.exp(a[2 + k])) for k in range(2)]
+    got_r, got_s = m.policy(h)
+    assert got_r[0].tolist() == pytest.approx(r, rel=1e-5)
+    assert torch.allclose(got_r + got_s, torch.ones(1, 2))
+    assert torch.allclose(h * got_r + h * got_s, h)
+    hg, hp = h * torch.tensor(r), h * (1 - torch.tensor(r))
+    want = m.head(hg) + m.phead(hp)
+    assert torch.allclose(m(h), want, atol=1e-6)
+    noise = torch.tensor([[[0.3, -0.2], [-0.1, 0.4]]])  # Gumbel draws (pair member, feature)
+    r_noisy = [1 / (1 + math.exp((a[k] + noise[0, 0, k].item()) - (a[2 + k] + noise[0, 1, k].item()))) for k in range(2)]
+    assert m.policy(h, noise)[0][0].tolist() == pytest.approx(r_noisy, rel=1e-5)
+
+
+def test_mmd_by_hand():
+    x = torch.tensor([[0.0, 1.0], [2.0, 0.0], [1.0, 1.0]])
+    y = torch.tensor([[0.5, 0.5], [3.0, -1.0], [0.0, 0.0]])
+
+    def k(u, v):
+        d = sum((a - b) ** 2 for a, b in zip(u, v))
+        return sum(math.exp(-d / (2 * w)) for w in (10.0, 15.0, 20.0, 50.0))
+
+    xs, ys = x.tolist(), y.tolist()
+    want = sum(k(a, b) for a in xs for b in xs) / 9 + sum(k(a, b) for a in ys for b in ys) / 9 \
+        - 2 * sum(k(a, b) for a in xs for b in ys) / 9
+    assert float(mmd(x, y)) == pytest.approx(want, rel=1e-5)
+    assert abs(float(mmd(x, x))) < 1e-6
+
+
+def test_round_wiring(digits_noniid_root, monkeypatch):
+    server = make_server(digits_noniid_root, "-lr", "0.05")
+    glob = {k: v.clone() for k, v in server.global_model.state_dict().items()}
+    server.send_models(server.clients)
+    pheads = {}
+    seen = []
+    receive = server.receive_models
+
+    def keep(cs):
+        uploads = receive(cs)
+        for c in server.clients:
+            # the global head is frozen during local training; the personal head is what is uploaded
+            assert torch.equal(c.model.head.weight, glob["head.weight"])
+            pheads[c.id] = {k: v.clone() for k, v in c.model.phead.state_dict().items()}
+        seen.extend(uploads)
+        return uploads
+
+    monkeypatch.setattr(server, "receive_models", keep)
+    server.train_clients(server.clients)
+    server.aggregate(server.receive_models(server.clients))
+    for u in seen:
+        assert not [k for k in u.state if k.startswith(("phead.", "context"))]
+        assert {k.split(".")[0] for k in u.state} == {"base", "cpn", "head"}
+        assert torch.equal(u.state["head.weight"], pheads[u.id]["weight"])
+    n = {c.id: c.train_samples for c in server.clients}
+    want = sum(n[i] * pheads[i]["weight"] for i in n) / sum(n.values())
+    assert torch.allclose(server.global_model.head.weight, want, atol=1e-6)
+    server.round_idx = 1
+    server.send_models(server.clients)
+    for c in server.clients:  # receiving keeps the personal head and sets the context from it
+        assert torch.equal(c.model.phead.weight, pheads[c.id]["weight"])
+        assert torch.allclose(c.model.context, pheads[c.id]["weight"].sum(0))
+        assert torch.equal(c.model.head.weight, server.global_model.head.weight)
+        assert torch.equal(c.global_base.state_dict()["fc1.0.weight"], server.global_model.base.state_dict()["fc1.0.weight"])
+
+
+def test_ala_runs(digits_tiny_root, tmp_path, capsys):
+    assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedCP", "-ala", "-gr", "2", "-nc", "3",
+                         "--executor", "sequential")) == 0
+    assert "ALA adapts 2 tensor(s) (last 2 tensor(s), -p): head.weight, head.bias" in capsys.readouterr().out

@@ -1,0 +1,89 @@
+"""GPFL: the angle- and magnitude-level guidance losses by hand on tiny tensors, the Conditional Valve's
+affine map by hand, the conditional inputs (g = mean embedding, p_i = label-distribution-weighted
+embeddings), the μ term's gradient = weight decay μ on CoV and GCE only, the upload (extractor, GCE,
+CoV; never the head or p_i), -ala runs (-dp: tests/test_dp_registry.py)."""
+import math
+
+import pytest
+import torch
+
+import main
+from conftest import cli
+from flcore.clients.clientgpfl import CoV, angle_loss, magnitude_loss
+from flcore.registry import get_server_class
+from utils.data_utils import load_split
+
+
+def make_server(root, *flags):
+    cfg = main.parse_config(cli(root, root, "-algo", "GPFL", "--executor", "sequential", "-nc", "3", *flags))
+    return get_server_class("GPFL")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root, 3))
+
+
+def test_guidance_losses_by_hand():
+    f = torch.tensor([[3.0, 4.0], [1.0, 0.0]])
+    emb = torch.tensor([[1.0, 0.0], [0.0, 2.0], [-1.0, -1.0]])
+    y = torch.tensor([1, 2])
+    # cosines of f_0 = (0.6, 0.8) and f_1 = (1, 0) with e_0 = (1, 0), e_1 = (0, 1), e_2 = -(1, 1)/sqrt 2
+    r = 1 / math.sqrt(2)
+    cos = [[0.6, 0.8, -(0.6 + 0.8) * r], [1.0, 0.0, -r]]
+    nll = [-(c[t] - math.log(sum(math.exp(v) for v in c))) for c, t in zip(cos, [1, 2])]
+    assert float(angle_loss(f, emb, y)) == pytest.approx(sum(nll) / 2, rel=1e-6)
+    # ||f_0 - e_1|| = ||(3, 2)||, ||f_1 - e_2|| = ||(2, 1)||
+    assert float(magnitude_loss(f, emb, y)) == pytest.approx((math.sqrt(13) + math.sqrt(5)) / 2, rel=1e-6)
+
+
+def test_cov_by_hand():
+    torch.manual_seed(0)
+    cov = CoV(2)
+    with torch.no_grad():
+        cov.gamma[0].weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 2.0]]))
+        cov.gamma[0].bias.zero_()
+        cov.beta[0].weight.copy_(torch.tensor([[0.0, 1.0], [1.0, 0.0]]))
+        cov.beta[0].bias.copy_(torch.tensor([0.0, -3.0]))
+    cond = torch.tensor([1.0, 2.0])
+    # γ: Linear -> (1, 4) -> ReLU -> LayerNorm -> (-1, 1); β: (2, -2) -> ReLU (2, 0) -> LayerNorm (1, -1)
+    eps = 1e-5
+    g = [-1 / math.sqrt(1 + eps), 1 / math.sqrt(1 + eps)]
+    b = [1 / math.sqrt(1 + eps), -1 / math.sqrt(1 + eps)]
+    f = torch.tensor([[2.0, -1.0], [0.5, 3.0]])
+    want = [[max(0.0, v * (gi + 1) + bi) for v, gi, bi in zip(row, g, b)] for row in f.tolist()]
+    assert cov(f, cond).tolist() == [pytest.approx(w, rel=1e-5, abs=1e-6) for w in want]
+
+
+def test_conditional_inputs_and_mu_gradient(digits_noniid_root):
+    server = make_server(digits_noniid_root, "-mu", "0.3")
+    server.send_models(server.clients)
+    emb = server.global_model.gce.weight.detach()
+    c = server.clients[0]
+    counts = torch.bincount(c.y_train, minlength=10).float()
+    assert torch.allclose(c.model.cond_p, (counts[:, None] * emb).sum(0) / counts.sum(), atol=1e-6)
+    assert torch.allclose(c.cond_g, emb.mean(0), atol=1e-6)
+    x, y = c.x_train[:6], c.y_train[:6]
+    params = dict(c.model.named_parameters())
+    with_mu = dict(zip(params, torch.autograd.grad(c.loss(x, y), list(params.values()))))
+    c.cfg = c.cfg.replace(mu=0.0)
+    without = dict(zip(params, torch.autograd.grad(c.loss(x, y), list(params.values()))))
+    for name, p in params.items():
+        decayed = name.startswith(("cov.", "gce."))
+        want = without[name] + (0.3 * p.detach() if decayed else 0)
+        assert torch.allclose(with_mu[name], want, atol=1e-6), name
+
+
+def test_upload_keeps_head_and_cond_p(digits_noniid_root, monkeypatch):
+    server = make_server(digits_noniid_root)
+    seen = []
+    receive = server.receive_models
+    monkeypatch.setattr(server, "receive_models", lambda cs: seen.extend(receive(cs)) or seen)
+    server.run_round(0)
+    assert len(seen) == 3
+    for u in seen:
+        assert {k.split(".")[0] for k in u.state} == {"base", "gce", "cov"}
+    n = {u.id: u.weight for u in seen}
+    want = sum(n[u.id] * u.state["gce.weight"] for u in seen) / sum(n.values())
+    assert torch.allclose(server.global_model.gce.weight, want, atol=1e-6)
+
+
+def test_ala_runs(digits_tiny_root, tmp_path, capsys):
+    assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "GPFL", "-ala", "-gr", "2", "-nc", "3",
+                         "--executor", "sequential")) == 0
+    assert "ALA adapts 2 tensor(s) (last 2 tensor(s), -p): cov.beta.2.weight, cov.beta.2.bias" in capsys.readouterr().out
