@@ -64,7 +64,8 @@ def run_cli(main, argv=None):
 
 
 def common_parser(description, with_partition=True, with_source=True,
-                  least_rule="int(min(10/(1-train_ratio), mean client size * 0.5))"):
+                  least_rule="int(min(10/(1-train_ratio), mean client size * 0.5))", num_clients=20,
+                  source_help="local npz with arrays x, y (optional is_test) instead of downloading"):
     """Flags shared by all generators; with_partition adds PFLlib's positional form and the scheme flags.
 
     Positional form (PFLlib): ``[noniid|iid] [balance|-] [pat|dir|exdir|-]``.
@@ -92,13 +93,15 @@ def common_parser(description, with_partition=True, with_source=True,
                                  "share classes 0 and 1), unbalanced shares randint(n/s/10, n/s) with each class's "
                                  "remainder to its group's last client (CV 0.82 pat, 1.97 iid; in iid one client "
                                  "holds 48%% of the data); dir and exdir already follow PFLlib")
-    parser.add_argument("--num-clients", type=int, default=20, help="number of clients (default 20)")
+    default_clients = num_clients if num_clients is not None else "the data's natural clients"
+    parser.add_argument("--num-clients", type=int, default=num_clients,
+                        help=f"number of clients (default {default_clients})")
     parser.add_argument("--train-ratio", type=float, default=0.75, help="train share of each client (default 0.75)")
     parser.add_argument("--least-samples", type=int, help=f"minimum samples per client (default {least_rule})")
     parser.add_argument("--seed", type=int, default=1, help="seed of every random draw (default 1)")
     parser.add_argument("--out", help="output folder name under the root (default: the dataset name)")
     if with_source:
-        parser.add_argument("--source", help="local npz with arrays x, y (optional is_test) instead of downloading")
+        parser.add_argument("--source", help=source_help)
         parser.add_argument("--subsample", type=int, default=None,
                             help="keep only this many samples, drawn per class in proportion (from --seed) "
                                  "before partitioning; for small-scale experiments (default: all)")
@@ -145,7 +148,7 @@ def resolve_partition(parser, args, num_classes, default_class_per_client):
 
 def check_common(parser, args):
     """Reject out-of-range common flags with argparse's one-line error."""
-    if args.num_clients < 1:
+    if args.num_clients is not None and args.num_clients < 1:
         parser.error(f"--num-clients must be >= 1, got {args.num_clients}")
     if not 0 < args.train_ratio < 1:
         parser.error(f"--train-ratio must be between 0 and 1, got {args.train_ratio}")

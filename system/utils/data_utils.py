@@ -1,8 +1,10 @@
 """Loading a generated split (``dataset/<name>/``) once into per-client tensors.
 
 Format (written by ``dataset/generate_<Name>.py``): ``config.json`` plus ``train/<i>.npz`` and
-``test/<i>.npz`` holding plain arrays ``x`` (uint8 pixels N x C x H x W, or float32 vectors N x D) and
-``y`` (int64). Nothing is unpickled. Pixels are normalised here with the split's recorded mean/std.
+``test/<i>.npz`` holding plain arrays ``x`` and ``y`` (int64). ``x`` is uint8 pixels N x C x H x W,
+float32 vectors N x D or series N x C x 1 x T, or, where config.json says ``"modality": "text"``, int64
+token ids N x L (pad id 0, every id below the config's ``vocab_size``). Nothing is unpickled. Pixels are
+normalised here with the split's recorded mean/std.
 """
 from __future__ import annotations
 
@@ -93,6 +95,10 @@ def read_config(name: str, d: Path) -> tuple[dict, bytes]:
         k = config["num_classes"]
         need("label_counts", lambda v: isinstance(v, list) and len(v) == n and all(
             isinstance(r, list) and len(r) == k for r in v), f"{n} rows of {k} per-class counts (num_classes)")
+    if "modality" in config:
+        need("modality", lambda v: v in ("image", "text", "vector", "series"), "one of image, text, vector, series")
+    if config.get("modality") == "text":
+        need("vocab_size", lambda v: pos_int(v) and v >= 2, "an integer >= 2 (token ids 0..vocab_size-1)")
     if "format_version" in config:
         need("format_version", lambda v: isinstance(v, int) and 1 <= v <= FORMAT_VERSION,
              f"a format this library reads (1..{FORMAT_VERSION})")
@@ -119,7 +125,12 @@ def _read_npz(name: str, path: Path, config: dict, part: str, i: int) -> tuple[n
     except Exception as e:  # noqa: BLE001 -- truncated zip, empty file, pickled object, missing key: all corrupt
         raise _bad_split(name, f"corrupt client file {path} ({type(e).__name__}: {e})") from None
     shape = tuple(config["input_shape"])
-    if x.dtype != np.uint8 and not np.issubdtype(x.dtype, np.floating):
+    if config.get("modality") == "text":
+        if not np.issubdtype(x.dtype, np.integer):
+            raise bad(f"holds x of dtype {x.dtype}; a text split holds integer token ids")
+        if x.size and (x.min() < 0 or x.max() >= config["vocab_size"]):
+            raise bad(f"holds token ids in [{x.min()}, {x.max()}]; the config's vocab_size is {config['vocab_size']}")
+    elif x.dtype != np.uint8 and not np.issubdtype(x.dtype, np.floating):
         raise bad(f"holds x of dtype {x.dtype}; expected uint8 pixels or float vectors")
     if x.shape[1:] != shape:
         raise bad(f"holds x of shape {x.shape}; the config's input_shape is {list(shape)}")
@@ -148,6 +159,8 @@ def _to_tensor(x: np.ndarray, norm: dict | None, device) -> torch.Tensor:
             t = (t - mean) / std
     elif t.is_floating_point():
         t = t.to(torch.float32)
+    else:
+        t = t.to(torch.int64)  # token ids
     return t.to(device)
 
 

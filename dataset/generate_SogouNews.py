@@ -1,0 +1,56 @@
+"""Partition Sogou News (Zhang et al. 2015; 510,000 romanised Chinese news articles, 5 topics) among federated clients.
+
+Label skew, text. Source: the official CSVs of the character-level CNN paper
+(sogou_news_csv.tgz, downloaded when online), or ``--source`` the archive or its folder
+(``train.csv``, ``test.csv``: "class index from 1","title","body"; ``classes.txt``). Train and
+test are merged and re-split per client. Text is tokenised by the library's own tokenizer
+(lower case; words, numbers, punctuation marks), the vocabulary is the --vocab-size most
+frequent train.csv tokens with <pad> = 0 and <unk> = 1, saved as ``vocab.txt``, and each
+sample is --max-len token ids padded with 0 (PFLlib: torchtext's basic_english, 32,000
+tokens, 200 ids). Writes::
+
+    SogouNews/train/<i>.npz, SogouNews/test/<i>.npz   x int64 [n, 200] token ids, y int64 [n]
+    SogouNews/vocab.txt                               line i = token of id i
+    SogouNews/config.json                             modality text, vocab_size, max_len
+
+Example::
+
+    python dataset/generate_SogouNews.py noniid - dir
+    python system/main.py -data SogouNews -m fastText -vs 32000
+"""
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dataset.utils import readers as rd  # noqa: E402
+from dataset.utils.dataset_utils import DatasetError, run_cli  # noqa: E402
+from dataset.utils.zoo import Loaded, ZooSpec, generate  # noqa: E402
+
+URL = "https://s3.amazonaws.com/fast-ai-nlp/sogou_news_csv.tgz"
+SPEC = ZooSpec(name="SogouNews", scenario="label skew", modality="text", num_classes=5, input_shape=(200,),
+               default_model="fastText", clients="20 (partitioned)", raw_name="sogou_news_csv.tgz", where=URL, url=URL)
+
+
+def load(src, args):
+    """Tokenise train.csv and test.csv; the vocabulary comes from train.csv."""
+    folder = rd.find_dir(src, "train.csv")
+    if folder is None:
+        raise DatasetError(f"no train.csv under {src}; pass sogou_news_csv.tgz or the folder it unpacks to")
+    if args.vocab_size < 3 or args.max_len < 1:
+        raise DatasetError("--vocab-size must be >= 3 and --max-len >= 1")
+    x, y, names, vocab = rd.char_cnn_csv(folder, args.vocab_size, args.max_len)
+    return Loaded(x=x, y=y, class_names=names, extra={"vocab_size": len(vocab), "max_len": args.max_len,
+                                                      "vocab_file": "vocab.txt"},
+                  files={"vocab.txt": rd.vocab_text(vocab)})
+
+
+def main(argv=None):
+    """Parse argv (default: the command line) and write the split; returns 0 on success."""
+    return generate(SPEC, argv, load, rd.add_text_flags)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,271 @@
+"""Readers shared by the dataset zoo: locating a source, archives, images, text.
+
+Every generator reads its dataset's official on-disk layout with these helpers, so
+a local copy (``--source``: the archive, the folder it unpacks to, or an npz) and
+a fresh download go through the same parsing code.
+
+Text: a small tokenizer in the spirit of torchtext's ``basic_english``
+(lower case; words, numbers and single punctuation marks), a vocabulary of the
+most frequent tokens with ``<pad>`` = 0 and ``<unk>`` = 1, and fixed-length id
+arrays padded with 0. The vocabulary is saved as ``vocab.txt`` beside the
+split's ``config.json`` (line i holds the token of id i).
+"""
+
+import re
+import shutil
+import tarfile
+import urllib.error
+import urllib.request
+import zipfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from dataset.utils.dataset_utils import DatasetError
+
+ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".gif", ".tif", ".tiff")
+PAD, UNK = "<pad>", "<unk>"
+
+
+def is_archive(path):
+    return Path(path).is_file() and str(path).lower().endswith(ARCHIVE_SUFFIXES)
+
+
+def extract(archive, dest):
+    """Unpack a zip or tar archive into ``dest`` (once: a marker file records completion); returns dest.
+
+    Members that would land outside ``dest`` (absolute paths, ``..``) are refused.
+    """
+    archive, dest = Path(archive), Path(dest)
+    marker = dest / f".{archive.name}.extracted"
+    if marker.is_file():
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    root = dest.resolve()
+    try:
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as z:
+                names = z.namelist()
+                _check_members(archive, root, names)
+                z.extractall(dest)
+        else:
+            with tarfile.open(archive) as t:
+                _check_members(archive, root, t.getnames())
+                t.extractall(dest, filter="data")
+    except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError) as err:
+        raise DatasetError(f"could not unpack {archive.name} ({err}); is the download complete?") from None
+    marker.touch()
+    return dest
+
+
+def _check_members(archive, root, names):
+    for name in names:
+        if not (root / name).resolve().is_relative_to(root):
+            raise DatasetError(f"{archive.name} holds a member outside its folder ({name}); refusing to unpack it")
+
+
+def find_dir(root, marker):
+    """The folder under ``root`` (root itself included) that contains the relative path ``marker``.
+
+    Archives found on the way are unpacked next to themselves, one level deep, so a
+    download that nests a zip in a zip (UCI HAR) is found too. None when absent.
+    """
+    root = Path(root)
+    if is_archive(root):
+        root = extract(root, root.parent / (root.name.split(".")[0] + "_files"))
+    if not root.is_dir():
+        return None
+    for attempt in range(2):
+        quick = [d for d in (root, *sorted(root.iterdir())) if (d / marker).is_file() or (d / marker).is_dir()]
+        if quick:
+            return quick[0]
+        hits = sorted(p for p in root.rglob(Path(marker).name) if p.as_posix().endswith("/" + marker))
+        for hit in hits:
+            base = hit.parent
+            for _ in Path(marker).parent.parts:
+                base = base.parent
+            return base
+        if attempt == 0:
+            archives = [p for p in sorted(root.rglob("*")) if is_archive(p)]
+            if not archives:
+                return None
+            for a in archives:
+                extract(a, a.parent)
+    return None
+
+
+def download(url, dest):
+    """Fetch ``url`` to ``dest`` (through a temporary name); raises DatasetError when offline."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".part")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as f:
+            shutil.copyfileobj(response, f)
+    except (urllib.error.URLError, OSError) as err:
+        tmp.unlink(missing_ok=True)
+        raise DatasetError(f"could not download {url} ({getattr(err, 'reason', err)})") from None
+    tmp.replace(dest)
+    return dest
+
+
+def read_image(path_or_image, image_shape):
+    """One image as uint8 [C, H, W]: converted to gray (C = 1) or RGB (C = 3), resized bilinearly to H x W."""
+    from PIL import Image
+
+    channels, height, width = image_shape
+    image = path_or_image
+    try:
+        if not isinstance(image, Image.Image):
+            with Image.open(path_or_image) as im:
+                image = im.convert("L" if channels == 1 else "RGB")
+        else:
+            image = image.convert("L" if channels == 1 else "RGB")
+    except OSError as err:
+        raise DatasetError(f"cannot read image {path_or_image} ({err})") from None
+    if image.size != (width, height):
+        image = image.resize((width, height), Image.BILINEAR)
+    a = np.asarray(image, dtype=np.uint8)
+    return a[None] if channels == 1 else a.transpose(2, 0, 1)
+
+
+def read_images(paths, image_shape):
+    """Stack images into uint8 [N, C, H, W]."""
+    out = np.empty((len(paths), *image_shape), dtype=np.uint8)
+    for i, p in enumerate(paths):
+        out[i] = read_image(p, image_shape)
+    return out
+
+
+def list_images(folder):
+    """Image files directly in ``folder``, sorted by name."""
+    return sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
+
+
+def image_folder(root, image_shape):
+    """An ImageFolder layout ``root/<class>/<image>``: classes are the sorted sub-folder names.
+
+    Returns (x uint8 [N, C, H, W], y int64 [N], class_names).
+    """
+    classes = sorted(p.name for p in Path(root).iterdir() if p.is_dir())
+    paths, labels = [], []
+    for c, name in enumerate(classes):
+        files = list_images(Path(root) / name)
+        paths += files
+        labels += [c] * len(files)
+    if not paths:
+        raise DatasetError(f"no images found in class folders under {root}")
+    return read_images(paths, image_shape), np.array(labels, dtype=np.int64), classes
+
+
+_TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[^\sa-z0-9]")
+
+
+def tokenize(text):
+    """Lower-cased words, numbers (with a trailing 's, 't, ...) and single punctuation marks."""
+    return _TOKEN.findall(text.replace("\\n", " ").lower())
+
+
+def build_vocab(token_lists, max_size):
+    """``<pad>``, ``<unk>`` and the ``max_size - 2`` most frequent tokens (ties by token), as a list."""
+    counts = Counter(t for tokens in token_lists for t in tokens)
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return [PAD, UNK] + [t for t, _ in ranked[: max(0, max_size - 2)]]
+
+
+def encode(token_lists, vocab, max_len):
+    """int64 [N, max_len]: each sequence's first max_len token ids (unknown -> 1), padded with 0."""
+    index = {t: i for i, t in enumerate(vocab)}
+    out = np.zeros((len(token_lists), max_len), dtype=np.int64)
+    for row, tokens in enumerate(token_lists):
+        ids = [index.get(t, 1) for t in tokens[:max_len]]
+        out[row, : len(ids)] = ids
+    return out
+
+
+def vocab_text(vocab):
+    """The vocabulary file's content: one token per line, line i = id i."""
+    return "".join(f"{t}\n" for t in vocab)
+
+
+def read_idx(path):
+    """An IDX file (MNIST's format; gzip-compressed when it ends in .gz) as a uint8 array."""
+    import gzip
+
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4 or data[2] != 0x08:
+        raise DatasetError(f"{Path(path).name} is not an IDX file of unsigned bytes")
+    ndim = data[3]
+    dims = np.frombuffer(data, ">i4", ndim, 4).astype(int)
+    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def add_text_flags(parser, vocab_size=32000, max_len=200):
+    """--vocab-size and --max-len, PFLlib's text settings by default."""
+    parser.add_argument("--vocab-size", type=int, default=vocab_size,
+                        help=f"vocabulary size including <pad> and <unk> (default {vocab_size}, as PFLlib)")
+    parser.add_argument("--max-len", type=int, default=max_len,
+                        help=f"token ids per sample, truncated or padded with 0 (default {max_len}, as PFLlib)")
+
+
+def char_cnn_csv(folder, vocab_size, max_len):
+    """The text-classification CSVs of Zhang et al. 2015 (AG News, Sogou News, ...): train.csv and test.csv
+    rows "class index (from 1)","title","body"; classes.txt one name per line.
+
+    The vocabulary is built from train.csv only (test text never shapes it). Returns
+    (x int64 [N, max_len], y int64 [N], class_names, vocab).
+    """
+    import csv
+
+    folder = Path(folder)
+    tokens, labels = {}, {}
+    csv.field_size_limit(1 << 24)
+    for part in ("train", "test"):
+        path = folder / f"{part}.csv"
+        if not path.is_file():
+            raise DatasetError(f"{path} is missing (expected train.csv and test.csv)")
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = [r for r in csv.reader(f) if r]
+        bad = [r for r in rows if len(r) < 2 or not r[0].strip().isdigit()]
+        if bad:
+            raise DatasetError(f"{path.name}: rows must start with a class index, got {bad[0][:2]}")
+        labels[part] = [int(r[0]) - 1 for r in rows]
+        tokens[part] = [tokenize(" ".join(r[1:])) for r in rows]
+    vocab = build_vocab(tokens["train"], vocab_size)
+    x = encode(tokens["train"] + tokens["test"], vocab, max_len)
+    y = np.array(labels["train"] + labels["test"], dtype=np.int64)
+    names_file = folder / "classes.txt"
+    names = names_file.read_text(encoding="utf-8").split("\n") if names_file.is_file() else []
+    return x, y, [n.strip() for n in names if n.strip()] or None, vocab
+
+
+def read_leaf(src):
+    """LEAF json files (one file, or every *.json under a folder, sorted by path), users pooled.
+
+    Returns (user names in first-seen order, per-user x lists, per-user y lists); a user found
+    in several files (LEAF's train/ and test/) has its samples concatenated.
+    """
+    import json
+
+    src = Path(src)
+    files = [src] if src.is_file() else sorted(src.rglob("*.json"))
+    if not files:
+        raise DatasetError(f"no LEAF .json files under {src}")
+    order, xs, ys = [], {}, {}
+    for path in files:
+        try:
+            data = json.loads(path.read_text())
+            for user in data["users"]:
+                if user not in xs:
+                    order.append(user)
+                    xs[user], ys[user] = [], []
+                xs[user] += data["user_data"][user]["x"]
+                ys[user] += data["user_data"][user]["y"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise DatasetError(f"{path.name} is not a LEAF json (users, user_data: x, y): {err!r}") from None
+    return order, [np.asarray(xs[u], dtype=np.float32) if xs[u] and not isinstance(xs[u][0], str) else xs[u]
+                   for u in order], [ys[u] for u in order]
