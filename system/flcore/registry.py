@@ -43,6 +43,9 @@ ALGORITHMS = {
     "FedGC": "flcore.servers.servergc:FedGCServer",
     "FedCP": "flcore.servers.servercp:FedCPServer",
     "GPFL": "flcore.servers.servergpfl:GPFLServer",
+    "FedProto": "flcore.servers.serverproto:FedProtoServer",
+    "FedPCL": "flcore.servers.serverpcl:FedPCLServer",
+    "FedPAC": "flcore.servers.serverpac:FedPACServer",
 }
 
 

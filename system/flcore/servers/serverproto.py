@@ -1,0 +1,90 @@
+"""FedProto: Federated Prototype Learning across Heterogeneous Clients.
+Tan, Long, Liu, Zhou, Lu, Jiang, Zhang. AAAI 2022. https://arxiv.org/abs/2105.00243
+Official code: https://github.com/yuetan031/FedProto
+
+Relative to FedAvg no weight crosses the wire: clients exchange class prototypes, the mean
+representation of each class under their own body f_i (the model is cut at its classifier,
+``flcore.trainmodel.parts.split_head``). Each round client i trains its own model on
+
+    L_i = CE(h_i(f_i(x)), y) + λ · mean (f_i(x) - P̄_y)²,
+
+then uploads its prototypes C_i^(j) = mean over D_ij of f_i(x) with the counts |D_ij|; the server
+averages them per class, weighted by the counts (the paper's Eq. 6, read as a weighted mean),
+
+    P̄_j = Σ_{i ∈ N_j} |D_ij| C_i^(j) / Σ_{i ∈ N_j} |D_ij|,
+
+and broadcasts {P̄_j}. A client is evaluated by the nearest global prototype (squared Euclidean
+distance of f_i(x) to each P̄_j, as PFLlib), or by its local head before any prototype exists (round 0).
+Only the feature dimension must agree between clients: nothing here assumes one model for all.
+
+Flags: ``-lam`` λ = 1.0 (the official code's ``--ld`` default; PFLlib's too).
+
+Refuses ``-ala`` (there is no global model to initialise from) and ``-dp`` (the uploaded prototypes
+are means of the private training features, neither noised nor accounted).
+
+Where PFLlib differs: its client averages the representations seen during training (of a model that
+changes along the way, over every epoch); here, as Eq. 5, the prototypes are taken from the trained
+body over the training data. Its server takes the unweighted mean over clients (so does the official
+code), and forgets a class no participant of the round holds; here the mean is weighted by |D_ij|,
+and such a class keeps its last global prototype (matters with ``-jr`` < 1 only).
+"""
+from __future__ import annotations
+
+import torch
+
+from flcore.clients.clientproto import FedProtoClient
+from flcore.servers.serverbase import Server
+from flcore.trainmodel.parts import split_head
+from utils.errors import FLError
+
+
+def aggregate_prototypes(protos: list[dict], counts: list[dict]) -> dict[int, torch.Tensor]:
+    """Per class, the count-weighted mean of the clients' prototypes: P̄_j = Σ_i n_ij C_ij / Σ_i n_ij
+    over the clients i that hold class j."""
+    sums: dict[int, torch.Tensor] = {}
+    totals: dict[int, int] = {}
+    for p, n in zip(protos, counts):
+        for c, v in p.items():
+            sums[c] = sums.get(c, 0) + n[c] * v.double()
+            totals[c] = totals.get(c, 0) + n[c]
+    return {c: (sums[c] / totals[c]).float() for c in sorted(sums)}
+
+
+class FedProtoServer(Server):
+    client_class = FedProtoClient
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        parser.add_argument("-lam", "--lamda", type=float, default=1.0,
+                            help="λ, weight of the pull toward the global prototypes (official code and PFLlib: 1.0)")
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        refuse_ala_dp(cfg, "FedProto")
+        if cfg.lamda < 0:
+            raise FLError(f"FedProto needs -lam >= 0 (got {cfg.lamda})")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.global_protos: dict[int, torch.Tensor] = {}  # P̄_j by class
+
+    def build_model(self):
+        return split_head(super().build_model())
+
+    def broadcast(self, client) -> dict:
+        return self.global_protos
+
+    def aggregate(self, uploads) -> None:
+        if uploads:
+            new = aggregate_prototypes([u.extras["protos"] for u in uploads], [u.extras["counts"] for u in uploads])
+            self.global_protos = {**self.global_protos, **{c: p.to(self.device) for c, p in new.items()}}
+
+
+def refuse_ala_dp(cfg, name: str) -> None:
+    """The prototype family has no global model and uploads means of private features."""
+    if cfg.ala:
+        raise FLError(f"{name} has no global model for -ala to initialise from (clients share prototypes only); "
+                      f"drop -ala")
+    if cfg.privacy:
+        raise FLError(f"-dp privatises gradient steps only; {name} uploads per-class means of the private "
+                      f"training features, which it would leave unprotected, so drop -dp")

@@ -1,0 +1,138 @@
+"""FedPAC: the classifier-combination weights solve the quadratic program (KKT conditions, and a
+brute-force grid on 3 clients), the feature statistics by hand, a round's heads, body and centroids
+against a reference computation, -ala runs on the body, -dp refused."""
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import main
+from conftest import cli
+from flcore.clients.clientpac import feature_statistics
+from flcore.registry import get_server_class
+from flcore.servers.serverpac import combination_weights
+from flcore.servers.serverproto import aggregate_prototypes
+from utils.data_utils import load_split
+
+
+def make_server(root, *flags):
+    cfg = main.parse_config(cli(root, root, "-algo", "FedPAC", "--executor", "sequential", "-lr", "0.1",
+                                "-lbs", "20", *flags))
+    return get_server_class("FedPAC")(cfg.replace(num_classes=10), load_split("Digits", root))
+
+
+def qp_matrix(v, hs, i):
+    """diag(v) + D_i with D_i[j, j'] = Σ_k (H_i[k] - H_j[k])·(H_i[k] - H_j'[k]), by loops."""
+    m = len(v)
+    p = np.diag(v.double().numpy())
+    for j, jj in itertools.product(range(m), range(m)):
+        p[j, jj] += sum(float((hs[i][k] - hs[j][k]) @ (hs[i][k] - hs[jj][k])) for k in range(hs.shape[1]))
+    return p
+
+
+CASES = {  # (v, H) of 3 clients with 2 classes in 2 dimensions
+    "interior": (torch.tensor([0.5, 0.8, 1.1]), torch.tensor([[[0.2, 0.1], [0.3, 0.0]], [[0.4, 0.3], [0.1, 0.2]],
+                                                          [[0.0, 0.2], [0.5, 0.1]]])),
+    "boundary": (torch.tensor([0.02, 0.05, 0.04]), torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[1.1, 0.1], [0.0, 0.9]],
+                                                             [[-2.0, 3.0], [2.0, -1.0]]])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("i", [0, 1, 2])
+def test_weights_solve_the_quadratic_program(case, i):
+    v, hs = CASES[case]
+    alpha = combination_weights(v, hs, i)
+    p = qp_matrix(v, hs, i)
+    assert alpha.min() >= 0 and alpha.sum() == pytest.approx(1.0, abs=1e-12)
+    # KKT of min α^T P α on the simplex: (Pα)_j equals the multiplier where α_j > 0 and is no smaller elsewhere
+    grad = p @ alpha
+    lam = alpha @ grad
+    support = alpha > 1e-9
+    assert np.allclose(grad[support], lam, rtol=1e-6, atol=1e-9)
+    assert np.all(grad[~support] >= lam - 1e-9)
+    # brute force: no point of a 0.005 grid on the simplex does better
+    best = min(a @ p @ a for a in (np.array([x, y, 1 - x - y]) for x in np.arange(0, 1.0001, 0.005)
+                                     for y in np.arange(0, 1.0001 - x, 0.005)))
+    assert alpha @ p @ alpha <= best + 1e-12
+    if case == "boundary" and i != 1:  # the optimum lies on the simplex's boundary: one weight exactly 0
+        assert (alpha == 0).sum() == 1 and alpha[2 - i] == 0
+
+
+def test_feature_statistics_by_hand():
+    f = torch.tensor([[1.0, 0.0], [3.0, 2.0], [0.0, 4.0], [2.0, 2.0]], dtype=torch.float64)
+    y = torch.tensor([0, 0, 2, 1])
+    v, h = feature_statistics(f, y, 4)
+    p = [0.5, 0.25, 0.25, 0.0]
+    mu = [[2.0, 1.0], [2.0, 2.0], [0.0, 4.0], [0.0, 0.0]]
+    second = [(1 + 13) / 2, 8.0, 16.0, 0.0]  # mean squared norm per class
+    want_v = (sum(p[k] * second[k] for k in range(4)) - sum(p[k] ** 2 * (mu[k][0] ** 2 + mu[k][1] ** 2)
+                                                             for k in range(4))) / 4
+    assert float(v) == pytest.approx(want_v)
+    assert torch.allclose(h, torch.tensor([[p[k] * m for m in mu[k]] for k in range(4)], dtype=torch.float64))
+
+
+def test_a_round_combines_heads_averages_bodies_and_centroids(digits_tiny_root):
+    server = make_server(digits_tiny_root)
+    seen = []
+    receive = server.receive_models
+    server.receive_models = lambda clients: seen.append(receive(clients)) or seen[-1]
+    server.run_round(0)
+    uploads = seen[0]
+    states = [{k: t.detach().clone() for k, t in u.state.items()} for u in uploads]  # live tensors: keep them
+    # the body is FedAvg's
+    n = torch.tensor([u.weight for u in uploads], dtype=torch.float64)
+    for k, t in server.global_model.base.state_dict().items():
+        ref = sum(w * s[f"base.{k}"].double() for w, s in zip(n / n.sum(), states))
+        assert torch.allclose(t.double(), ref, atol=1e-6), k
+    # centroids: count-weighted per class
+    cent = aggregate_prototypes([u.extras["protos"] for u in uploads], [u.extras["counts"] for u in uploads])
+    assert all(torch.equal(server.global_protos[k], cent[k]) for k in cent)
+    # each client's head is Σ_j α_ij head_j with α_i from the uploaded statistics; it arrives next broadcast
+    v = torch.stack([u.extras["v"] for u in uploads])
+    hs = torch.stack([u.extras["H"] for u in uploads])
+    server.send_models(server.select_clients())
+    for i, u in enumerate(uploads):
+        alpha = combination_weights(v, hs, i)
+        assert np.array_equal(alpha, server.weights[u.id])
+        head = server.clients[u.id].model.head.state_dict()
+        for k, t in head.items():
+            ref = sum(float(a) * s[f"head.{k}"].double() for a, s in zip(alpha, states))
+            assert torch.allclose(t.double(), ref, atol=1e-6), k
+        assert all(torch.equal(t, server.global_model.base.state_dict()[k])
+                   for k, t in server.clients[u.id].model.base.state_dict().items())
+    # and not every client gets the same head: the weights follow each client's own statistics
+    assert len({tuple(np.round(w, 6)) for w in server.weights.values()}) > 1
+
+
+def test_statistics_are_of_the_received_body_before_training(digits_tiny_root):
+    server = make_server(digits_tiny_root)
+    server.send_models(server.select_clients())
+    c = server.clients[1]
+    c.model.eval()
+    with torch.no_grad():
+        want = feature_statistics(c.model.base(c.x_train), c.y_train, 10)
+    c.train(0)
+    assert float(c.stats[0]) == pytest.approx(float(want[0]), rel=1e-5)
+    assert torch.allclose(c.stats[1], want[1], atol=1e-6)
+
+
+def test_ala_runs_on_the_body(digits_tiny_root):
+    server = make_server(digits_tiny_root, "-ala", "-p", "2")
+    assert server.clients[0].ala.names == ["base.fc1.0.weight", "base.fc1.0.bias"]
+    server.run_round(0)
+    server.run_round(1)
+    server.round_idx = 2
+    server.send_models(server.select_clients())
+    glob = server.global_model.base.state_dict()
+    for c in server.clients:  # ALA mixed the adapted tensors with the client's own; the others are copied
+        body = c.model.base.state_dict()
+        assert not torch.equal(body["fc1.0.weight"], glob["fc1.0.weight"])
+        assert torch.equal(body["conv1.0.weight"], glob["conv1.0.weight"])
+
+
+def test_dp_is_refused(digits_tiny_root, capsys):
+    assert main.main(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedPAC", "-gr", "1", "-dp")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "-dp" in err and "FedPAC" in err, err

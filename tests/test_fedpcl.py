@@ -1,0 +1,111 @@
+"""FedPCL: the prototype-wise contrastive loss against a hand computation, the padding of a client's
+local prototypes with the global ones, uploads that are prototypes of normalised representations and no
+weights, the first round that only collects prototypes, evaluation by the nearest own prototype, -ala and
+-dp refused."""
+import math
+
+import pytest
+import torch
+
+import main
+from conftest import cli
+from flcore.clients.clientpcl import pcl_loss, prototype_contrastive_loss
+from flcore.clients.clientproto import NearestPrototype
+from flcore.registry import get_server_class
+from utils.data_utils import load_split
+
+
+def make_server(root, *flags):
+    cfg = main.parse_config(cli(root, root, "-algo", "FedPCL", "--executor", "sequential", "-lr", "0.1",
+                                "-lbs", "20", *flags))
+    return get_server_class("FedPCL")(cfg.replace(num_classes=10), load_split("Digits", root))
+
+
+def hand_ce(z, y, protos, tau):
+    """-log(exp(z·P_y/τ) / Σ_c exp(z·P_c/τ)) over the prototypes given ({class: vector}), by loops."""
+    s = {c: sum(a * b for a, b in zip(z, p)) / tau for c, p in protos.items()}
+    return -(s[y] - math.log(sum(math.exp(v) for v in s.values())))
+
+
+def test_contrastive_loss_by_hand():
+    tau = 0.5
+    z = torch.nn.functional.normalize(torch.tensor([[3.0, 4.0], [1.0, -1.0], [0.0, 2.0]]), dim=1)
+    y = torch.tensor([0, 2, 1])  # class 1 has no global prototype: the third sample skips L_g
+    g = {0: [0.5, 0.5], 2: [-0.2, 0.9]}
+    locals_ = [{0: [1.0, 0.0], 1: [0.0, 1.0], 2: [0.3, -0.3]}, {0: [0.6, 0.8], 1: [-1.0, 0.0], 2: [0.0, -1.0]}]
+
+    def table(protos):
+        t, k = torch.zeros(3, 2), torch.zeros(3, dtype=torch.bool)
+        for c, p in protos.items():
+            t[c], k[c] = torch.tensor(p), True
+        return t, k
+
+    zl, yl = z.tolist(), y.tolist()
+    l_g = (hand_ce(zl[0], 0, g, tau) + hand_ce(zl[1], 2, g, tau)) / 2
+    l_p = sum(sum(hand_ce(zl[i], yl[i], p, tau) for i in range(3)) / 3 for p in locals_) / 2
+    gt, gk = table(g)
+    tables = [table(p) for p in locals_]
+    got = pcl_loss(z, y, gt, gk, [t for t, _ in tables], [k for _, k in tables], tau)
+    assert got.item() == pytest.approx(l_g + l_p, rel=1e-5)
+    assert prototype_contrastive_loss(z, y, gt, gk, tau).item() == pytest.approx(l_g, rel=1e-5)
+    # no prototype for any sample's class: nothing to contrast
+    assert prototype_contrastive_loss(z, y, gt, torch.zeros(3, dtype=torch.bool), tau).item() == 0.0
+
+
+def test_rounds_upload_normalised_prototypes_only_and_pad_with_the_global_ones(digits_tiny_root):
+    server = make_server(digits_tiny_root)
+    seen = []
+    receive = server.receive_models
+    server.receive_models = lambda clients: seen.append(receive(clients)) or seen[-1]
+    before = {k: v.clone() for k, v in server.clients[0].model.state_dict().items()}
+    server.run_round(0)
+    c = server.clients[0]
+    # the first round only collects prototypes: nothing to contrast with yet, the model is untouched
+    assert all(torch.equal(before[k], v) for k, v in c.model.state_dict().items())
+    server.run_round(1)
+    assert any(not torch.equal(before[k], v) for k, v in c.model.state_dict().items())
+    for u in seen[1]:
+        c = server.clients[u.id]
+        assert u.state is None and set(u.extras) == {"protos", "counts"}
+        c.model.eval()
+        with torch.no_grad():
+            z = torch.nn.functional.normalize(c.model(c.x_train), dim=1)
+        for k, p in u.extras["protos"].items():
+            assert torch.allclose(p, z[c.y_train == k].mean(0), atol=1e-5)
+            assert u.extras["counts"][k] == int((c.y_train == k).sum())
+    # every client receives the global prototypes and each client's last upload; a class a client lacks
+    # is contrasted against the global prototype in its place
+    server.send_models(server.select_clients())
+    c = server.clients[1]
+    assert sorted(c.client_protos) == [0, 1, 2, 3, 4]
+    lacking = [k for k in server.global_protos if k not in c.client_protos[3]]
+    assert lacking, "the tiny split gives client 3 fewer classes than all"
+    _, _, tables, known = c.prototype_tables(next(iter(c.global_protos.values())).shape[0])
+    for k in lacking:
+        assert known[3][k] and torch.equal(tables[3][k], server.global_protos[k])
+    held = next(iter(c.client_protos[3]))
+    assert torch.equal(tables[3][held], server.client_protos[3][held])
+
+
+def test_evaluation_is_the_nearest_own_prototype(digits_tiny_root):
+    server = make_server(digits_tiny_root)
+    server.run_round(0)
+    c = server.clients[2]
+    m = c.eval_model()
+    assert isinstance(m, NearestPrototype) and m.normalize and m.base is c.model.base
+    assert m.known.tolist() == [k in c.protos for k in range(10)]
+    c.model.eval()
+    with torch.no_grad():
+        z = torch.nn.functional.normalize(c.model(c.x_test), dim=1)
+    classes = sorted(c.protos)
+    dists = torch.stack([((z - c.protos[k]) ** 2).sum(1) for k in classes], 1)
+    expected = torch.tensor(classes)[dists.argmin(1)]
+    with torch.no_grad():
+        assert torch.equal(m(c.x_test).argmax(1), expected)
+
+
+@pytest.mark.parametrize("flag", ["-ala", "-dp"])
+def test_ala_and_dp_are_refused(flag, digits_tiny_root, capsys):
+    assert main.main(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedPCL", "-gr", "1", flag)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and flag in err and "FedPCL" in err, err
