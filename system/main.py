@@ -20,15 +20,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flcore.registry import ALGORITHMS, canonical_name, get_server_class  # noqa: E402
-from flcore.trainmodel.models import MODELS  # noqa: E402
+from flcore.trainmodel.models import ALIASES, MODELS  # noqa: E402
 from utils.config import Config  # noqa: E402
 from utils.data_utils import DATASET_ROOT, OFFLINE_GENERATORS, load_split  # noqa: E402
 from utils.errors import Diverged, FLError, Interrupted  # noqa: E402
 
 
 def canonical_model(name: str) -> str:
-    """A model name in any case (``cnn``, ``resnet18``) as registered; unknown names come back unchanged."""
-    return {m.lower(): m for m in ("auto", *MODELS)}.get(name.lower(), name)
+    """A model name or alias in any case (``cnn``, ``resnet18``, ``MobileNetV2``) as registered; unknown names
+    come back unchanged."""
+    known = {**{a.lower(): m for a, m in ALIASES.items()}, **{m.lower(): m for m in ("auto", *MODELS)}}
+    return known.get(name.lower(), name)
 
 
 def parse_bool(text: str) -> bool:
@@ -81,9 +83,13 @@ def base_parser() -> argparse.ArgumentParser:
     a("-ncl", "-nb", "--num_classes", type=int, default=None,
       help="checked against the split (taken from it); -nb is the FedALA repository's name")
     a("-m", "--model", default="auto", choices=["auto", *MODELS], type=canonical_model,
-      help="auto = CNN for images, DNN for vectors")
-    a("-fd", "--feature_dim", type=int, default=512, help="hidden width of the CNN's fc layer")
-    a("-vs", "--vocab_size", type=int, default=80, help="vocabulary size for fastText")
+      help="a model, by PFLlib's name; auto = the split's default_model, else by its "
+           "data: CNN for images, fastText for text, HARCNN for sensor series, DNN for vectors")
+    a("-fd", "--feature_dim", type=int, default=512,
+      help="embedding/hidden width of the text models (fastText, TextCNN, LSTM, BiLSTM, Transformer d_model; "
+           "PFLlib's meaning) and of the CNN's fc1 layer; the other models have fixed widths")
+    a("-vs", "--vocab_size", type=int, default=80,
+      help="vocabulary size of the text models when the split's config does not record one")
     a("-lbs", "--batch_size", type=int, default=10, help="local batch size")
     a("-lr", "--local_learning_rate", type=float, default=0.005, help="client SGD learning rate")
     a("-ld", "--learning_rate_decay", action="store_true", help="decay lr by -ldg every round")

@@ -75,7 +75,8 @@ def per_sample_gradients(holder: nn.Module, names: list[str], x: torch.Tensor, y
         loss = functional_call(holder, p, (xi[None], yi[None]))
         return loss, loss.detach()
 
-    return vmap(grad(one, has_aux=True), in_dims=(None, 0, 0))(params, x, y)
+    # randomness="different": a dropout layer draws each sample's own mask, as it does in a batch
+    return vmap(grad(one, has_aux=True), in_dims=(None, 0, 0), randomness="different")(params, x, y)
 
 
 def privatize(grads: dict[str, torch.Tensor], clip: float, sigma: float,

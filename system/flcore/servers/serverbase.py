@@ -94,7 +94,7 @@ class Server:
 
     def build_model(self) -> torch.nn.Module:
         return build_model(self.cfg.model, self.data.input_shape, self.data.num_classes,
-                           self.cfg.feature_dim, self.cfg.vocab_size)
+                           self.cfg.feature_dim, self.cfg.vocab_size, config=self.data.config)
 
     def client_factory(self) -> ClientFactory:
         """How every client is built, here or inside a worker: ``client_class(cfg, cid, data,
