@@ -188,9 +188,13 @@ def base_parser() -> argparse.ArgumentParser:
                    help="attacks per attacked client (PFLlib: 2)")
     g.add_argument("--dlg_clients", type=int, default=2,
                    help="clients attacked per attacked round, drawn from the round's active clients")
-    g.add_argument("--dlg_attack", default="dlg", choices=["dlg", "idlg"],
-                   help="DLG (Zhu et al. 2019: inputs and labels) or iDLG (Zhao et al. 2020: label from the "
-                        "classifier gradient's sign, then inputs)")
+    g.add_argument("-dlga", "--dlg_attack", default="dlg", choices=["dlg", "idlg", "ig"],
+                   help="DLG (Zhu et al. 2019: inputs and labels), iDLG (Zhao et al. 2020: label from the "
+                        "classifier gradient's sign, then inputs) or ig, Inverting Gradients (Geiping et al. 2020: "
+                        "cosine matching + total variation, signed Adam, iDLG's label)")
+    g.add_argument("--ig_iters", type=int, default=4000,
+                   help="-dlga ig: Adam iterations per attack (the reference code's CIFAR-10 setting: 4000)")
+    g.add_argument("--ig_tv", type=float, default=1e-4, help="-dlga ig: total-variation weight alpha_TV (the reference code's default: 1e-4)")
     g.add_argument("--dlg_iters", type=int, default=300, help="L-BFGS iterations per attack (DLG paper: 300)")
     g.add_argument("--dlg_batch", type=int, default=1, help="images per attacked batch (DLG paper: 1)")
     g.add_argument("--dlg_target", default="gradient", choices=["gradient", "update"],
@@ -200,8 +204,18 @@ def base_parser() -> argparse.ArgumentParser:
     g.add_argument("-dp", "--privacy", action="store_true",
                    help="DP-SGD local training: per-sample clipping and Gaussian noise (PFLlib's flag)")
     g.add_argument("-dps", "--dp_sigma", type=float, default=1.0,
-                   help="noise multiplier sigma (PFLlib's flag, default 0.0 there = no noise; 1.0 here)")
-    g.add_argument("--dp_clip", type=float, default=1.0, help="per-sample L2 clip norm C (Abadi et al. 2016: 4)")
+                   help="noise multiplier sigma (PFLlib's flag, default 0.0 there = no noise; 1.0 here); with "
+                        "--dp_level client the multiplier z of the server's noise N(0, z^2 S^2 / m^2)")
+    g.add_argument("--dp_clip", type=float, default=1.0,
+                   help="per-sample L2 clip norm C (Abadi et al. 2016: 4); with --dp_level client the clip norm S "
+                        "of each client's model update (its initial value with --dp_quantile)")
+    g.add_argument("--dp_level", default="sample", choices=["sample", "client"],
+                   help="sample: DP-SGD on every client (record-level privacy); client: DP-FedAvg (McMahan et al. "
+                        "2018), the server clips each client's update to --dp_clip and adds Gaussian noise to their "
+                        "unweighted mean (client-level privacy)")
+    g.add_argument("--dp_quantile", type=float, default=None,
+                   help="--dp_level client: adaptive clipping (Andrew et al. 2021) towards this quantile of the "
+                        "update norms (their gamma, e.g. 0.5); off by default (fixed clip norm)")
     g.add_argument("--dp_delta", type=float, default=1e-5, help="delta of the reported (epsilon, delta)")
     g.add_argument("--dp_secure_rng", action="store_true",
                    help="seed the DP noise from the OS (secrets) instead of -seed, as a deployment needs (anyone "
@@ -276,6 +290,9 @@ def parse_config(argv=None) -> Config:
     cfg = Config(**vars(args))
     validate(cfg)
     server_cls.check_config(cfg)
+    from utils.privacy import check_client_level
+
+    check_client_level(cfg, server_cls)
     return cfg
 
 
@@ -297,10 +314,15 @@ def validate(cfg: Config) -> None:
         (cfg.checkpoint_every >= 0, "--checkpoint_every must be >= 0"),
         (cfg.dlg_gap >= 1, "-dlgg must be >= 1"), (cfg.batch_num_per_client >= 1, "-bnpc must be >= 1"),
         (cfg.dlg_clients >= 1, "--dlg_clients must be >= 1"), (cfg.dlg_iters >= 1, "--dlg_iters must be >= 1"),
-        (cfg.dlg_batch >= 1, "--dlg_batch must be >= 1"), (cfg.dp_clip > 0, "--dp_clip must be > 0"),
+        (cfg.dlg_batch >= 1, "--dlg_batch must be >= 1"),
+        (cfg.ig_iters >= 1, "--ig_iters must be >= 1"), (cfg.ig_tv >= 0, "--ig_tv must be >= 0"), (cfg.dp_clip > 0, "--dp_clip must be > 0"),
         (not cfg.privacy or cfg.dp_sigma > 0, "-dps must be > 0 with -dp (sigma 0 adds no noise: drop -dp)"),
         (0 < cfg.dp_delta < 1, "--dp_delta must be in (0, 1)"),
         (cfg.privacy or not getattr(cfg, "dp_secure_rng", False), "--dp_secure_rng needs -dp"),
+        (cfg.privacy or cfg.dp_level == "sample", "--dp_level client needs -dp"),
+        (cfg.dp_quantile is None or (cfg.privacy and cfg.dp_level == "client"),
+         "--dp_quantile (adaptive clipping) needs -dp --dp_level client"),
+        (cfg.dp_quantile is None or 0 < cfg.dp_quantile < 1, "--dp_quantile must be in (0, 1)"),
         (0 < cfg.train_loss_fraction <= 1, "--train_loss_fraction must be in (0, 1]"),
         (cfg.amp != "fp16" or not cfg.privacy, "--amp fp16 does not combine with -dp; use --amp bf16 or off"),
     ]

@@ -34,6 +34,7 @@ reproducible (two runs with the same flags differ). torch's generator itself is 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import secrets
 import sys
@@ -137,7 +138,9 @@ class DPSGD:
         self.history: list[tuple[float, float, int]] = []
 
     @classmethod
-    def from_config(cls, cfg, cid: int, run: int, model: nn.Module, n_samples: int) -> "DPSGD":
+    def from_config(cls, cfg, cid: int, run: int, model: nn.Module, n_samples: int) -> "DPSGD | None":
+        if not sample_level(cfg):  # --dp_level client: clients train as usual, the server privatises
+            return None
         bn = [type(m).__name__ for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         if bn:
             raise FLError(f"-dp needs per-sample gradients, but the model has {bn[0]} layers, which mix the "
@@ -177,6 +180,162 @@ class DPSGD:
         return epsilon(self.history, delta)
 
 
+# ---- client-level DP (DP-FedAvg) --------------------------------------------------------------------
+CLIP_LR = 0.2          # eta_C of adaptive clipping's geometric update (Andrew et al. 2021, their default)
+COUNT_NOISE_DIVISOR = 20  # sigma_b = m / 20: the noise on the clipped-count estimate (Andrew et al. 2021)
+
+
+def client_level(cfg) -> bool:
+    """``-dp --dp_level client``: the server clips and noises model updates (no DP-SGD on the clients)."""
+    return bool(cfg.privacy) and getattr(cfg, "dp_level", "sample") == "client"
+
+
+def sample_level(cfg) -> bool:
+    """``-dp`` with ``--dp_level sample`` (the default): DP-SGD on every client."""
+    return bool(cfg.privacy) and getattr(cfg, "dp_level", "sample") == "sample"
+
+
+def update_noise_multiplier(z: float, sigma_b: float) -> float:
+    """Andrew et al.'s split of the privacy budget: the update noise z_D such that releasing the update
+    sum with z_D and the clipped count (sensitivity 1/2 after centring the bits) with sigma_b is, together,
+    one Gaussian mechanism of multiplier z:  z_D = (z^-2 - (2 sigma_b)^-2)^(-1/2). Needs z < 2 sigma_b."""
+    if z >= 2 * sigma_b:
+        raise FLError(f"--dp_quantile: adaptive clipping needs -dps < 2 sigma_b = m / {COUNT_NOISE_DIVISOR // 2} "
+                      f"(here {2 * sigma_b:g} for m = {round(sigma_b * COUNT_NOISE_DIVISOR)} clients per round); "
+                      f"lower -dps, raise -jr/-nc, or drop --dp_quantile")
+    return (z ** -2 - (2 * sigma_b) ** -2) ** -0.5
+
+
+def clip_update(delta: dict[str, torch.Tensor], clip: float) -> tuple[dict[str, torch.Tensor], float]:
+    """(``delta`` scaled to L2 norm at most ``clip`` over all its entries together, its norm before)."""
+    norm = float(torch.sqrt(sum(d.double().pow(2).sum() for d in delta.values())))
+    factor = min(1.0, clip / norm) if norm > 0 else 1.0
+    return {k: d * factor for k, d in delta.items()}, norm
+
+
+def _aligned_names(model: nn.Module, state: dict) -> dict[str, str]:
+    """{upload name: ``model``'s name} for an upload's state (``align_state``'s rule)."""
+    own = set(model.state_dict())
+    if set(state) <= own:
+        return {k: k for k in state}
+    for prefix, module in model.named_modules():
+        if prefix and state and set(state) <= set(module.state_dict()):
+            return {k: f"{prefix}.{k}" for k in state}
+    return {}
+
+
+def _leaves(payload) -> tuple:
+    """Identity of a broadcast payload: the ids of the modules and tensors it holds, in order."""
+    if isinstance(payload, (nn.Module, torch.Tensor)):
+        return (id(payload),)
+    if isinstance(payload, dict):
+        return tuple(x for v in payload.values() for x in _leaves(v))
+    if isinstance(payload, (list, tuple)):
+        return tuple(x for v in payload for x in _leaves(v))
+    if hasattr(payload, "__dict__"):
+        return _leaves(vars(payload))
+    return (payload,) if isinstance(payload, (int, float, str, bool, type(None))) else (id(payload),)
+
+
+class ClientLevelDP:
+    """The server's side of client-level DP (DP-FedAvg, McMahan et al. 2018; adaptive clipping, Andrew et
+    al. 2021), built by ``PrivacyMonitor`` with ``-dp --dp_level client``.
+
+    Each round, for the m clients selected: every upload's update D_i = W_i - W (W: the global model the
+    round started from, on the entries the upload holds) is clipped to L2 norm S (``--dp_clip``), and the
+    server releases W' = W + (sum_i clip(D_i) + N(0, (z_D S)^2 I)) / m: the fixed-denominator estimator
+    of the paper with equal weights (the m selected, not the sample counts, which would leak). Every
+    upload is replaced by W' (weight 1) before the algorithm's ``aggregate`` runs, so whatever it does
+    (a mean, FedRep's body, pFedMe's interpolation) is post-processing of the release. z_D = z (``-dps``)
+    with fixed clipping; with ``--dp_quantile`` gamma, S follows the gamma-quantile of the update norms:
+    b = (sum_i 1[||D_i|| <= S] + N(0, sigma_b^2)) / m, S <- S exp(-eta_C (b - gamma)), sigma_b = m / 20,
+    eta_C = 0.2, and z_D = (z^-2 - (2 sigma_b)^-2)^(-1/2) so that both releases together cost one Gaussian
+    mechanism of multiplier z (the paper's Theorem 1), which is what the accountant counts.
+
+    Accounting: one subsampled-Gaussian step per round at multiplier z and rate q = m / N in opacus' RDP
+    accountant. The accountant assumes Poisson sampling of clients; the round's selection is a fixed-size
+    draw without replacement (``-jr``), so q = m / N is the customary approximation, not a proof."""
+
+    def __init__(self, cfg, run: int):
+        self.clip, self.sigma = float(cfg.dp_clip), float(cfg.dp_sigma)
+        self.quantile = getattr(cfg, "dp_quantile", None)
+        if getattr(cfg, "dp_secure_rng", False):
+            self.generator = torch.Generator(device=cfg.device)
+            self.generator.manual_seed(secrets.randbits(63))
+        else:
+            self.generator = torch_gen(cfg.seed, run, "dp-client-noise", device=cfg.device)
+        self.history: list[tuple[float, float, int]] = []
+        self.last: dict = {}  # the last release: m, clip, update noise std, norms (tests and logs read it)
+
+    def check_broadcast(self, algorithm: str, payloads: list) -> None:
+        """Client-level DP releases one model per round: an algorithm that sends clients different
+        models aggregates per client, not as one mean of updates, and is refused."""
+        if len({_leaves(p) for p in payloads}) > 1:
+            raise FLError(f"--dp_level client: {algorithm} sends each client its own model (its aggregation is "
+                          f"not one mean of updates), which client-level DP does not cover; use --dp_level sample")
+
+    def release(self, algorithm: str, uploads: list, reference: nn.Module, m: int, n_clients: int) -> list:
+        """The round's uploads, each replaced by the released model (see the class docstring)."""
+        if not uploads:
+            return uploads
+        for u in uploads:
+            if not u.state:
+                raise FLError(f"--dp_level client: {algorithm}'s clients upload no model update, so there is "
+                              f"nothing to clip and noise; use --dp_level sample")
+            if u.extras:
+                raise FLError(f"--dp_level client: {algorithm}'s clients upload {', '.join(sorted(u.extras))} "
+                              f"beside their model, which client-level DP does not cover; use --dp_level sample")
+        names = _aligned_names(reference, uploads[0].state)
+        if not names or any(set(u.state) != set(names) for u in uploads):
+            raise FLError(f"--dp_level client: {algorithm}'s uploads are not entries of its global model, so "
+                          f"they are no model update; use --dp_level sample")
+        ref = reference.state_dict()
+        floating = [k for k in names if ref[names[k]].is_floating_point()]
+        total = {k: torch.zeros_like(ref[names[k]]) for k in floating}
+        norms = []
+        for u in uploads:
+            delta = {k: u.state[k].to(ref[names[k]].device, ref[names[k]].dtype) - ref[names[k]] for k in floating}
+            clipped, norm = clip_update(delta, self.clip)
+            norms.append(norm)
+            for k in floating:
+                total[k] += clipped[k]
+        z = self.sigma
+        sigma_b = m / COUNT_NOISE_DIVISOR
+        if self.quantile is not None:
+            z = update_noise_multiplier(self.sigma, sigma_b)
+        std = z * self.clip / m
+        released = {}
+        for k in names:
+            if k in total:
+                noise = torch.randn(total[k].shape, generator=self.generator, device=self.generator.device)
+                released[k] = ref[names[k]] + total[k] / m + std * noise.to(total[k])
+            else:  # integer entries (BatchNorm's batch count) stay the global model's
+                released[k] = ref[names[k]].clone()
+        self.last = {"m": m, "clip": self.clip, "std": std, "norms": norms}
+        if self.quantile is not None:
+            below = sum(n <= self.clip for n in norms)
+            noisy = (below + sigma_b * float(torch.randn((), generator=self.generator,
+                                                         device=self.generator.device))) / m
+            self.last["fraction"] = noisy
+            self.clip *= float(np.exp(-CLIP_LR * (noisy - self.quantile)))
+        q = min(1.0, m / max(n_clients, 1))
+        if self.history and self.history[-1][:2] == (self.sigma, q):
+            self.history[-1] = (self.sigma, q, self.history[-1][2] + 1)
+        else:
+            self.history.append((self.sigma, q, 1))
+        return [dataclasses.replace(u, weight=1.0, state=dict(released)) for u in uploads]
+
+    def epsilon(self, delta: float) -> float:
+        return epsilon(self.history, delta)
+
+
+def check_client_level(cfg, server_cls) -> None:
+    """Refuse ``--dp_level client`` for an algorithm that declares it cannot (``dp_client_refusal``)."""
+    reason = getattr(server_cls, "dp_client_refusal", "")
+    if client_level(cfg) and reason:
+        raise FLError(f"--dp_level client: {cfg.algorithm} is refused: {reason}; use --dp_level sample")
+
+
 ALA_UNCOVERED = "ALA's weight learning on local training data (-ala / FedALA)"
 
 
@@ -184,7 +343,10 @@ def uncovered_steps(cfg, cls) -> list[str]:
     """The data-dependent steps of this configuration (``cls``: its server class) that the reported
     epsilon does not cover: the server's ``dp_uncovered`` (one string, "" when every step is private) and,
     with ALA, its weight learning. The one list the start-up warning and docs/privacy.md's table
-    (tests/test_dp_registry.py) are checked against."""
+    (tests/test_dp_registry.py) are checked against. With ``--dp_level client`` every local step is
+    covered (the clipped update bounds a client's whole contribution): nothing is listed."""
+    if client_level(cfg):
+        return []
     steps = [cls.dp_uncovered] if getattr(cls, "dp_uncovered", "") else []
     client_ala = getattr(cls.client_class, "use_ala", False)
     if (cfg.ala or client_ala) and ALA_UNCOVERED not in steps:
@@ -245,6 +407,8 @@ class PrivacyMonitor:
         self.mean, self.std = norm.get("mean", [0.0] * channels), norm.get("std", [1.0] * channels)
         self.starts: dict[int, nn.Module] = {}
         self.trained: set[int] = set()  # ids of the clients that have trained in this run (-dp's guard)
+        # --dp_level client: the server's clipping, noise and accountant
+        self.client_dp = ClientLevelDP(cfg, run) if client_level(cfg) else None
         if cfg.dlg_eval and len(self.input_shape) != 3:
             raise FLError(f"-dlg reconstructs images, but split '{data.name}' holds inputs of shape "
                           f"{list(self.input_shape)}; use an image split (Digits, MNIST, Cifar10, ...)")
@@ -270,6 +434,18 @@ class PrivacyMonitor:
             return
         for i in attacked_positions(self.cfg.seed, self.run, round_idx, len(active), self.cfg.dlg_clients):
             self.starts[active[i].id] = copy.deepcopy(active[i].model)
+
+    def check_broadcast(self, payloads: list) -> None:
+        """``--dp_level client``: refuse a broadcast that sends clients different models (before any training)."""
+        if self.client_dp is not None:
+            self.client_dp.check_broadcast(self.cfg.algorithm, payloads)
+
+    def release(self, uploads: list, reference: nn.Module, m: int, n_clients: int) -> list:
+        """``--dp_level client``: the uploads replaced by the clipped, noised mean update applied to
+        ``reference`` (``ClientLevelDP.release``); unchanged otherwise."""
+        if self.client_dp is None:
+            return uploads
+        return self.client_dp.release(self.cfg.algorithm, uploads, reference, m, n_clients)
 
     def after_upload(self, round_idx: int, active: list, uploads: list) -> None:
         """Attack each snapshotted client ``-bnpc`` times; record and print the round's scores."""
@@ -300,7 +476,7 @@ class PrivacyMonitor:
             if cfg.dlg_target == "gradient":
                 idx = attacked_batch(cfg.seed, self.run, round_idx, client.id, b, client.train_samples, batch)
                 x, y = client.x_train[idx.to(client.x_train.device)], client.y_train[idx.to(client.x_train.device)]
-                if cfg.privacy:
+                if sample_level(cfg):
                     noise = torch_gen(cfg.seed, self.run, "dlg-dp", round_idx, client.id, b, device=cfg.device)
                     target = dp_gradient(start, x, y, cfg.dp_clip, cfg.dp_sigma, noise)
                 else:
@@ -308,11 +484,22 @@ class PrivacyMonitor:
             else:
                 x, y = client.x_train, client.y_train  # the update mixes every local batch
             gen = torch_gen(cfg.seed, self.run, "dlg-init", round_idx, client.id, b, device=cfg.device)
-            clip = cfg.dp_clip if cfg.privacy and cfg.dlg_target == "gradient" else None  # a DP-aware attacker
-            rec = dlg.reconstruct(start, target, self.input_shape, batch, self.num_classes, method=cfg.dlg_attack,
-                                  iters=cfg.dlg_iters, generator=gen, clip=clip)
+            clip = cfg.dp_clip if sample_level(cfg) and cfg.dlg_target == "gradient" else None  # a DP-aware attacker
+            if cfg.dlg_attack == "ig":
+                rec = dlg.invert_gradients(start, target, self.input_shape, batch, self.num_classes,
+                                           iters=cfg.ig_iters, tv=cfg.ig_tv, generator=gen, bounds=self.box(),
+                                           clip=clip)
+            else:
+                rec = dlg.reconstruct(start, target, self.input_shape, batch, self.num_classes,
+                                      method=cfg.dlg_attack, iters=cfg.dlg_iters, generator=gen, clip=clip)
             rows.append(self._score(x, y, rec, exact_batch=cfg.dlg_target == "gradient"))
         return rows
+
+    def box(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The normalised images of pixels 0 and 1 per channel (C x 1 x 1): IG's box constraint."""
+        m = torch.as_tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
+        s = torch.as_tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
+        return (0 - m) / s, (1 - m) / s
 
     def _score(self, x, y, rec, exact_batch: bool) -> dict:
         orig = dlg.denormalize(x.float(), self.mean, self.std)
@@ -358,6 +545,10 @@ class PrivacyMonitor:
         would claim privacy the run did not give."""
         if not self.cfg.privacy:
             return {}
+        if self.client_dp is not None:  # one client-level epsilon, the same for every client
+            e = self.client_dp.epsilon(self.cfg.dp_delta)
+            return {"dp_epsilon_max": e, "dp_epsilon_mean": e, "dp_client_epsilon": np.full(len(clients), e),
+                    "dp_clip_norm": self.client_dp.clip}
         eps = np.array([c.dp_epsilon(self.cfg.dp_delta) for c in clients])
         bare = [c.id for c, e in zip(clients, eps) if c.id in self.trained and not e > 0]
         if bare:

@@ -83,6 +83,8 @@ def heur_attention(cos: torch.Tensor, xi_ii: float, sigma: float) -> torch.Tenso
 
 class FedAMPServer(Server):
     client_class = FedAMPClient
+    # --dp_level client is refused (utils/privacy.py): why
+    dp_client_refusal = "each client receives its own attention-weighted model, not one mean of updates"
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -10,7 +10,9 @@ evaluated, so a run of R rounds has evaluations at rounds 0 (initial model), eg,
 one rule: every client receives the broadcast; the selected ones run their local initialisation (ALA, with
 ``--ala_clients all`` every client does), and each client's own model is evaluated. With ``-dlg`` / ``-dp`` the privacy monitor
 (utils/privacy.py) snapshots the attacked clients' start models before training, attacks their uploads
-before aggregation and adds DP epsilon to each evaluation; the algorithms need not know.
+before aggregation and adds DP epsilon to each evaluation; with ``-dp --dp_level client`` it replaces the
+uploads by the clipped, noised mean update before ``aggregate`` (client-level DP); the algorithms need not
+know. An algorithm that cannot take client-level DP sets ``dp_client_refusal`` (one line saying why).
 
 A new algorithm subclasses ``Server`` (setting ``client_class``) and overrides only the hooks it changes:
 ``broadcast`` / ``prepare_broadcast`` (what goes down), ``aggregate`` (what the uploads become),
@@ -53,6 +55,9 @@ class Server:
     # False for traditional FL, whose clients are evaluated on the global model; the behaviour tests expect
     # every personalised algorithm to beat FedAvg on a pathological split (tests/test_behaviour.py).
     personalized = True
+    # -dp --dp_level client: why this algorithm cannot take client-level DP (refused at start-up), "" if it can
+    # (utils/privacy.py ClientLevelDP: it needs one model update per client, averaged into one global model).
+    dp_client_refusal = ""
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -130,6 +135,8 @@ class Server:
                 if id(payload) not in sizes:
                     sizes[id(payload)] = payload_bytes(payload)
                 self.bytes_down += sizes[id(payload)]
+        if self.privacy is not None:  # --dp_level client releases one model: refuse per-client payloads
+            self.privacy.check_broadcast([args[0] for _, args in calls])
         self.executor.call_each("receive", calls)
 
     def active_clients(self, participants: list[Client]) -> list[Client]:
@@ -276,6 +283,8 @@ class Server:
         uploads = self.receive_models(active)
         if self.privacy is not None:  # -dlg: attack what they upload, before aggregation
             self.privacy.after_upload(t, active, uploads)
+            # --dp_level client: every upload becomes the clipped, noised mean update (utils/privacy.py)
+            uploads = self.privacy.release(uploads, self.global_model, len(self.selected), len(self.clients))
         self.aggregate(uploads)
         self.after_round()
         if self.recorder is not None:

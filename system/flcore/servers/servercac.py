@@ -55,6 +55,9 @@ def collaborators(overlap: torch.Tensor, progress: float) -> list[list[int]]:
 
 class FedCACServer(Server):
     client_class = FedCACClient
+    # --dp_level client is refused (utils/privacy.py): why
+    dp_client_refusal = ("its clients also upload their critical-parameter masks, and each client receives its "
+                         "own composed model")
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -90,6 +90,8 @@ def cross_aggregate(states, partners, alpha: float) -> list[dict]:
 
 class FedCrossServer(Server):
     client_class = FedCrossClient
+    # --dp_level client is refused (utils/privacy.py): why
+    dp_client_refusal = "each client receives a different middleware model, not one mean of updates"
     personalized = False
 
     @classmethod

@@ -30,6 +30,9 @@ from utils.errors import FLError
 
 class FedFomoServer(Server):
     client_class = FedFomoClient
+    # --dp_level client is refused (utils/privacy.py): why
+    dp_client_refusal = ("each client builds its own weighted model from the models it downloads, not one mean "
+                         "of updates")
     # -dp: what the reported epsilon does not cover (utils/privacy.py uncovered_steps, docs/privacy.md)
     dp_uncovered = ("FedFomo's scoring of the neighbours' models on the validation split (--val_ratio of the "
                     "training data, never passed through DP-SGD)")

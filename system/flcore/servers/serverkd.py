@@ -48,6 +48,8 @@ from utils.errors import FLError
 
 class FedKDServer(Server):
     client_class = FedKDClient
+    # --dp_level client is refused (utils/privacy.py): why
+    dp_client_refusal = "its clients upload SVD factors of the update, not the model entries the release clips"
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -11,6 +11,8 @@ from utils.errors import FLError
 
 class LocalServer(Server):
     client_class = LocalClient
+    # --dp_level client is refused (utils/privacy.py): why
+    dp_client_refusal = "its clients upload no model update"
 
     @classmethod
     def check_config(cls, cfg) -> None:

@@ -1,0 +1,293 @@
+"""Client-level DP (``-dp --dp_level client``: DP-FedAvg, McMahan et al. 2018; adaptive clipping, Andrew et al.
+2021): the server's release by hand, the accountant against an independent computation, and, for every
+registered algorithm (new ones join automatically), either a refusal with exit code 2 and one line, or a run
+whose recorded epsilon is the accountant's on the releases counted here, whose noise is applied (another
+noise stream gives another global model) and whose clipping is applied (clip norm and noise ~0: the global
+model does not move)."""
+from __future__ import annotations
+
+import functools
+import math
+import types
+from collections import Counter
+
+import pytest
+import torch
+from torch import nn
+
+import main
+from conftest import cli
+from flcore.clients.clientbase import Upload
+from flcore.registry import ALGORITHMS, get_server_class
+from utils import privacy
+from utils.errors import FLError
+from utils.seeding import torch_gen
+
+pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha")
+NC = "3"
+
+
+def stub_cfg(**kw):
+    base = dict(dp_clip=1.0, dp_sigma=1.0, dp_quantile=None, dp_secure_rng=False, seed=0, device="cpu")
+    return types.SimpleNamespace(**{**base, **kw})
+
+
+def tiny_model() -> nn.Module:
+    torch.manual_seed(0)
+    m = nn.Sequential()
+    m.add_module("body", nn.Linear(3, 2))
+    m.add_module("fc", nn.Linear(2, 2))
+    return m
+
+
+def uploads_with(model: nn.Module, deltas: list[float]) -> list[Upload]:
+    """One upload per entry of ``deltas``: the model with every parameter moved by a fixed direction
+    scaled so that the whole update has L2 norm ``deltas[i]``."""
+    ref = model.state_dict()
+    direction = {k: torch.randn(v.shape, generator=torch_gen(5, 0, k)) for k, v in ref.items()}
+    norm = math.sqrt(sum(float(d.pow(2).sum()) for d in direction.values()))
+    return [Upload(i, 10.0 + i, {k: ref[k] + direction[k] * (s / norm) for k in ref}) for i, s in enumerate(deltas)]
+
+
+# ---- the release by hand ---------------------------------------------------------------------------
+def test_clip_update_bounds_the_norm_and_keeps_small_updates():
+    big = {"a": torch.tensor([3.0, 4.0]), "b": torch.tensor([[12.0]])}  # norm 13
+    clipped, norm = privacy.clip_update(big, 1.3)
+    assert norm == pytest.approx(13.0)
+    assert torch.allclose(clipped["a"], torch.tensor([0.3, 0.4])) and torch.allclose(clipped["b"], torch.tensor([[1.2]]))
+    small = {"a": torch.tensor([0.3, 0.4])}
+    same, norm = privacy.clip_update(small, 1.0)
+    assert norm == pytest.approx(0.5) and torch.equal(same["a"], small["a"])
+
+
+def test_release_is_the_clipped_mean_plus_noise_of_the_formula():
+    """W' = W + (sum_i clip_S(D_i)) / m + (z S / m) xi, xi regenerated from the seeded stream; the
+    denominator m is the selection (4 here, one of whom dropped), sample counts play no part."""
+    model = tiny_model()
+    ref = {k: v.clone() for k, v in model.state_dict().items()}
+    ups = uploads_with(model, [0.2, 3.0, 7.5])
+    clip, z, m = 0.5, 1.3, 4
+    dp = privacy.ClientLevelDP(stub_cfg(dp_clip=clip, dp_sigma=z), run=0)
+    out = dp.release("T", ups, model, m=m, n_clients=10)
+    gen = torch_gen(0, 0, "dp-client-noise")
+    for k in ref:
+        total = sum((u.state[k] - ref[k]) * min(1.0, clip / n) for u, n in zip(ups, (0.2, 3.0, 7.5)))
+        noise = torch.randn(ref[k].shape, generator=gen)
+        want = ref[k] + total / m + z * clip / m * noise
+        for u in out:
+            assert torch.allclose(u.state[k], want, atol=1e-6), k
+    assert all(u.weight == 1.0 for u in out) and [u.id for u in out] == [0, 1, 2]
+    assert dp.last["std"] == pytest.approx(z * clip / m)
+    assert dp.last["norms"] == pytest.approx([0.2, 3.0, 7.5], rel=1e-5)
+    assert dp.history == [(z, 0.4, 1)]  # q = m / N
+
+
+def test_each_clipped_update_has_norm_at_most_s():
+    model = tiny_model()
+    ref = model.state_dict()
+    ups = uploads_with(model, [0.1, 2.0, 50.0])
+    dp = privacy.ClientLevelDP(stub_cfg(dp_clip=1.0, dp_sigma=1e-12), run=0)  # noise ~0: the mean of clipped
+    out = dp.release("T", ups, model, m=1, n_clients=3)  # m = 1: the release is the sum, one update at a time
+    for u in ups:
+        delta = {k: u.state[k] - ref[k] for k in ref}
+        clipped, _ = privacy.clip_update(delta, 1.0)
+        assert math.sqrt(sum(float(c.pow(2).sum()) for c in clipped.values())) <= 1.0 + 1e-6
+    total = math.sqrt(sum(float((out[0].state[k] - ref[k]).pow(2).sum()) for k in ref))
+    assert total == pytest.approx(0.1 + 1.0 + 1.0, rel=1e-4)  # same direction: the norms add up
+
+
+def test_partial_uploads_are_aligned_and_refusals_are_one_line():
+    model = tiny_model()
+    body = {k: v + 1.0 for k, v in model.body.state_dict().items()}  # FedRep-style: names relative to a part
+    dp = privacy.ClientLevelDP(stub_cfg(dp_clip=10.0, dp_sigma=1e-12), run=0)
+    out = dp.release("T", [Upload(0, 5, body)], model, m=1, n_clients=1)
+    assert set(out[0].state) == {"weight", "bias"}
+    assert torch.allclose(out[0].state["weight"], model.body.weight + 1.0, atol=1e-5)
+    with pytest.raises(FLError, match="upload no model update"):
+        dp.release("T", [Upload(0, 5)], model, m=1, n_clients=1)
+    with pytest.raises(FLError, match="upload dc beside"):
+        dp.release("T", [Upload(0, 5, model.state_dict(), {"dc": 1})], model, m=1, n_clients=1)
+    with pytest.raises(FLError, match="sends each client its own model"):
+        dp.check_broadcast("T", [model, tiny_model()])
+    dp.check_broadcast("T", [model, model, (model, 3)][:2])
+
+
+def test_adaptive_clipping_follows_the_papers_update():
+    """Andrew et al.: b = (#{||D_i|| <= S} + N(0, sigma_b^2)) / m, S <- S exp(-eta (b - gamma)), sigma_b = m/20,
+    and the update noise multiplier z_D = (z^-2 - (2 sigma_b)^-2)^(-1/2)."""
+    assert privacy.update_noise_multiplier(1.0, 1.0) == pytest.approx(1 / math.sqrt(1 - 0.25))
+    with pytest.raises(FLError, match="adaptive clipping needs"):
+        privacy.update_noise_multiplier(2.0, 1.0)
+    model = tiny_model()
+    ref = model.state_dict()
+    norms = [0.1, 0.3, 0.6, 2.0] * 10
+    m, z, gamma, clip = 40, 1.0, 0.5, 0.5
+    dp = privacy.ClientLevelDP(stub_cfg(dp_clip=clip, dp_sigma=z, dp_quantile=gamma), run=0)
+    out = dp.release("T", uploads_with(model, norms), model, m=m, n_clients=100)
+    sigma_b = m / 20
+    zd = (z ** -2 - (2 * sigma_b) ** -2) ** -0.5
+    gen = torch_gen(0, 0, "dp-client-noise")
+    for k in ref:  # the update noise first, at z_D
+        noise = torch.randn(ref[k].shape, generator=gen)
+        total = sum((u.state[k] - ref[k]) * min(1.0, clip / n) for u, n in zip(uploads_with(model, norms), norms))
+        assert torch.allclose(out[0].state[k], ref[k] + total / m + zd * clip / m * noise, atol=1e-5)
+    b = (20 + sigma_b * float(torch.randn((), generator=gen))) / m  # 20 of the 40 norms are <= 0.5
+    assert dp.clip == pytest.approx(clip * math.exp(-0.2 * (b - gamma)), rel=1e-9)
+    assert dp.history == [(z, 0.4, 1)]  # accounted at z: both releases together
+
+
+# ---- the accountant --------------------------------------------------------------------------------
+OPACUS_ALPHAS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
+
+
+def hand_epsilon(z: float, rounds: int, delta: float) -> float:
+    """No subsampling (q = 1): the Gaussian mechanism's RDP is alpha / (2 z^2) per release (Mironov 2017),
+    composed by summing, converted to (epsilon, delta) by Balle et al. 2020's bound, minimised over alpha."""
+    return min(rounds * a / (2 * z * z) + math.log((a - 1) / a) - (math.log(delta) + math.log(a)) / (a - 1)
+               for a in OPACUS_ALPHAS)
+
+
+def test_epsilon_without_subsampling_matches_a_hand_computation():
+    model = tiny_model()
+    dp = privacy.ClientLevelDP(stub_cfg(dp_sigma=2.0), run=0)
+    for _ in range(5):
+        dp.release("T", uploads_with(model, [1.0, 2.0]), model, m=2, n_clients=2)
+    assert dp.history == [(2.0, 1.0, 5)]
+    assert dp.epsilon(1e-5) == pytest.approx(hand_epsilon(2.0, 5, 1e-5), rel=1e-9)
+
+
+def test_a_declared_refusal_is_one_line_at_start_up(monkeypatch):
+    monkeypatch.setattr(get_server_class("FedAvg"), "dp_client_refusal", "it aggregates per client", raising=False)
+    with pytest.raises(FLError, match="^--dp_level client: FedAvg is refused: it aggregates per client; use"):
+        main.parse_config(["-algo", "FedAvg", "-dp", "--dp_level", "client"])
+    main.parse_config(["-algo", "FedAvg", "-dp"])  # sample-level DP is not affected
+
+
+def test_flags_are_checked():
+    with pytest.raises(FLError, match="--dp_level client needs -dp"):
+        main.parse_config(["--dp_level", "client"])
+    with pytest.raises(FLError, match="needs -dp --dp_level client"):
+        main.parse_config(["-dp", "--dp_quantile", "0.5"])
+    with pytest.raises(FLError, match=r"must be in \(0, 1\)"):
+        main.parse_config(["-dp", "--dp_level", "client", "--dp_quantile", "1.5"])
+
+
+# ---- every registered algorithm --------------------------------------------------------------------
+def flags(algo: str, root, *extra: str) -> list[str]:
+    # S = 0.05: the noise (z S / m per coordinate) stays small enough for every algorithm to train on 3 clients
+    return cli(root, root / "dpc", "--executor", "sequential", "-algo", algo, "-dp", "--dp_level", "client",
+               "--dp_clip", "0.05", "-nc", NC, "-lbs", "20", "--train_loss_eval", "off", *extra)
+
+
+@functools.lru_cache(maxsize=None)
+def accountant_epsilon(steps: tuple, delta: float) -> float:
+    from opacus.accountants import RDPAccountant
+
+    acc = RDPAccountant()
+    for (sigma, q), n in sorted(Counter(steps).items()):
+        for _ in range(n):
+            acc.step(noise_multiplier=sigma, sample_rate=q)
+    return acc.get_epsilon(delta) if steps else 0.0
+
+
+class Counted:
+    """A server built in-process; every release counted as (z, m / N), every evaluation kept with the
+    number of releases before it."""
+
+    def __init__(self, algo: str, root, monkeypatch, *extra: str):
+        from utils.data_utils import load_split
+
+        self.cfg = main.parse_config(flags(algo, root, *extra))
+        self.releases: list[tuple[float, float]] = []
+        self.records: list[tuple[dict, int]] = []
+        release = privacy.ClientLevelDP.release
+
+        def counting(dp, algorithm, uploads, reference, m, n_clients):
+            out = release(dp, algorithm, uploads, reference, m, n_clients)
+            if uploads:
+                self.releases.append((dp.sigma, m / n_clients))
+            return out
+
+        monkeypatch.setattr(privacy.ClientLevelDP, "release", counting)
+        data = load_split("Digits", root, int(NC))
+        self.server = get_server_class(algo)(self.cfg.replace(num_classes=10), data)
+        record = self.server.record
+        self.server.record = lambda s: (self.records.append((s, len(self.releases))), record(s))
+
+    def global_params(self) -> torch.Tensor:
+        return torch.cat([p.detach().flatten().double() for p in self.server.global_model.parameters()])
+
+    def rounds(self, first: int, last: int, final: bool = False) -> torch.Tensor:
+        for t in range(first, last):
+            self.server.run_round(t)
+        if final:
+            self.server.final_evaluation(last)
+        return self.global_params()
+
+
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_client_dp_is_refused_or_counted_and_applied(algo, digits_tiny_root, monkeypatch, capsys):
+    root = digits_tiny_root
+    try:
+        run = Counted(algo, root, monkeypatch, "-gr", "2")
+        start = run.global_params()
+        run.rounds(0, 1)
+        after_one = run.global_params()
+        run.rounds(1, 2, final=True)
+    except FLError as e:  # refused: at start-up, or at the first per-client broadcast / upload without an update
+        assert "--dp_level client" in str(e) or "-dp" in str(e), (algo, str(e))
+        capsys.readouterr()
+        assert main.main(flags(algo, root, "-gr", "2")) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "-dp" in err, err
+        return
+    assert all(c.dp is None for c in run.server.clients)  # no DP-SGD on the clients
+    assert len(run.releases) == 2 and len(run.records) == 3
+    for summary, n in run.records:  # (a) the recorded epsilon is the accountant's on the releases so far
+        want = accountant_epsilon(tuple(run.releases[:n]), run.cfg.dp_delta)
+        assert summary["dp_epsilon_max"] == pytest.approx(want, rel=1e-9), (algo, n)
+        assert list(summary["dp_client_epsilon"]) == pytest.approx([want] * int(NC), rel=1e-9)
+    assert run.records[-1][0]["dp_epsilon_max"] > 0
+    # (b) noise applied: another noise stream, another global model after one round
+    other = Counted(algo, root, monkeypatch, "-gr", "1", "--dp_secure_rng").rounds(0, 1)
+    assert not torch.equal(other, after_one), f"{algo}: the server's noise does not change the global model"
+    assert float((after_one - start).abs().max()) > 1e-4
+    # (c) clipping applied: clip norm and noise ~0, the released global model stays where it was
+    tiny = Counted(algo, root, monkeypatch, "-gr", "1", "--dp_clip", "1e-7", "-dps", "1e-6")
+    begin = tiny.global_params()
+    shift = float((tiny.rounds(0, 1) - begin).abs().max())
+    assert shift < 1e-5, f"{algo}: the global model moved by {shift} with every update clipped to 1e-7"
+
+
+def test_resume_continues_the_noise_stream_and_the_accountant(digits_tiny_root, tmp_path, monkeypatch):
+    """The server's noise stream, clip norm (adaptive) and accountant history are checkpointed: a run that
+    crashes in round 2 and resumes ends exactly as the uninterrupted run."""
+    from flcore.servers.serverbase import Server
+    from utils.results import read_h5
+
+    extra = ("-gr", "3", "--checkpoint_every", "2", "-dps", "0.3", "--dp_quantile", "0.5", "-nc", "5")
+
+    def run(out):
+        return main.main(cli(digits_tiny_root, out, "--executor", "sequential", "-algo", "FedAvg", "-dp", "--dp_level",
+                             "client", "--dp_clip", "0.05", "-lbs", "20", "--train_loss_eval", "off", *extra,
+                             *(("--resume",) if out.name == "crash" and (out / "Digits_FedAvg_test_0.ckpt").exists()
+                               else ())))
+
+    assert run(tmp_path / "base") == 0
+    after_round = Server.after_round
+
+    def crash_in_round_2(self):
+        if self.round_idx == 2:
+            raise RuntimeError("killed")
+        after_round(self)
+
+    monkeypatch.setattr(Server, "after_round", crash_in_round_2)
+    with pytest.raises(RuntimeError, match="killed"):
+        run(tmp_path / "crash")
+    monkeypatch.setattr(Server, "after_round", after_round)
+    assert run(tmp_path / "crash") == 0
+    base = read_h5(tmp_path / "base" / "Digits_FedAvg_test_0.h5")
+    resumed = read_h5(tmp_path / "crash" / "Digits_FedAvg_test_0.h5")
+    for key in ("rs_test_acc", "rs_dp_epsilon_max", "rs_dp_clip_norm"):
+        assert list(resumed[key]) == list(base[key]), key
+    assert base["rs_dp_clip_norm"][-1] != 0.05  # adaptive clipping moved the clip norm
