@@ -377,6 +377,7 @@ PFLLIB_DEFAULTS = {
     "dr_learning_rate": 0.0, "L": 1.0, "noise_dim": 512, "generator_learning_rate": 0.005, "hidden_dim": 512,
     "server_epochs": 1000, "server_learning_rate": 1.0, "first_stage_bound": 0, "fedcross_alpha": 0.99,
     "collaborative_model_select_strategy": 1, "itk": 4000, "bn_stats": "local", "ala_clients": "all",
+    "momentum": 0.1, "kl_weight": 0.0,
 }
 
 
