@@ -46,6 +46,8 @@ ALGORITHMS = {
     "FedProto": "flcore.servers.serverproto:FedProtoServer",
     "FedPCL": "flcore.servers.serverpcl:FedPCLServer",
     "FedPAC": "flcore.servers.serverpac:FedPACServer",
+    "FedGH": "flcore.servers.servergh:FedGHServer",
+    "FedAS": "flcore.servers.serveras:FedASServer",
 }
 
 

@@ -1,0 +1,45 @@
+"""FedGH client: its own body under the received global header, trained together; uploads the per-class
+means of its body's representations, never a model entry (see servers/servergh.py)."""
+from __future__ import annotations
+
+import torch
+
+from flcore.clients.clientbase import Upload
+from flcore.clients.clientper import PartSharingClient
+from utils.metrics import predict
+
+
+def class_means(feats: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(means, labels): the mean row of ``feats`` (n x d) over the samples of each class present in ``y``,
+    classes ascending (k x d, k)."""
+    counts = torch.bincount(y, minlength=num_classes)
+    sums = torch.zeros(num_classes, feats.shape[1], dtype=feats.dtype, device=feats.device).index_add_(0, y, feats)
+    labels = torch.nonzero(counts, as_tuple=True)[0]
+    return sums[labels] / counts[labels, None].to(feats.dtype), labels
+
+
+class FedGHClient(PartSharingClient):
+    # The header arrives from the server (ALA, with -ala, adapts it under the client's own body); nothing of
+    # the model is ever uploaded, body or trained header.
+    shared = ("head",)
+    personal_keys = ("",)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reps: tuple[torch.Tensor, torch.Tensor] | None = None  # this round's (class means, labels)
+
+    def local_update(self, round_idx: int) -> None:
+        """FedAvg's epochs on body and header together, then the class-averaged representations of the
+        trained body over every training sample (eval mode, as at test time)."""
+        super().local_update(round_idx)
+        body = self.model.base
+        was_training = body.training
+        with torch.no_grad():
+            feats = predict(body, self.x_train, self.cfg.eval_batch_size).float()
+        body.train(was_training)
+        self.reps = class_means(feats, self.y_train, self.num_classes)
+
+    def upload(self) -> Upload:
+        """The class means and their labels only (the weight is unused by the server)."""
+        means, labels = self.reps
+        return Upload(self.id, self.train_samples, None, extras={"reps": means, "labels": labels})
