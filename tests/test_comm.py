@@ -44,12 +44,12 @@ def test_fedavg_moves_one_model_per_client_each_way(digits_tiny_root, tmp_path):
     assert meta["bytes_up_total"] == 2 * n * (model + 8)
 
 
-def test_fedrep_uploads_only_the_body_and_dropped_clients_upload_nothing(digits_tiny_root, tmp_path):
+def test_fedrep_sends_and_uploads_only_the_body_and_dropped_clients_upload_nothing(digits_tiny_root, tmp_path):
     h5, _ = run(digits_tiny_root, tmp_path, "FedRep", "-pls", "1", "-jr", "0.6")
     net = split_head(build_model("CNN", (1, 8, 8), 10))
     body = state_bytes(net.base.state_dict())
     assert list(h5["rs_bytes_up"]) == [3 * (body + 8)] * 2  # int(0.6 * 5) = 3 participants
-    assert list(h5["rs_bytes_down"]) == [5 * state_bytes(net.state_dict())] * 2  # every client is sent the model
+    assert list(h5["rs_bytes_down"]) == [5 * body] * 2  # every client is sent the body, never the server's head
 
 
 def test_scaffold_sends_its_control_variates(digits_tiny_root, tmp_path):

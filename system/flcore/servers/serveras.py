@@ -38,10 +38,8 @@ the alignment is one hand-computed gradient step towards the local prototypes (o
 participants receive the body. Digits (sklearn's), 5 rounds, -lr 0.1, batch 10, one seed: 0.83 on 5 IID
 clients (FedAvg 0.90), 0.95 on 6 clients with 2 classes each (FedAvg 0.62).
 """
-from torch import nn
 
 from flcore.clients.clientas import FedASClient
-from flcore.servers.serverbase import Server
 from flcore.servers.serverper import PartSharingServer
 from utils.errors import FLError
 
@@ -49,7 +47,7 @@ from utils.errors import FLError
 class FedASServer(PartSharingServer):
     """The family's weighted average of the uploaded bodies, the weight being each one's Fisher trace."""
     client_class = FedASClient
-    checkpoint_skip = Server.checkpoint_skip + ("down", "receivers")  # rebuilt by every broadcast
+    checkpoint_skip = PartSharingServer.checkpoint_skip + ("receivers",)  # rebuilt by every broadcast
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -69,9 +67,8 @@ class FedASServer(PartSharingServer):
                           "aggregation weight use the client's data outside what -dp privatises, so drop -dp")
 
     def prepare_broadcast(self, participants) -> None:
-        # Only the body goes down, and only to the round's participants.
-        self.down = nn.ModuleDict({"base": self.global_model.base})
-        self.receivers = {c.id for c in participants}
+        super().prepare_broadcast(participants)  # only the body goes down ...
+        self.receivers = {c.id for c in participants}  # ... and only to the round's participants
 
     def broadcast(self, client):
-        return self.down if client.id in self.receivers else None
+        return super().broadcast(client) if client.id in self.receivers else None

@@ -79,7 +79,8 @@ class FedDBEServer(PartSharingServer):
         first = self.global_mean is None
         if first:
             self.global_mean = self.initialization_period()
-        self.payload = {"model": self.global_model, "mean": self.global_mean if first else None}
+        super().prepare_broadcast(participants)
+        self.payload = {"model": self.shared_part, "mean": self.global_mean if first else None}
 
     def broadcast(self, client):
         return self.payload

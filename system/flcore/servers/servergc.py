@@ -89,7 +89,7 @@ class FedGCServer(PartSharingServer):
 
     def broadcast(self, client):
         own = self.embeddings.get(client.id)
-        return self.global_model, (own[1] if own is not None else None)
+        return self.shared_part, (own[1] if own is not None else None)
 
     def aggregate(self, uploads) -> None:
         """Average the bodies, keep the uploaded embeddings, then one corrected step on all of them."""

@@ -37,7 +37,6 @@ import torch
 from torch import nn
 
 from flcore.clients.clientgh import FedGHClient
-from flcore.servers.serverbase import Server
 from flcore.servers.serverper import PartSharingServer
 from utils.errors import FLError
 
@@ -56,7 +55,6 @@ def train_header(head: nn.Module, reps: torch.Tensor, labels: torch.Tensor, lr: 
 
 class FedGHServer(PartSharingServer):
     client_class = FedGHClient
-    checkpoint_skip = Server.checkpoint_skip + ("down",)  # rebuilt by every broadcast
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -70,13 +68,6 @@ class FedGHServer(PartSharingServer):
         if cfg.privacy:
             raise FLError("-dp cannot cover FedGH: it uploads per-class mean representations of the client's data, "
                           "not the model steps or updates that -dp privatises, so drop -dp")
-
-    def prepare_broadcast(self, participants) -> None:
-        # Only the header goes down (and is counted); the server's body is never used.
-        self.down = nn.ModuleDict({"head": self.global_model.head})
-
-    def broadcast(self, client):
-        return self.down
 
     def aggregate(self, uploads) -> None:
         """The header's SGD steps on every uploaded (class mean, label) pair."""

@@ -21,13 +21,12 @@ FedAvg's one (the head epochs' backward pass stops at the head). The official co
 same split (``--local_ep 11 --local_rep_ep 1``).
 """
 from flcore.clients.clientrep import FedRepClient
-from flcore.servers.serverbase import Server
-from flcore.trainmodel.parts import split_head
+from flcore.servers.serverper import PartSharingServer
 from utils.aggregate import weighted_average
 from utils.errors import FLError
 
 
-class FedRepServer(Server):
+class FedRepServer(PartSharingServer):
     client_class = FedRepClient
 
     @classmethod
@@ -41,9 +40,6 @@ class FedRepServer(Server):
         super().check_config(cfg)
         if cfg.plocal_epochs < 0:
             raise FLError(f"-pls must be >= 0 (got {cfg.plocal_epochs})")
-
-    def build_model(self):
-        return split_head(super().build_model())
 
     def aggregate(self, uploads: list[dict]) -> None:
         """Sample-weighted mean of the uploaded bodies; the global head is never used."""
