@@ -26,25 +26,15 @@ if str(Path(__file__).resolve().parents[1]) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dataset.utils import readers as rd  # noqa: E402
-from dataset.utils.dataset_utils import DatasetError, run_cli  # noqa: E402
-from dataset.utils.zoo import Loaded, ZooSpec, generate  # noqa: E402
+from dataset.utils.dataset_utils import run_cli  # noqa: E402
+from dataset.utils.zoo import ZooSpec, csv_text_loader, generate  # noqa: E402
 
 URL = "https://s3.amazonaws.com/fast-ai-nlp/ag_news_csv.tgz"
 SPEC = ZooSpec(name="AGNews", scenario="label skew", modality="text", num_classes=4, input_shape=(200,),
                default_model="fastText", clients="20 (partitioned)", raw_name="ag_news_csv.tgz", where=URL, url=URL)
 
 
-def load(src, args):
-    """Tokenise train.csv and test.csv; the vocabulary comes from train.csv."""
-    folder = rd.find_dir(src, "train.csv")
-    if folder is None:
-        raise DatasetError(f"no train.csv under {src}; pass ag_news_csv.tgz or the folder it unpacks to")
-    if args.vocab_size < 3 or args.max_len < 1:
-        raise DatasetError("--vocab-size must be >= 3 and --max-len >= 1")
-    x, y, names, vocab = rd.char_cnn_csv(folder, args.vocab_size, args.max_len)
-    return Loaded(x=x, y=y, class_names=names, extra={"vocab_size": len(vocab), "max_len": args.max_len,
-                                                      "vocab_file": "vocab.txt"},
-                  files={"vocab.txt": rd.vocab_text(vocab)})
+load = csv_text_loader(SPEC.raw_name)  # train.csv / test.csv, vocabulary from train.csv
 
 
 def main(argv=None):

@@ -29,6 +29,7 @@ import numpy as np
 
 from dataset.utils import dataset_utils as du
 from dataset.utils.partition import partition, split_train_test
+from dataset.utils import readers as rd
 from dataset.utils.readers import extract, is_archive
 
 SCENARIOS = ("label skew", "feature shift", "real world")
@@ -335,3 +336,21 @@ def generate(spec, argv, load, add_flags=None):
 
     du.write_or_skip(out_dir, config, make_split, args.plot)
     return 0
+
+
+def csv_text_loader(archive: str):
+    """The loader of a character-level-CNN-style text archive (``archive``: AG News, Sogou News): train.csv
+    and test.csv tokenised, the vocabulary from train.csv only, saved beside the split."""
+
+    def load(src, args):
+        folder = rd.find_dir(src, "train.csv")
+        if folder is None:
+            raise du.DatasetError(f"no train.csv under {src}; pass {archive} or the folder it unpacks to")
+        if args.vocab_size < 3 or args.max_len < 1:
+            raise du.DatasetError("--vocab-size must be >= 3 and --max-len >= 1")
+        x, y, names, vocab = rd.char_cnn_csv(folder, args.vocab_size, args.max_len)
+        return Loaded(x=x, y=y, class_names=names, extra={"vocab_size": len(vocab), "max_len": args.max_len,
+                                                          "vocab_file": "vocab.txt"},
+                      files={"vocab.txt": rd.vocab_text(vocab)})
+
+    return load
