@@ -73,3 +73,24 @@ def cli(root: Path, out: Path, *extra: str) -> list[str]:
     (same seed twice, a flag on and off), so existing result files are replaced (``--overwrite``)."""
     return ["-data", "Digits", "--dataset_root", str(root), "--results_dir", str(out), "-dev", "cpu",
             "--no-progress", "--no-print_config", "--overwrite", *extra]
+
+
+@pytest.fixture(scope="module")
+def digits_images():
+    """sklearn's digits as the splits store them: pixels in [0, 1] (x / 16), the same normalised to [-1, 1],
+    and the labels."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    pixels = torch.tensor(d.images / 16.0, dtype=torch.float32)[:, None]
+    return pixels, (pixels - 0.5) / 0.5, torch.tensor(d.target)
+
+
+@pytest.fixture(scope="module")
+def digits_mlp():
+    """A seeded DNN for 8x8 digits (the attack tests' model); each test module gets its own."""
+    from flcore.trainmodel.models import DNN
+    from utils.seeding import torch_seeded
+
+    with torch_seeded(0, 0, "model"):
+        return DNN(64, 10)

@@ -4,28 +4,13 @@ import math
 
 import pytest
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
 
 import main
 from conftest import cli
-from flcore.trainmodel.models import DNN
 from utils import dlg
 from utils.results import read_h5
-from utils.seeding import torch_gen, torch_seeded
-
-
-@pytest.fixture(scope="module")
-def digits():
-    d = load_digits()
-    pixels = torch.tensor(d.images / 16.0, dtype=torch.float32)[:, None]
-    return pixels, (pixels - 0.5) / 0.5, torch.tensor(d.target)
-
-
-@pytest.fixture(scope="module")
-def mlp():
-    with torch_seeded(0, 0, "model"):
-        return DNN(64, 10)
+from utils.seeding import torch_gen
 
 
 def test_cosine_loss_hand_values():
@@ -53,12 +38,12 @@ def _box():
     return torch.tensor(-1.0), torch.tensor(1.0)  # the pixels 0 and 1 normalised by mean 0.5, std 0.5
 
 
-def test_ig_recovers_a_digit_better_than_a_random_guess(digits, mlp):
-    pixels, normed, labels = digits
+def test_ig_recovers_a_digit_better_than_a_random_guess(digits_images, digits_mlp):
+    pixels, normed, labels = digits_images
     i = 7
-    target = dlg.model_gradient(mlp, normed[i:i + 1], labels[i:i + 1])
-    before = {k: v.clone() for k, v in mlp.state_dict().items()}
-    rec = dlg.invert_gradients(mlp, target, (1, 8, 8), 1, 10, iters=200, generator=torch_gen(0, 0, "ig"),
+    target = dlg.model_gradient(digits_mlp, normed[i:i + 1], labels[i:i + 1])
+    before = {k: v.clone() for k, v in digits_mlp.state_dict().items()}
+    rec = dlg.invert_gradients(digits_mlp, target, (1, 8, 8), 1, 10, iters=200, generator=torch_gen(0, 0, "ig"),
                                bounds=_box())
     got = dlg.psnr(dlg.denormalize(rec.x, [0.5], [0.5]), pixels[i:i + 1]).item()
     init = torch.randn((1, 1, 8, 8), generator=torch_gen(0, 0, "ig"))  # where the attack starts
@@ -68,7 +53,7 @@ def test_ig_recovers_a_digit_better_than_a_random_guess(digits, mlp):
     assert got > 25, got  # far above any guess: the gradient's direction pins the image down
     assert rec.labels.tolist() == [int(labels[i])]  # iDLG's label rule
     assert float(rec.x.min()) >= -1 - 1e-6 and float(rec.x.max()) <= 1 + 1e-6  # kept in the pixel box
-    assert all(torch.equal(v, before[k]) for k, v in mlp.state_dict().items())
+    assert all(torch.equal(v, before[k]) for k, v in digits_mlp.state_dict().items())
 
 
 def test_ig_on_a_linear_model_finds_the_image_direction():

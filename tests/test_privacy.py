@@ -4,7 +4,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from sklearn.datasets import load_digits
 
 import main
 from conftest import cli
@@ -13,20 +12,6 @@ from utils import dlg, privacy
 from utils.errors import FLError
 from utils.results import read_h5
 from utils.seeding import torch_gen, torch_seeded
-
-
-@pytest.fixture(scope="module")
-def digits():
-    """sklearn's digits as the splits store them: pixels in [0, 1] (x / 16), normalised to [-1, 1]."""
-    d = load_digits()
-    pixels = torch.tensor(d.images / 16.0, dtype=torch.float32)[:, None]
-    return pixels, (pixels - 0.5) / 0.5, torch.tensor(d.target)
-
-
-@pytest.fixture(scope="module")
-def mlp():
-    with torch_seeded(0, 0, "model"):
-        return DNN(64, 10)
 
 
 # ---- metrics on known images -----------------------------------------------------------------------
@@ -42,8 +27,8 @@ def test_psnr_hand_values():
     assert dlg.psnr(torch.zeros(2, 1, 2, 2), torch.full((2, 1, 2, 2), 255.0), data_range=255.0).tolist() == [0.0, 0.0]
 
 
-def test_ssim_hand_values(digits):
-    pixels = digits[0][:3]
+def test_ssim_hand_values(digits_images):
+    pixels = digits_images[0][:3]
     assert torch.allclose(dlg.ssim(pixels, pixels), torch.ones(3), atol=1e-6)
     # constant images: variances and covariance vanish, so SSIM = (2ab + C1) / (a^2 + b^2 + C1)
     a, b, c1 = 0.2, 0.6, 0.01 ** 2
@@ -61,12 +46,12 @@ def test_ssim_hand_values(digits):
     assert dlg.ssim(board, neg).item() == pytest.approx(lum * (c2 - 2 * v) / (2 * v + c2), rel=1e-5)
 
 
-def test_match_recovers_a_permutation(digits):
-    pixels = digits[0][:5]
+def test_match_recovers_a_permutation(digits_images):
+    pixels = digits_images[0][:5]
     perm = torch.tensor([3, 0, 4, 1, 2])
     order, scores = dlg.match(pixels, pixels[perm])
     assert order.tolist() == perm.tolist() and torch.all(scores == dlg.MAX_PSNR)
-    order, _ = dlg.match(digits[0][:50], pixels[[4, 2]])  # more originals than reconstructions
+    order, _ = dlg.match(digits_images[0][:50], pixels[[4, 2]])  # more originals than reconstructions
     assert order.tolist() == [4, 2]
 
 
@@ -78,18 +63,18 @@ def test_guess_scores_are_those_of_a_grey_image():
     assert ssim.tolist() == pytest.approx([(2 * 0.5 * 0.8 + c1) / (0.25 + 0.64 + c1)], rel=1e-5)
 
 
-def test_denormalize_inverts_the_split_normalisation(digits):
-    pixels, normed, _ = digits
+def test_denormalize_inverts_the_split_normalisation(digits_images):
+    pixels, normed, _ = digits_images
     assert torch.allclose(dlg.denormalize(normed[:4], [0.5], [0.5]), pixels[:4], atol=1e-6)
 
 
 # ---- the attacks -----------------------------------------------------------------------------------
-def test_idlg_label_rule_is_exact(digits, mlp):
-    _, normed, labels = digits
-    name = dlg.classifier_name(mlp, 10)
+def test_idlg_label_rule_is_exact(digits_images, digits_mlp):
+    _, normed, labels = digits_images
+    name = dlg.classifier_name(digits_mlp, 10)
     assert name == "fc.weight"
     for i in range(20):
-        g = dlg.model_gradient(mlp, normed[i:i + 1], labels[i:i + 1])
+        g = dlg.model_gradient(digits_mlp, normed[i:i + 1], labels[i:i + 1])
         assert dlg.infer_labels(g, name, 1).tolist() == [int(labels[i])]
 
 
@@ -104,47 +89,47 @@ def test_batch_label_rule_is_gradinversions_row_minimum():
     assert dlg.infer_labels(g, "fc.weight", 1).tolist() == [0]  # one image: iDLG's most negative row sum
 
 
-def test_batch_label_rule_recovers_distinct_labels(digits, mlp):
-    _, normed, labels = digits
+def test_batch_label_rule_recovers_distinct_labels(digits_images, digits_mlp):
+    _, normed, labels = digits_images
     idx = [i for i in range(60) if int(labels[i]) in (1, 4, 7)]
     chosen = [next(i for i in idx if int(labels[i]) == c) for c in (1, 4, 7)]
-    g = dlg.model_gradient(mlp, normed[chosen], labels[chosen])
+    g = dlg.model_gradient(digits_mlp, normed[chosen], labels[chosen])
     assert dlg.infer_labels(g, "fc.weight", 3).tolist() == [1, 4, 7]
 
 
 @pytest.mark.parametrize("method", ["dlg", "idlg"])
-def test_attack_reconstructs_a_digit_from_its_gradient(digits, mlp, method):
-    pixels, normed, labels = digits
-    target = dlg.model_gradient(mlp, normed[7:8], labels[7:8])
-    before = {k: v.clone() for k, v in mlp.state_dict().items()}
-    rec = dlg.reconstruct(mlp, target, (1, 8, 8), 1, 10, method=method, iters=100, generator=torch_gen(0, 0, "t"))
+def test_attack_reconstructs_a_digit_from_its_gradient(digits_images, digits_mlp, method):
+    pixels, normed, labels = digits_images
+    target = dlg.model_gradient(digits_mlp, normed[7:8], labels[7:8])
+    before = {k: v.clone() for k, v in digits_mlp.state_dict().items()}
+    rec = dlg.reconstruct(digits_mlp, target, (1, 8, 8), 1, 10, method=method, iters=100, generator=torch_gen(0, 0, "t"))
     got = dlg.psnr(dlg.denormalize(rec.x, [0.5], [0.5]), pixels[7:8]).item()
     random = dlg.psnr(torch.rand(1, 1, 8, 8, generator=torch_gen(0, 0, "r")), pixels[7:8]).item()
     assert random < 12
     assert got > 40, got  # pixel-exact up to ~1 % error: only a real reconstruction gets here
     assert rec.labels.tolist() == [int(labels[7])]
     assert dlg.ssim(dlg.denormalize(rec.x, [0.5], [0.5]), pixels[7:8]).item() > 0.95
-    assert all(torch.equal(v, before[k]) for k, v in mlp.state_dict().items())  # the model is left as it was
+    assert all(torch.equal(v, before[k]) for k, v in digits_mlp.state_dict().items())  # the model is left as it was
 
 
-def test_dp_noise_defeats_the_attack_clipping_alone_does_not(digits, mlp):
+def test_dp_noise_defeats_the_attack_clipping_alone_does_not(digits_images, digits_mlp):
     """A DP-aware attacker (it clips its dummy gradient like DP-SGD does) still reconstructs from a clipped
     gradient; the Gaussian noise is what stops it."""
-    pixels, normed, labels = digits
+    pixels, normed, labels = digits_images
     x, y = normed[7:8], labels[7:8]
     scores = []
     for sigma in (0.0, 1.0):
-        target = privacy.dp_gradient(mlp, x, y, clip=1.0, sigma=sigma, generator=torch_gen(0, 0, "dp"))
-        rec = dlg.reconstruct(mlp, target, (1, 8, 8), 1, 10, method="idlg", iters=100,
+        target = privacy.dp_gradient(digits_mlp, x, y, clip=1.0, sigma=sigma, generator=torch_gen(0, 0, "dp"))
+        rec = dlg.reconstruct(digits_mlp, target, (1, 8, 8), 1, 10, method="idlg", iters=100,
                               generator=torch_gen(0, 0, "t"), clip=1.0)
         scores.append(dlg.psnr(dlg.denormalize(rec.x, [0.5], [0.5]), pixels[7:8]).item())
     assert scores[0] > 40 and scores[1] < 15, scores
 
 
-def test_pseudo_gradient_of_one_sgd_step_is_the_gradient(digits, mlp):
-    _, normed, labels = digits
-    g = dlg.model_gradient(mlp, normed[:4], labels[:4])
-    start = {k: v.clone() for k, v in mlp.state_dict().items()}
+def test_pseudo_gradient_of_one_sgd_step_is_the_gradient(digits_images, digits_mlp):
+    _, normed, labels = digits_images
+    g = dlg.model_gradient(digits_mlp, normed[:4], labels[:4])
+    start = {k: v.clone() for k, v in digits_mlp.state_dict().items()}
     after = {k: start[k] - 0.1 * g[k] if k in g else start[k] for k in start}
     back = dlg.pseudo_gradient(start, after, lr=0.1, steps=1, names=list(g))
     assert all(torch.allclose(back[n], g[n], atol=1e-5) for n in g)
@@ -169,14 +154,14 @@ def test_privatize_clips_each_sample_then_adds_calibrated_noise():
     assert noise.std().item() == pytest.approx(2.0 * 0.5 / 2, rel=0.03)  # sigma * C / B
 
 
-def test_per_sample_gradients_match_a_loop(digits, mlp):
-    _, normed, labels = digits
+def test_per_sample_gradients_match_a_loop(digits_images, digits_mlp):
+    _, normed, labels = digits_images
     x, y = normed[:5], labels[:5]
-    holder = privacy._LossHolder({"m": mlp}, lambda a, b: torch.nn.functional.cross_entropy(mlp(a), b))
-    names = [f"m.{n}" for n in dlg.trainable_names(mlp)]
+    holder = privacy._LossHolder({"m": digits_mlp}, lambda a, b: torch.nn.functional.cross_entropy(digits_mlp(a), b))
+    names = [f"m.{n}" for n in dlg.trainable_names(digits_mlp)]
     grads, losses = privacy.per_sample_gradients(holder, names, x, y)
     for i in range(5):
-        ref = dlg.model_gradient(mlp, x[i:i + 1], y[i:i + 1])
+        ref = dlg.model_gradient(digits_mlp, x[i:i + 1], y[i:i + 1])
         assert all(torch.allclose(grads[f"m.{n}"][i], ref[n], atol=1e-6) for n in ref)
 
 

@@ -7,7 +7,7 @@ import torch
 
 from flcore.clients.clientbase import Upload
 from flcore.clients.clientper import PartSharingClient
-from flcore.clients.clientproto import class_prototypes, prototype_pull, representations
+from flcore.clients.clientproto import class_prototypes, pulled_loss, representations
 from flcore.trainmodel.parts import frozen
 
 
@@ -57,11 +57,7 @@ class FedPACClient(PartSharingClient):
     def loss(self, x, y):
         """CE + λ · mean (f(x) - c_y)² over the batch and the d coordinates (``prototype_pull``: classes
         without a global centroid add nothing)."""
-        z = self.model.base(x)
-        loss = self.loss_fn(self.model.head(z), y)
-        if not self.global_protos:
-            return loss
-        return loss + self.cfg.lamda * prototype_pull(z, y, self.global_protos, self.num_classes)
+        return pulled_loss(self, x, y)
 
     def local_update(self, round_idx: int) -> None:
         """Statistics of the received body, ``-pls`` head epochs (body frozen), ``-ls`` body epochs (head

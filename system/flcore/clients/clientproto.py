@@ -54,6 +54,16 @@ def prototype_pull(z: torch.Tensor, y: torch.Tensor, protos: dict, num_classes: 
     return F.mse_loss(z, torch.where(known[y].unsqueeze(1), table[y], z.detach()))
 
 
+def pulled_loss(client, x, y):
+    """CE of ``client.model``'s prediction + λ · ``prototype_pull`` of its body's features toward
+    ``client.global_protos`` (FedProto's prototypes, FedPAC's centroids); plain CE while there are none."""
+    z = client.model.base(x)
+    loss = client.loss_fn(client.model.head(z), y)
+    if not client.global_protos:
+        return loss
+    return loss + client.cfg.lamda * prototype_pull(z, y, client.global_protos, client.num_classes)
+
+
 class NearestPrototype(nn.Module):
     """Classifies by the nearest prototype: scores -||f(x) - P_c||² (f = ``base``, the body of a split model,
     L2-normalised first when ``normalize``), classes without a prototype below every known one
@@ -88,11 +98,7 @@ class FedProtoClient(Client):
 
     def loss(self, x, y):
         """CE + λ · ``prototype_pull`` toward the global prototypes (none before the first aggregation)."""
-        z = self.model.base(x)
-        loss = self.loss_fn(self.model.head(z), y)
-        if not self.global_protos:
-            return loss
-        return loss + self.cfg.lamda * prototype_pull(z, y, self.global_protos, self.num_classes)
+        return pulled_loss(self, x, y)
 
     def local_update(self, round_idx: int) -> None:
         """FedAvg's epochs on ``loss``, then the prototypes of the trained body over all training data
