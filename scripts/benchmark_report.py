@@ -35,11 +35,18 @@ def seed0_curve(row: table.Row) -> np.ndarray | None:
     return None
 
 
+def mean_mb(row: table.Row, key: str) -> float:
+    """Megabytes per round of one direction (``rs_bytes_up`` or ``rs_bytes_down``), summed over the clients,
+    averaged over rounds and seeds."""
+    per_run = [np.mean(run.series[key]) for run in row.runs if len(run.series.get(key, ())) > 0]
+    return float(np.mean(per_run)) / 1e6 if per_run else float("nan")
+
+
 def rows_markdown(acc_rows: list[table.Row], time_rows: dict[str, table.Row]) -> tuple[str, list[str]]:
     """The markdown table and the problems found (missing timing, seed 0 not reproduced)."""
     problems = []
     best_cols = {c: table.best_rows(acc_rows, c) for c in ("best", "last")}
-    lines = ["| algorithm | best accuracy (%) | last accuracy (%) | MB/round | s/round | seeds |",
+    lines = ["| algorithm | best accuracy (%) | last accuracy (%) | MB/round up / down | s/round | seeds |",
              "|---|---|---|---|---|---|"]
     for i, row in enumerate(acc_rows):
         name = row.group[0]
@@ -47,8 +54,8 @@ def rows_markdown(acc_rows: list[table.Row], time_rows: dict[str, table.Row]) ->
         for col in ("best", "last"):
             text = table.cell(row.stats[col], col)
             cells.append(f"**{text}**" if i in best_cols[col] else text)
-        mean, _, _, _ = row.stats["comm"]
-        cells.append(f"{mean:.2f}" if np.isfinite(mean) else "-")
+        up, down = (mean_mb(row, key) for key in ("rs_bytes_up", "rs_bytes_down"))
+        cells.append(f"{up:.2f} / {down:.2f}" if np.isfinite(up + down) else "-")
         timed = time_rows.get(name)
         if timed is None:
             problems.append(f"{name}: no timing run")
