@@ -75,7 +75,7 @@ def test_evaluated_model_is_the_received_one_fine_tuned(digits_noniid_root):
 def test_evaluation_never_changes_the_federated_run(dp, digits_noniid_root):
     runs = []
     for eg in ("1", "100"):  # every round evaluated (fine-tunes) vs round 0 only
-        server = make_server(digits_noniid_root, "-lr", "0.1", "-eg", eg, "--train_loss_eval", "off", *dp)
+        server = make_server(digits_noniid_root, "-lr", "0.1", "-eg", eg, "-fte", "1", "--train_loss_eval", "off", *dp)
         for t in range(3):
             server.run_round(t)
         runs.append(server)
