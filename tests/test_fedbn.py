@@ -1,6 +1,8 @@
 """FedBN: BatchNorm layers (parameters and statistics) never leave a client, everything else is FedAvg's
 sample-weighted mean; BatchNorm found by module type (ResNet-18's downsample.1 included); models without
 BatchNorm, and -dp, refused; -ala runs."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from conftest import cli
 from flcore.clients.clientbase import Upload
 from flcore.clients.clientbn import bn_prefixes
 from flcore.registry import get_server_class
+from flcore.servers.serverbn import FedBNServer
 from flcore.trainmodel.models import build_model
 from utils.data_utils import load_split
 from utils.errors import FLError
@@ -110,3 +113,16 @@ def test_ala_runs_and_leaves_bn_alone(digits_tiny_root, tmp_path):
     for k, v in own.items():
         assert torch.equal(c.model.state_dict()[k], v), k
     assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedBN", "-ala", "-gr", "2", "-lr", "0.1")) == 0
+
+
+@pytest.mark.parametrize("shape, config, bn", [((1, 8, 8), {}, True),  # auto = the CNN: its BatchNorm twin
+                                               ((9, 1, 128), {"modality": "series"}, False)])  # auto = HARCNN
+def test_auto_takes_the_batchnorm_twin_only_where_auto_means_the_cnn(shape, config, bn):
+    server = object.__new__(FedBNServer)
+    server.cfg = SimpleNamespace(model="auto", feature_dim=512, vocab_size=80)
+    server.data = SimpleNamespace(input_shape=shape, config=config, num_classes=6)
+    if bn:
+        assert bn_prefixes(server.build_model())
+    else:
+        with pytest.raises(FLError, match="has none"):  # HARCNN, kept, has no BatchNorm: refused, not swapped
+            server.build_model()

@@ -17,8 +17,8 @@ sends parameters only); here every other algorithm averages them (``--bn_stats s
 and FedBN keeps the whole layer local whatever ``--bn_stats`` says.
 
 The model needs BatchNorm: ``-m BNCNN`` (the 4-layer CNN with BatchNorm after each convolution) or
-``-m ResNet18``; ``-m auto`` picks ``BNCNN`` for images. On a model without BatchNorm FedBN would be
-FedAvg, so it stops with an error instead. With ``-ala`` ALA initialises the shared entries from the
+``-m ResNet18``; ``-m auto`` picks ``BNCNN`` where it would pick the CNN (images without another default
+model). On a model without BatchNorm FedBN would be FedAvg, so it stops with an error instead. With ``-ala`` ALA initialises the shared entries from the
 global model (its ``-p`` top layers blended), the BatchNorm layers staying the client's.
 ``-dp`` is refused: DP-SGD needs per-sample gradients, which BatchNorm does not have.
 
@@ -26,7 +26,7 @@ Flags: none of its own (PFLlib: none).
 """
 from flcore.clients.clientbn import FedBNClient, bn_prefixes
 from flcore.servers.serverbase import Server
-from flcore.trainmodel.models import build_model
+from flcore.trainmodel.models import build_model, resolve
 from utils.aggregate import weighted_average
 from utils.errors import FLError
 
@@ -42,8 +42,9 @@ class FedBNServer(Server):
                           "(or use a DP-compatible algorithm on -m CNN)")
 
     def build_model(self):
-        if self.cfg.model == "auto" and len(self.data.input_shape) == 3:
-            model = build_model("BNCNN", self.data.input_shape, self.data.num_classes, self.cfg.feature_dim)
+        shape, config = self.data.input_shape, self.data.config
+        if self.cfg.model == "auto" and resolve("auto", shape, config) == "CNN":  # its BatchNorm twin instead
+            model = build_model("BNCNN", shape, self.data.num_classes, self.cfg.feature_dim, config=config)
         else:
             model = super().build_model()
         if not bn_prefixes(model):
