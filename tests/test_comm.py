@@ -52,6 +52,13 @@ def test_fedrep_sends_and_uploads_only_the_body_and_dropped_clients_upload_nothi
     assert list(h5["rs_bytes_down"]) == [5 * body] * 2  # every client is sent the body, never the server's head
 
 
+@pytest.mark.parametrize("algo, flags", [("FedBABU", ("-fte", "1")), ("FedPer", ())])
+def test_split_models_are_sent_only_their_shared_body(algo, flags, digits_tiny_root, tmp_path):
+    h5, _ = run(digits_tiny_root, tmp_path, algo, *flags)
+    body = state_bytes(split_head(build_model("CNN", (1, 8, 8), 10)).base.state_dict())
+    assert list(h5["rs_bytes_down"]) == [5 * (body + (8 if algo == "FedBABU" else 0))] * 2  # FedBABU: + the round
+
+
 def test_scaffold_sends_its_control_variates(digits_tiny_root, tmp_path):
     h5, _ = run(digits_tiny_root, tmp_path, "SCAFFOLD")
     model = build_model("CNN", (1, 8, 8), 10)

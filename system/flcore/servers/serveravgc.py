@@ -37,8 +37,9 @@ class FineTunedEvalServer:
             raise FLError(f"-fte must be >= 1 (got {cfg.fine_tuning_epochs})")
 
     def broadcast(self, client):
-        """The global model and the round it opens (the fine-tuning rate is that round's, with ``-ld``)."""
-        return {"model": self.global_model, "round": self.round_idx}
+        """What the server beside it sends (the global model; FedBABU: its shared body) and the round it opens
+        (the fine-tuning rate is that round's, with ``-ld``)."""
+        return {"model": super().broadcast(client), "round": self.round_idx}
 
 
 class FedAvgCServer(FineTunedEvalServer, Server):
