@@ -8,9 +8,8 @@ import torch
 from torch import nn
 
 from flcore.clients.clientbase import Upload, copy_state
-from flcore.clients.clientgh import class_means
 from flcore.clients.clientper import PartSharingClient
-from utils.metrics import predict
+from flcore.clients.clientproto import class_means, representations
 
 
 def fisher_trace(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batches) -> float:
@@ -39,11 +38,7 @@ class FedASClient(PartSharingClient):
     def prototypes(self) -> torch.Tensor:
         """Each class's mean representation under this client's own body (eval mode), one row per class
         (rows of absent classes are never read: alignment batches hold only the client's classes)."""
-        body = self.model.base
-        was_training = body.training
-        with torch.no_grad():
-            feats = predict(body, self.x_train, self.cfg.eval_batch_size).float()
-        body.train(was_training)
+        feats = representations(self.cfg, self.model.base, self.x_train)
         means, labels = class_means(feats, self.y_train, self.num_classes)
         protos = torch.zeros(self.num_classes, feats.shape[1], device=feats.device)
         protos[labels] = means

@@ -6,16 +6,7 @@ import torch
 
 from flcore.clients.clientbase import Upload
 from flcore.clients.clientper import PartSharingClient
-from utils.metrics import predict
-
-
-def class_means(feats: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(means, labels): the mean row of ``feats`` (n x d) over the samples of each class present in ``y``,
-    classes ascending (k x d, k)."""
-    counts = torch.bincount(y, minlength=num_classes)
-    sums = torch.zeros(num_classes, feats.shape[1], dtype=feats.dtype, device=feats.device).index_add_(0, y, feats)
-    labels = torch.nonzero(counts, as_tuple=True)[0]
-    return sums[labels] / counts[labels, None].to(feats.dtype), labels
+from flcore.clients.clientproto import class_means, representations
 
 
 class FedGHClient(PartSharingClient):
@@ -32,12 +23,8 @@ class FedGHClient(PartSharingClient):
         """FedAvg's epochs on body and header together, then the class-averaged representations of the
         trained body over every training sample (eval mode, as at test time)."""
         super().local_update(round_idx)
-        body = self.model.base
-        was_training = body.training
-        with torch.no_grad():
-            feats = predict(body, self.x_train, self.cfg.eval_batch_size).float()
-        body.train(was_training)
-        self.reps = class_means(feats, self.y_train, self.num_classes)
+        self.reps = class_means(representations(self.cfg, self.model.base, self.x_train), self.y_train,
+                                self.num_classes)
 
     def upload(self) -> Upload:
         """The class means and their labels only (the weight is unused by the server)."""

@@ -1,8 +1,8 @@
 """FedProto client: cross-entropy plus the pull of each representation toward its class's global
 prototype; uploads per-class mean representations, never weights (see servers/serverproto.py).
 
-The prototype helpers here (``representations``, ``class_prototypes``, ``prototype_table``,
-``prototype_pull``, ``NearestPrototype``) are shared with FedPCL and FedPAC."""
+The prototype helpers here (``representations``, ``class_means``, ``class_prototypes``, ``prototype_table``,
+``prototype_pull``, ``NearestPrototype``) are shared with FedPCL, FedPAC, FedGH and FedAS."""
 from __future__ import annotations
 
 import torch
@@ -28,14 +28,22 @@ def representations(cfg, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return z.float()
 
 
-def class_prototypes(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[dict, dict]:
-    """Per-class mean of ``features`` (n, d) by ``labels`` (n,): ({class: mean (d,)}, {class: count}),
-    only for the classes present."""
+def class_means(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(means, classes): the mean row of ``features`` (n, d) over the samples of each class present in
+    ``labels`` (n,), classes ascending ((k, d), (k,))."""
     counts = torch.bincount(labels, minlength=num_classes)
     sums = torch.zeros(num_classes, features.shape[1], dtype=features.dtype, device=features.device)
     sums.index_add_(0, labels, features)
-    present = [int(c) for c in torch.nonzero(counts).flatten()]
-    return {c: sums[c] / counts[c] for c in present}, {c: int(counts[c]) for c in present}
+    present = torch.nonzero(counts, as_tuple=True)[0]
+    return sums[present] / counts[present, None].to(features.dtype), present
+
+
+def class_prototypes(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[dict, dict]:
+    """``class_means`` as ({class: mean (d,)}, {class: count}), only for the classes present; each mean owns
+    its storage (a row view would cross the wire with the whole table)."""
+    means, present = class_means(features, labels, num_classes)
+    counts = torch.bincount(labels, minlength=num_classes)
+    return ({int(c): m.clone() for c, m in zip(present, means)}, {int(c): int(counts[c]) for c in present})
 
 
 def prototype_table(protos: dict, num_classes: int, dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
