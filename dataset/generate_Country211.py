@@ -18,7 +18,6 @@ from pathlib import Path
 if str(Path(__file__).resolve().parents[1]) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
 
 from dataset.utils import readers as rd  # noqa: E402
 from dataset.utils.dataset_utils import DatasetError, run_cli  # noqa: E402
@@ -40,17 +39,8 @@ def load(src, args):
     if folder is None:
         raise DatasetError(f"no train/ folder under {src}; pass the country211 folder")
     splits = [folder / s for s in ("train", "valid", "test") if (folder / s).is_dir()]
-    classes = sorted({d.name for s in splits for d in s.iterdir() if d.is_dir()})
-    paths, labels = [], []
-    for s in splits:
-        for c, name in enumerate(classes):
-            if (s / name).is_dir():
-                files = rd.list_images(s / name)
-                paths += files
-                labels += [c] * len(files)
-    shape = (3, args.image_size, args.image_size)
-    return Loaded(x=rd.read_images(paths, shape), y=np.array(labels, dtype=np.int64), class_names=classes,
-                  num_classes=len(classes))
+    x, y, classes = rd.image_folder(splits, (3, args.image_size, args.image_size))
+    return Loaded(x=x, y=y, class_names=classes, num_classes=len(classes))
 
 
 def main(argv=None):

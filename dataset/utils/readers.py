@@ -144,19 +144,23 @@ def list_images(folder):
     return sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
 
 
-def image_folder(root, image_shape):
-    """An ImageFolder layout ``root/<class>/<image>``: classes are the sorted sub-folder names.
+def image_folder(roots, image_shape):
+    """An ImageFolder layout ``root/<class>/<image>``, or several (``roots``: a list, e.g. a dataset's train /
+    valid / test folders, read in that order): classes are the sorted union of the sub-folder names.
 
     Returns (x uint8 [N, C, H, W], y int64 [N], class_names).
     """
-    classes = sorted(p.name for p in Path(root).iterdir() if p.is_dir())
+    roots = [Path(r) for r in (roots if isinstance(roots, (list, tuple)) else [roots])]
+    classes = sorted({p.name for r in roots for p in r.iterdir() if p.is_dir()})
     paths, labels = [], []
-    for c, name in enumerate(classes):
-        files = list_images(Path(root) / name)
-        paths += files
-        labels += [c] * len(files)
+    for root in roots:
+        for c, name in enumerate(classes):
+            if (root / name).is_dir():
+                files = list_images(root / name)
+                paths += files
+                labels += [c] * len(files)
     if not paths:
-        raise DatasetError(f"no images found in class folders under {root}")
+        raise DatasetError(f"no images found in class folders under {', '.join(map(str, roots))}")
     return read_images(paths, image_shape), np.array(labels, dtype=np.int64), classes
 
 
