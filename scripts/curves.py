@@ -1,0 +1,95 @@
+"""Every registered algorithm's short curve on a tiny Digits split, to check that a refactor changes no number.
+
+    python scripts/curves.py --out results/curves_before.json            # record
+    python scripts/curves.py --out results/curves_after.json --compare results/curves_before.json
+
+Each algorithm runs ``-gr`` rounds (default 3) with the sequential executor, one thread and a fixed seed, once
+plain and once with ``-ala`` (an algorithm that refuses ``-ala`` is recorded as refused). The JSON file maps
+``<algo>`` / ``<algo>+ALA`` to every per-round series of its result file (accuracy, loss, AUC, ...; wall times
+left out) at full float precision. ``--compare`` exits 1 naming every curve that is not identical bit for bit.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "system"))
+
+FLAGS = {"FedCP": ["-lam", "1"]}  # as tests/test_algorithms.py: Digits' small features need a smaller λ
+
+
+def make_split(root: Path) -> None:
+    sys.path.insert(0, str(REPO))
+    from dataset import generate_Digits
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        generate_Digits.main(["--root", str(root), "--num-clients", "5", "--partition", "dir", "--alpha", "1.0",
+                              "--subsample", "500", "--seed", "1"])
+
+
+def curve(root: Path, out: Path, algo: str, rounds: int, ala: bool) -> dict | str:
+    import main
+    from utils.results import read_h5
+
+    flags = ["-data", "Digits", "--dataset_root", str(root), "--results_dir", str(out), "-dev", "cpu",
+             "--executor", "sequential", "--seed", "0", "--no-progress", "--no-print_config", "--overwrite",
+             "-algo", algo, "-gr", str(rounds), "-lr", "0.1", *FLAGS.get(algo, []), *(["-ala"] if ala else [])]
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            rc = main.main(flags)
+        except SystemExit as e:  # a flag the algorithm's parser refuses
+            rc = e.code
+    if rc != 0:
+        return f"refused (exit {rc}): {err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else ''}"
+    (h5,) = out.glob(f"Digits_{algo}*_test_0.h5")
+    series = read_h5(h5)
+    h5.unlink()
+    return {k: v.tolist() for k, v in sorted(series.items()) if "time" not in k}
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from flcore.registry import ALGORITHMS
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="JSON file to write")
+    p.add_argument("--compare", default=None, help="a JSON file written before: report every curve that differs")
+    p.add_argument("-gr", type=int, default=3)
+    p.add_argument("--algos", default=None, help="comma-separated subset (default: every registered algorithm)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    names = args.algos.split(",") if args.algos else list(ALGORITHMS)
+    curves = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root, out = Path(tmp) / "data", Path(tmp) / "results"
+        make_split(root)
+        for algo in names:
+            for ala in (False, True):
+                key = algo + ("+ALA" if ala else "")
+                curves[key] = curve(root, out, algo, args.gr, ala)
+                shown = curves[key] if isinstance(curves[key], str) else curves[key]["rs_test_acc"]
+                print(f"{key}: {shown}", flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(curves, indent=1))
+    if args.compare is None:
+        return 0
+    before = json.loads(Path(args.compare).read_text())
+    differ = [k for k in before if k in curves and json.dumps(before[k]) != json.dumps(curves[k])]  # NaN == NaN
+    missing = [k for k in before if k not in curves]
+    for k in differ:
+        print(f"DIFFERS: {k}")
+    print(f"{len(curves) - len(differ)} of {len(curves)} curves identical bit for bit"
+          + (f"; not rerun: {', '.join(missing)}" if missing else ""))
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
