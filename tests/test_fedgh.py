@@ -6,7 +6,7 @@ from torch import nn
 
 import main
 from conftest import cli
-from flcore.clients.clientproto import class_means
+from flcore.prototypes import class_means
 from flcore.registry import get_server_class
 from flcore.servers.servergh import train_header
 from utils.comm import payload_bytes

@@ -10,9 +10,9 @@ import torch
 import main
 from conftest import cli
 from flcore.clients.clientpac import feature_statistics
+from flcore.prototypes import aggregate_prototypes
 from flcore.registry import get_server_class
 from flcore.servers.serverpac import combination_weights
-from flcore.servers.serverproto import aggregate_prototypes
 from utils.data_utils import load_split
 
 

@@ -10,7 +10,7 @@ import torch
 import main
 from conftest import cli
 from flcore.clients.clientpcl import pcl_loss, prototype_contrastive_loss
-from flcore.clients.clientproto import NearestPrototype
+from flcore.prototypes import NearestPrototype
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
 

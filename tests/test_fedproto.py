@@ -7,9 +7,8 @@ from torch import nn
 
 import main
 from conftest import cli
-from flcore.clients.clientproto import UNKNOWN_MARGIN, NearestPrototype, class_prototypes, prototype_pull
+from flcore.prototypes import UNKNOWN_MARGIN, NearestPrototype, aggregate_prototypes, class_prototypes, prototype_pull
 from flcore.registry import get_server_class
-from flcore.servers.serverproto import aggregate_prototypes
 from utils.data_utils import load_split
 
 

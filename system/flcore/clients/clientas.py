@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from flcore.clients.clientbase import Upload, copy_state
-from flcore.clients.clientper import PartSharingClient
-from flcore.clients.clientproto import class_means, representations
+from flcore.clients.partsharing import PartSharingClient
+from flcore.prototypes import class_means, representations
 
 
 def fisher_trace(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batches) -> float:

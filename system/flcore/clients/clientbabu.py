@@ -2,8 +2,8 @@
 servers/serverbabu.py)."""
 from __future__ import annotations
 
-from flcore.clients.clientavgc import FineTunedEval
-from flcore.clients.clientper import PartSharingClient
+from flcore.clients.finetune import FineTunedEval
+from flcore.clients.partsharing import PartSharingClient
 from flcore.trainmodel.parts import frozen
 
 

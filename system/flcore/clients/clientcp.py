@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from flcore.clients.clientbase import Upload, copy_state
-from flcore.clients.clientper import PartSharingClient
+from flcore.clients.partsharing import PartSharingClient
 from flcore.trainmodel.parts import frozen
 from utils.seeding import torch_gen
 

@@ -7,7 +7,7 @@ import copy
 import torch
 from torch import nn
 
-from flcore.clients.clientper import PartSharingClient
+from flcore.clients.partsharing import PartSharingClient
 from flcore.trainmodel.parts import frozen
 
 

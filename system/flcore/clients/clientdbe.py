@@ -8,7 +8,7 @@ import copy
 import torch
 from torch import nn
 
-from flcore.clients.clientper import PartSharingClient
+from flcore.clients.partsharing import PartSharingClient
 from utils.errors import FLError
 from utils.seeding import torch_gen
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from flcore.clients.clientbase import Upload
-from flcore.clients.clientper import PartSharingClient
+from flcore.clients.partsharing import PartSharingClient
 
 
 class GCModel(nn.Module):

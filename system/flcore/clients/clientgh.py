@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from flcore.clients.clientbase import Upload
-from flcore.clients.clientper import PartSharingClient
-from flcore.clients.clientproto import class_means, representations
+from flcore.clients.partsharing import PartSharingClient
+from flcore.prototypes import class_means, representations
 
 
 class FedGHClient(PartSharingClient):

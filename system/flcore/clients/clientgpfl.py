@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from flcore.clients.clientper import PartSharingClient
+from flcore.clients.partsharing import PartSharingClient
 
 
 class CoV(nn.Module):

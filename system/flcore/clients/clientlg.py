@@ -1,5 +1,5 @@
 """LG-FedAvg client: local representation (``base``), shared head (see servers/serverlg.py)."""
-from flcore.clients.clientper import PartSharingClient
+from flcore.clients.partsharing import PartSharingClient
 
 
 class LGFedAvgClient(PartSharingClient):

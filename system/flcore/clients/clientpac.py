@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from flcore.clients.clientbase import Upload
-from flcore.clients.clientper import PartSharingClient
-from flcore.clients.clientproto import class_prototypes, pulled_loss, representations
+from flcore.clients.partsharing import PartSharingClient
+from flcore.prototypes import class_prototypes, pulled_loss, representations
 from flcore.trainmodel.parts import frozen
 
 

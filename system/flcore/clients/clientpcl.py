@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from flcore.clients.clientbase import Client, Upload
-from flcore.clients.clientproto import NearestPrototype, class_prototypes, prototype_table, representations
+from flcore.prototypes import NearestPrototype, class_prototypes, prototype_table, representations
 
 
 def prototype_contrastive_loss(z: torch.Tensor, y: torch.Tensor, table: torch.Tensor, known: torch.Tensor,

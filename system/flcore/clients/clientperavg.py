@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch.func import functional_call
 
-from flcore.clients.clientavgc import FineTunedEval
 from flcore.clients.clientbase import Client
+from flcore.clients.finetune import FineTunedEval
 from utils.errors import Diverged
 
 

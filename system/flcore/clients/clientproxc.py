@@ -1,6 +1,6 @@
 """FedProx-C client: FedProx training, evaluation on a fine-tuned copy (see servers/serverproxc.py)."""
-from flcore.clients.clientavgc import FineTunedEval
 from flcore.clients.clientprox import FedProxClient
+from flcore.clients.finetune import FineTunedEval
 
 
 class FedProxCClient(FineTunedEval, FedProxClient):

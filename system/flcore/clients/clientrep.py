@@ -4,7 +4,7 @@ family's (``PartSharingClient``, clients/clientper.py)."""
 from __future__ import annotations
 
 from flcore.clients.clientbase import Upload
-from flcore.clients.clientper import PartSharingClient
+from flcore.clients.partsharing import PartSharingClient
 from flcore.trainmodel.parts import frozen
 
 

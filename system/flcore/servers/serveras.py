@@ -40,7 +40,7 @@ clients (FedAvg 0.90), 0.95 on 6 clients with 2 classes each (FedAvg 0.62).
 """
 
 from flcore.clients.clientas import FedASClient
-from flcore.servers.serverper import PartSharingServer
+from flcore.servers.partsharing import PartSharingServer
 from utils.errors import FLError
 
 

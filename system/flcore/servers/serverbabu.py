@@ -24,8 +24,8 @@ evaluation fine-tune, whose steps the client's accountant counts: they read the 
 evaluated accuracy leaves the client. Epsilon therefore grows with every evaluation (``-eg``).
 """
 from flcore.clients.clientbabu import FedBABUClient
-from flcore.servers.serveravgc import FineTunedEvalServer
-from flcore.servers.serverper import PartSharingServer
+from flcore.servers.finetune import FineTunedEvalServer
+from flcore.servers.partsharing import PartSharingServer
 
 
 class FedBABUServer(FineTunedEvalServer, PartSharingServer):

@@ -34,7 +34,7 @@ from __future__ import annotations
 from torch import nn
 
 from flcore.clients.clientcp import CPModel, FedCPClient
-from flcore.servers.serverper import PartSharingServer
+from flcore.servers.partsharing import PartSharingServer
 from utils.errors import FLError
 
 

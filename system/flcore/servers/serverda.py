@@ -24,7 +24,7 @@ Where PFLlib differs: PFLlib builds the λ term from ``.data`` copies of both he
 gradient and λ has no effect there (``-lam 0`` here reproduces PFLlib's updates); here it regularises h_i.
 """
 from flcore.clients.clientda import DAModel, PFLDAClient
-from flcore.servers.serverper import PartSharingServer
+from flcore.servers.partsharing import PartSharingServer
 from utils.errors import FLError
 
 

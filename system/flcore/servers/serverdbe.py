@@ -35,7 +35,7 @@ decays with the model's here (PFLlib's separate PRBM optimizer keeps ``-lr``).
 import torch
 
 from flcore.clients.clientdbe import DBEModel, FedDBEClient
-from flcore.servers.serverper import PartSharingServer
+from flcore.servers.partsharing import PartSharingServer
 from utils.comm import payload_bytes
 from utils.errors import FLError
 

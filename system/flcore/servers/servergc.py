@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from flcore.clients.clientgc import FedGCClient, GCModel
-from flcore.servers.serverper import PartSharingServer
+from flcore.servers.partsharing import PartSharingServer
 from utils.errors import FLError
 
 

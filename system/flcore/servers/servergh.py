@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from flcore.clients.clientgh import FedGHClient
-from flcore.servers.serverper import PartSharingServer
+from flcore.servers.partsharing import PartSharingServer
 from utils.errors import FLError
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 from torch import nn
 
 from flcore.clients.clientgpfl import GPFLClient, GPFLModel
-from flcore.servers.serverper import PartSharingServer
+from flcore.servers.partsharing import PartSharingServer
 from utils.errors import FLError
 
 

@@ -18,7 +18,7 @@ larger values are refused).
 With ``-dp`` the local training is DP-SGD (the base training loop). No flags of its own.
 """
 from flcore.clients.clientlg import LGFedAvgClient
-from flcore.servers.serverper import PartSharingServer
+from flcore.servers.partsharing import PartSharingServer
 
 
 class LGFedAvgServer(PartSharingServer):

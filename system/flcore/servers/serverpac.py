@@ -44,8 +44,8 @@ import torch
 from torch import nn
 
 from flcore.clients.clientpac import FedPACClient
+from flcore.prototypes import aggregate_prototypes
 from flcore.servers.serverbase import Server
-from flcore.servers.serverproto import aggregate_prototypes
 from flcore.trainmodel.parts import split_head
 from utils.aggregate import weighted_average
 from utils.errors import FLError

@@ -33,8 +33,8 @@ import torch
 from torch import nn
 
 from flcore.clients.clientpcl import FedPCLClient
+from flcore.prototypes import aggregate_prototypes, refuse_ala_dp
 from flcore.servers.serverbase import Server
-from flcore.servers.serverproto import aggregate_prototypes, refuse_ala_dp
 from flcore.trainmodel.parts import split_head
 from utils.errors import FLError
 

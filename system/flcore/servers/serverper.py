@@ -13,39 +13,9 @@ head. The paper's personalization layers are its top K_P layers; here, as in PFL
 classifier ``fc`` (K_P = 1). With ``-ala`` the base is initialised by ALA from the global base, under
 the client's own head (the top ``-p`` layers of the base are adapted). With ``-dp`` the whole local
 training is DP-SGD (the base training loop). No flags of its own.
-
-``PartSharingServer`` is the family's server: a split model whose shared parts are averaged by name.
 """
-from torch import nn
-
 from flcore.clients.clientper import FedPerClient
-from flcore.servers.serverbase import Server
-from flcore.trainmodel.parts import split_head
-from utils.aggregate import weighted_average
-
-
-class PartSharingServer(Server):
-    """A split model (``base.*``, ``head.*``); only the shared parts (the client class's ``shared``) go down,
-    and the uploads carry only the shared entries, by name."""
-
-    checkpoint_skip = Server.checkpoint_skip + ("shared_part",)  # a view of the global model, rebuilt every broadcast
-
-    def build_model(self):
-        return split_head(super().build_model())
-
-    def prepare_broadcast(self, participants) -> None:
-        # The shared parts of the global model, the one payload every client receives (and what is counted):
-        # the server's copy of a personal part is never sent.
-        self.shared_part = nn.ModuleDict({name: getattr(self.global_model, name) for name in self.client_class.shared})
-
-    def broadcast(self, client):
-        return self.shared_part
-
-    def aggregate(self, uploads) -> None:
-        """Sample-weighted mean of the uploaded entries; the others keep their values (never used)."""
-        if uploads:
-            avg = weighted_average([u.state for u in uploads], [u.weight for u in uploads])
-            self.load_aggregate(self.global_model, {**self.global_model.state_dict(), **avg})
+from flcore.servers.partsharing import PartSharingServer
 
 
 class FedPerServer(PartSharingServer):

@@ -33,21 +33,10 @@ from __future__ import annotations
 import torch
 
 from flcore.clients.clientproto import FedProtoClient
+from flcore.prototypes import aggregate_prototypes, refuse_ala_dp
 from flcore.servers.serverbase import Server
 from flcore.trainmodel.parts import split_head
 from utils.errors import FLError
-
-
-def aggregate_prototypes(protos: list[dict], counts: list[dict]) -> dict[int, torch.Tensor]:
-    """Per class, the count-weighted mean of the clients' prototypes: P̄_j = Σ_i n_ij C_ij / Σ_i n_ij
-    over the clients i that hold class j."""
-    sums: dict[int, torch.Tensor] = {}
-    totals: dict[int, int] = {}
-    for p, n in zip(protos, counts):
-        for c, v in p.items():
-            sums[c] = sums.get(c, 0) + n[c] * v.double()
-            totals[c] = totals.get(c, 0) + n[c]
-    return {c: (sums[c] / totals[c]).float() for c in sorted(sums)}
 
 
 class FedProtoServer(Server):
@@ -78,13 +67,3 @@ class FedProtoServer(Server):
         if uploads:
             new = aggregate_prototypes([u.extras["protos"] for u in uploads], [u.extras["counts"] for u in uploads])
             self.global_protos = {**self.global_protos, **{c: p.to(self.device) for c, p in new.items()}}
-
-
-def refuse_ala_dp(cfg, name: str) -> None:
-    """The prototype family has no global model and uploads means of private features."""
-    if cfg.ala:
-        raise FLError(f"{name} has no global model for -ala to initialise from (clients share prototypes only); "
-                      f"drop -ala")
-    if cfg.privacy:
-        raise FLError(f"-dp privatises gradient steps only; {name} uploads per-class means of the private "
-                      f"training features, which it would leave unprotected, so drop -dp")

@@ -2,18 +2,18 @@
 
 A baseline of the FedALA paper (Zhang et al., AAAI 2023, https://arxiv.org/abs/2212.01197, Table 2).
 Federated part: FedProx (Li et al., MLSys 2020, https://arxiv.org/abs/1812.06127, servers/serverprox.py);
-evaluation part: FedAvg-C's (servers/serveravgc.py). The fine-tuning is plain cross-entropy SGD, without
-the proximal term: it personalises, it is not part of the federated optimisation.
+evaluation part: fine-tuned evaluation (clients/finetune.py, as FedAvg-C). The fine-tuning is plain
+cross-entropy SGD, without the proximal term: it personalises, it is not part of the federated optimisation.
 
 Relative to FedAvg this changes the local objective (FedProx's proximal term) and evaluation (a copy
 fine-tuned ``-fte`` epochs). Flags: ``-mu`` = 0.01 and ``-fte`` = 1, as for FedProx and FedAvg-C.
 """
 from flcore.clients.clientproxc import FedProxCClient
-from flcore.servers.serveravgc import FedAvgCServer
+from flcore.servers.finetune import FineTunedEvalServer
 from flcore.servers.serverprox import FedProxServer
 
 
-class FedProxCServer(FedAvgCServer, FedProxServer):
+class FedProxCServer(FineTunedEvalServer, FedProxServer):
     """Flags and checks of both parents (cooperative ``super()`` in ``add_args``/``check_config``)."""
     client_class = FedProxCClient
     personalized = True  # FedProx's training, evaluated after local fine-tuning

@@ -21,7 +21,7 @@ FedAvg's one (the head epochs' backward pass stops at the head). The official co
 same split (``--local_ep 11 --local_rep_ep 1``).
 """
 from flcore.clients.clientrep import FedRepClient
-from flcore.servers.serverper import PartSharingServer
+from flcore.servers.partsharing import PartSharingServer
 from utils.aggregate import weighted_average
 from utils.errors import FLError
 

@@ -24,7 +24,7 @@ objective, per-sample gradients of all three parts clipped together; the label c
 head's balanced softmax are not privatised (``dp_uncovered``: a warning at start-up).
 """
 from flcore.clients.clientrod import FedRoDClient, RoDModel
-from flcore.servers.serverper import PartSharingServer
+from flcore.servers.partsharing import PartSharingServer
 
 
 class FedRoDServer(PartSharingServer):
