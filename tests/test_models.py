@@ -47,6 +47,26 @@ def test_auc_of_a_single_class_client_is_the_hand_computed_micro_average():
     assert np.isnan(auc_ovr(np.zeros((0, 3)), np.zeros(0, dtype=np.int64), 3))  # no test sample
 
 
+def test_auc_equals_scikit_learns_roc_auc_on_the_flattened_decisions():
+    """The rank formula against an independent implementation (scikit-learn's ROC curve and trapezoids),
+    on random clients with and without tied scores, one-class clients among them."""
+    import numpy as np
+    from sklearn.metrics import roc_auc_score
+
+    from utils.metrics import auc_ovr
+
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        n, classes = int(rng.integers(1, 30)), int(rng.integers(2, 11))
+        probs = rng.random((n, classes)).astype(np.float32)
+        if trial % 2:
+            probs = np.round(probs, 1)  # many ties
+        probs /= probs.sum(1, keepdims=True)
+        labels = rng.integers(0, classes, n) if trial % 5 else np.full(n, trial % classes)
+        expected = roc_auc_score(np.eye(classes, dtype=np.int64)[labels].ravel(), probs.ravel())
+        assert abs(auc_ovr(probs, labels, classes) - expected) < 1e-12
+
+
 def test_a_client_without_test_samples_is_evaluated_and_left_out_of_the_mean():
     import numpy as np
 
