@@ -180,3 +180,23 @@ def test_skip_complete_and_resume_killed(digits_tiny_root, tmp_path, capsys):
     assert sweep.main(args) == 0
     assert "2 jobs, 2 complete (skipped), 0 to run" in capsys.readouterr().err
     assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_checkpoint_interval_from_the_file_or_the_command_line(tmp_path, capsys):
+    """A job's ``--checkpoint_every`` is the command line's, else the file's ``checkpoint_every``, else 1;
+    it stays out of the result name (the same job whatever the interval), and a bad value is one line."""
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps({"base": base(tmp_path, "-gr", "2"), "checkpoint_every": 5, "out": str(tmp_path)}))
+
+    def interval(*extra):
+        assert sweep.main(["--config", str(spec), *extra, "--dry-run"]) == 0
+        line = capsys.readouterr().out.strip().splitlines()[0]
+        words = line.split()
+        return int(words[words.index("--checkpoint_every") + 1]), words[words.index("-go") + 1]
+
+    (every_file, goal_file), (every_cli, goal_cli) = interval(), interval("--checkpoint-every", "3")
+    assert (every_file, every_cli) == (5, 3) and goal_file == goal_cli
+    jobs, _ = sweep.build_jobs(base(tmp_path, "-gr", "2"), [{}], [0], "t", tmp_path)
+    assert jobs[0].argv[jobs[0].argv.index("--checkpoint_every") + 1] == "1"
+    assert sweep.main(["--config", str(spec), "--checkpoint-every", "0", "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip().count("\n") == 0
