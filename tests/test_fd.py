@@ -83,8 +83,35 @@ def test_distillation_term_by_hand():
     logp = logits[0] - torch.logsumexp(logits[0], 0)
     want = -(q * logp).sum() / 2
     torch.testing.assert_close(distillation(logits, y, teacher, has), want)
-    server_loss = F.cross_entropy(logits, y) + 0.5 * want
-    assert float(server_loss) > float(F.cross_entropy(logits, y))
+
+
+def test_client_loss_is_ce_plus_lambda_times_the_term_toward_the_received_logits(digits_tiny_root):
+    server = build(digits_tiny_root, "-lam", "0.3")
+    c = server.clients[0]
+    teacher = torch.randn(2, c.num_classes, generator=torch.Generator().manual_seed(0))
+    c.receive({"labels": torch.tensor([1, 3]), "logits": teacher})
+    x, y = c.x_train[:5], torch.tensor([3, 1, 0, 3, 1])
+    with torch.no_grad():
+        out = c.model(x)
+    q = F.softmax(teacher[torch.tensor([1, 0, 0, 1, 0])], dim=1)  # label 3 -> row 1, label 1 -> row 0
+    per_sample = -(q * F.log_softmax(out, dim=1)).sum(1) * torch.tensor([1.0, 1, 0, 1, 1])  # label 0: no teacher
+    want = F.cross_entropy(out, y) + 0.3 * per_sample.mean()
+    torch.testing.assert_close(c.loss(x, y).detach(), want)
+
+
+def test_each_round_uploads_the_logits_of_that_round_only(digits_tiny_root):
+    server = build(digits_tiny_root)
+    c = server.clients[0]
+    c.train(0)  # round 0 moves the model, so its logits differ from round 1's
+    c.learning_rate = lambda round_idx: 0.0  # round 1 leaves the model as round 0 left it
+    c.train(1)
+    up = c.upload()
+    with torch.no_grad():
+        out = c.model(c.x_train)
+    labels = torch.unique(c.y_train)
+    want = torch.stack([out[c.y_train == label].mean(0) for label in labels])
+    assert up.extras["labels"].tolist() == labels.tolist()
+    torch.testing.assert_close(up.extras["logits"], want)
 
 
 def test_no_weights_cross_the_wire(digits_tiny_root):

@@ -135,3 +135,21 @@ def test_adaptive_losses_by_hand():
 def test_ala_runs_onto_the_mentee(digits_tiny_root, tmp_path):
     assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedKD", "-ala", "-gr", "2", "-nc", "3",
                          "--executor", "sequential", "-lr", "0.1")) == 0
+
+
+def test_server_applies_the_sample_weighted_mean_of_the_updates(digits_tiny_root):
+    from flcore.clients.clientbase import Upload
+
+    server = build(digits_tiny_root)
+    start = {k: v.clone() for k, v in server.global_model.state_dict().items()}
+    # constant updates: rank 1, so the SVD at any threshold reproduces them and the mean exactly
+    ups = [Upload(i, w, None, {"update": {k: torch.full_like(v, d) for k, v in start.items()}})
+           for i, (w, d) in enumerate([(10, 1.0), (30, 5.0)])]
+    server.round_idx = 1
+    server.aggregate(ups)
+    for k, v in server.global_model.state_dict().items():  # (10 * 1 + 30 * 5) / 40 = 4, not (1 + 5) / 2
+        torch.testing.assert_close(v, start[k] + 4.0, atol=2e-3, rtol=0)  # float32 SVD
+    c = server.clients[0]
+    c.receive(server.broadcast(c))
+    for k, v in c.global_mentee.state_dict().items():
+        torch.testing.assert_close(v, start[k] + 4.0, atol=2e-3, rtol=0)  # float32 SVD

@@ -63,9 +63,15 @@ def test_uploads_are_the_class_means_of_the_trained_body_and_carry_no_weights(di
     # weight (a number)
     classes = sum(len(u.extras["protos"]) for u in uploads)
     assert server.bytes_up == classes * (4 * d + 8) + 8 * len(uploads)
-    # the server's prototypes are the weighted means of the uploads, and everyone receives them
-    expected = aggregate_prototypes([u.extras["protos"] for u in uploads], [u.extras["counts"] for u in uploads])
+    # the server's prototypes are the count-weighted means of the uploads (a reference loop), and everyone
+    # receives them
+    expected = {}
+    for k in {k for u in uploads for k in u.extras["protos"]}:
+        held = [(u.extras["counts"][k], u.extras["protos"][k]) for u in uploads if k in u.extras["protos"]]
+        expected[k] = sum(n * p for n, p in held) / sum(n for n, _ in held)
     assert sorted(server.global_protos) == sorted(expected)
+    for k, p in expected.items():
+        torch.testing.assert_close(server.global_protos[k], p)
     server.bytes_down = 0
     server.send_models(server.select_clients())
     assert server.bytes_down == len(server.clients) * len(expected) * 4 * d

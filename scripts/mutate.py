@@ -1,0 +1,419 @@
+"""Mutation testing of one module: does a realistic one-line bug in it fail the tests that guard it?
+
+    python3 scripts/mutate.py system/flcore/clients/clientfd.py          # mutate, test, write the results
+    python3 scripts/mutate.py system/utils/privacy.py --list             # the guarding tests and mutants only
+    python3 scripts/mutate.py --table                                    # docs/testing.md's kill-rate table
+
+Mutants come from cosmic-ray's operators (requirements-dev.txt), a curated subset of them (one opposite per
+operator instead of every replacement: ``+`` -> ``-``, ``<`` -> ``<=``, ``==`` -> ``!=``, constants +-1, ``True``
+<-> ``False``, ``and`` <-> ``or``, negated conditions, loops run zero times), plus four written here on cosmic-ray's
+operator base: augmented assignments flipped (``+=`` -> ``-=``), a statement-level call dropped (``opt.step()``,
+``buf.zero_()``), ``.detach()`` dropped, and two neighbouring positional arguments of a call swapped.
+
+Each mutant is written into a private copy of the repository (the working tree is never touched) and the
+module's guarding tests run against it with ``-x`` in a process forked from one that already imported torch, so
+one mutant costs only its tests. Which tests guard a module is decided in one place, ``guards()`` below: the test
+files that import the module, the tests parametrized with the name of every algorithm whose server is (or
+imports) the module, and the explicit ``EXTRA`` files. Results go to ``docs/benchmarks/mutation/<module>.json``
+(written after every mutant, so an interrupted run resumes); survivors judged equivalent are listed with the
+reason in ``docs/benchmarks/mutation/equivalent.json``, matched by operator and the line before and after.
+Run it under ``nice -n 19``: it keeps one core busy for minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "docs" / "benchmarks" / "mutation"
+EQUIVALENT = RESULTS / "equivalent.json"
+
+# Test files that guard a module without importing it (or beyond the ones that do).
+EXTRA = {
+    "system/utils/privacy.py": ["tests/test_privacy.py", "tests/test_dp_client.py", "tests/test_dp_registry.py"],
+    "system/utils/aggregate.py": ["tests/test_aggregate.py", "tests/test_bn_stats.py", "tests/test_fedbn.py"],
+    "system/utils/ALA.py": ["tests/test_ala.py"],
+    "system/utils/dlg.py": ["tests/test_privacy.py", "tests/test_ig.py"],
+    "system/runtime/executors.py": ["tests/test_executors.py", "tests/test_faults.py"],
+    "system/runtime/fork.py": ["tests/test_executors.py", "tests/test_faults.py"],
+    "system/runtime/parking.py": ["tests/test_executors.py"],
+    "system/runtime/checkpoint.py": ["tests/test_executors.py", "tests/test_reliability.py"],
+    "system/runtime/faults.py": ["tests/test_faults.py", "tests/test_reliability.py"],
+    "dataset/utils/partition.py": ["tests/test_dataset_partition.py", "tests/test_partition_pfllib.py"],
+}
+# Registry-parametrized tests left out of a module's selection: Ray's (they test the executor, at 20 s each) and
+# the behaviour harness's training runs (seconds per algorithm; the full suite runs them).
+SLOW = re.compile(r"test_ray_|test_behaviour\.py::test_(learns|personalized_beats|no_algorithm_is_local)")
+REGISTRY_TESTS = ["tests/test_algorithms.py", "tests/test_behaviour.py", "tests/test_comm.py",
+                  "tests/test_dp_client.py", "tests/test_dp_registry.py", "tests/test_executors.py"]
+
+# cosmic-ray operators used: one opposite for each operator, so a module has tens of mutants, not hundreds.
+CORE = ["ReplaceBinaryOperator_Add_Sub", "ReplaceBinaryOperator_Sub_Add", "ReplaceBinaryOperator_Mul_Div",
+        "ReplaceBinaryOperator_Div_Mul", "ReplaceBinaryOperator_FloorDiv_Div", "ReplaceBinaryOperator_Pow_Mul",
+        "ReplaceComparisonOperator_Lt_LtE", "ReplaceComparisonOperator_LtE_Lt", "ReplaceComparisonOperator_Gt_GtE",
+        "ReplaceComparisonOperator_GtE_Gt", "ReplaceComparisonOperator_Eq_NotEq",
+        "ReplaceComparisonOperator_NotEq_Eq", "ReplaceComparisonOperator_Is_IsNot",
+        "ReplaceComparisonOperator_IsNot_Is", "ReplaceUnaryOperator_USub_UAdd", "ReplaceUnaryOperator_Delete_Not",
+        "ReplaceTrueWithFalse", "ReplaceFalseWithTrue", "ReplaceAndWithOr", "ReplaceOrWithAnd", "AddNot",
+        "NumberReplacer", "ZeroIterationForLoop", "ReplaceBreakWithContinue", "ReplaceContinueWithBreak"]
+PREIMPORT = ["torch", "numpy", "scipy", "sklearn.datasets", "h5py", "ujson", "matplotlib.pyplot", "pytest"]
+
+
+def operators() -> dict:
+    """name -> operator instance: the curated cosmic-ray operators and this file's four."""
+    import parso
+    from cosmic_ray.operators.operator import Example, Operator
+    from cosmic_ray.plugins import get_operator
+
+    def call_trailer(node):
+        return node.type == "trailer" and node.children[0].value == "("
+
+    class FlipAugAssign(Operator):
+        FLIP = {"+=": "-=", "-=": "+=", "*=": "/=", "/=": "*="}
+
+        def mutation_positions(self, node):
+            if node.type == "operator" and node.value in self.FLIP and node.parent.type == "expr_stmt":
+                yield node.start_pos, node.end_pos
+
+        def mutate(self, node, index):
+            node.value = self.FLIP[node.value]
+            return node
+
+        @classmethod
+        def examples(cls):
+            return (Example("x += 1", "x -= 1"),)
+
+    class DropCall(Operator):
+        """A statement that is only a method call (``opt.step()``, ``buf.zero_()``) becomes ``pass``."""
+
+        def mutation_positions(self, node):
+            if (node.type == "simple_stmt" and node.children[0].type in ("power", "atom_expr")
+                    and call_trailer(node.children[0].children[-1])):
+                yield node.start_pos, node.end_pos
+
+        def mutate(self, node, index):
+            first = node.children[0]
+            node.children[0] = parso.python.tree.Keyword("pass", first.start_pos, first.get_first_leaf().prefix)
+            return node
+
+        @classmethod
+        def examples(cls):
+            return (Example("a.zero_()\n", "pass\n"),)
+
+    class DropDetach(Operator):
+        def mutation_positions(self, node):
+            if node.type in ("power", "atom_expr"):
+                kids = node.children
+                for i in range(1, len(kids) - 1):
+                    if (kids[i].type == "trailer" and kids[i].children[0].value == "."
+                            and kids[i].children[1].value == "detach" and call_trailer(kids[i + 1])):
+                        yield kids[i].start_pos, kids[i + 1].end_pos
+
+        def mutate(self, node, index):
+            kids = node.children
+            at = [i for i in range(1, len(kids) - 1) if kids[i].type == "trailer" and kids[i].children[0].value == "."
+                  and kids[i].children[1].value == "detach" and call_trailer(kids[i + 1])][index]
+            node.children = kids[:at] + kids[at + 2:]
+            return node
+
+        @classmethod
+        def examples(cls):
+            return (Example("y = x.detach()", "y = x"),)
+
+    class SwapArguments(Operator):
+        """Two neighbouring positional arguments of a call trade places (where they differ)."""
+
+        def pairs(self, node):
+            if not call_trailer(node) or len(node.children) != 3 or node.children[1].type != "arglist":
+                return []
+            args = [a for a in node.children[1].children if a.type != "operator"]
+            pos = []
+            for a in args:
+                if a.type == "argument" or a.type == "star_expr" or a.get_code().lstrip().startswith("*"):
+                    break
+                pos.append(a)
+            return [(a, b) for a, b in zip(pos, pos[1:]) if a.get_code().strip() != b.get_code().strip()]
+
+        def mutation_positions(self, node):
+            for a, b in self.pairs(node):
+                yield a.start_pos, b.end_pos
+
+        def mutate(self, node, index):
+            a, b = self.pairs(node)[index]
+            kids = node.children[1].children
+            i, j = kids.index(a), kids.index(b)
+            pa, pb = a.get_first_leaf().prefix, b.get_first_leaf().prefix
+            kids[i], kids[j] = b, a
+            b.get_first_leaf().prefix, a.get_first_leaf().prefix = pa, pb
+            return node
+
+        @classmethod
+        def examples(cls):
+            return (Example("f(a, b, c)", "f(b, a, c)"), Example("f(a, b, c)", "f(a, c, b)", occurrence=1))
+
+    ops = {name.removeprefix("Replace"): get_operator("core/" + name)() for name in CORE}
+    ops |= {"FlipAugAssign": FlipAugAssign(), "DropCall": DropCall(), "DropDetach": DropDetach(),
+            "SwapArguments": SwapArguments()}
+    return ops
+
+
+def mutants(source: str) -> list[dict]:
+    """Every mutant of ``source``: operator, occurrence, line, the line before and after, the mutated code.
+    Mutants whose code another mutant already produced are kept once."""
+    from cosmic_ray.ast import Visitor, get_ast
+    from cosmic_ray.mutating import mutate_code
+
+    class Positions(Visitor):
+        def __init__(self, op):
+            self.op, self.found = op, []
+
+        def visit(self, node):
+            self.found.extend(start for start, _ in self.op.mutation_positions(node))
+            return node
+
+    lines, seen, out = source.splitlines(), {source}, []
+    for name, op in operators().items():
+        finder = Positions(op)
+        finder.walk(get_ast(source))
+        for k, (line, _) in enumerate(finder.found):
+            code = mutate_code(source, op, k)
+            if code is None or code in seen:
+                continue
+            seen.add(code)
+            new = code.splitlines()
+            changed = next((i for i, (a, b) in enumerate(zip(lines, new)) if a != b), line - 1)
+            out.append({"op": name, "k": k, "line": changed + 1, "from": lines[changed].strip(),
+                        "to": new[changed].strip(), "code": code})
+    return sorted(out, key=lambda m: (m["line"], m["op"], m["k"]))
+
+
+def dotted(module: str) -> str:
+    path = Path(module).with_suffix("")
+    parts = path.parts[1:] if path.parts[0] == "system" else path.parts
+    return ".".join(parts)
+
+
+def algorithms_of(module: str) -> list[str]:
+    """Registered algorithms whose server module is ``module`` or imports it."""
+    source = (REPO / "system" / "flcore" / "registry.py").read_text()
+    table = ast.literal_eval(re.search(r"ALGORITHMS = (\{.*?\})", source, re.S).group(1))
+    name, found = dotted(module), []
+    for algo, target in table.items():
+        server = target.split(":")[0]
+        server_file = REPO / "system" / Path(*server.split("."))
+        imports = re.findall(r"^\s*from\s+([\w.]+)\s+import", server_file.with_suffix(".py").read_text(), re.M)
+        if server == name or name in imports:
+            found.append(algo)
+    return found
+
+
+def guards(module: str, full: bool = False) -> tuple[list[str], list[str]]:
+    """(test files, registry-parametrized test nodes) that guard ``module``."""
+    name = dotted(module)
+    parent, stem = name.rpartition(".")[::2]
+    imports = re.compile(rf"^\s*(from\s+{re.escape(name)}\s+import|import\s+{re.escape(name)}\b"
+                         rf"|from\s+{re.escape(parent)}\s+import\s+[^#\n]*\b{re.escape(stem)}\b)", re.M)
+    files = sorted({f"tests/{p.name}" for p in (REPO / "tests").glob("test_*.py") if imports.search(p.read_text())}
+                   | set(EXTRA.get(module, ())))
+    algos = algorithms_of(module)
+    nodes = []
+    if algos:
+        listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=",
+                                 "-p", "no:cacheprovider", *REGISTRY_TESTS], cwd=REPO, capture_output=True,
+                                text=True).stdout.split()
+        ids = re.compile(r"\[(?:[^\]]*-)?(%s)(?:-[^\]]*)?\]$" % "|".join(map(re.escape, algos)))
+        nodes = [n for n in listed if "::" in n and ids.search(n) and (full or not SLOW.search(n))
+                 and n.split("::")[0] not in files]
+    return files, nodes
+
+
+def copy_repo(dest: Path) -> Path:
+    """The repository's tracked and untracked-but-not-ignored files under dest/repo; shared/ beside it as
+    beside the repository, so tests that need real data run as they would."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    root = dest / "repo"
+    for f in filter(None, files):
+        if (REPO / f).is_file():
+            (root / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / f, root / f)
+    if (REPO.parent / "shared").exists():
+        (dest / "shared").symlink_to(REPO.parent / "shared")
+    return root
+
+
+def run_tests(root: Path, args: list[str], timeout: float, log: Path) -> tuple[str, float]:
+    """Run pytest on ``args`` in a child forked from this process (torch already imported); outcome, seconds."""
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            os.setpgid(0, 0)
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.chdir(root)
+            sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "scripts"]
+            import pytest
+            code = int(pytest.main(["-x", "-q", "--tb=short", "-p", "no:cacheprovider", "-o", "addopts=", *args]))
+        finally:
+            os._exit(code)
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            break
+        if time.monotonic() - start > timeout:
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "timeout", time.monotonic() - start
+        time.sleep(0.05)
+    seconds = time.monotonic() - start
+    if code == 0:
+        return "survived", seconds
+    if code == 5:
+        raise SystemExit("mutate: the selection ran no test")
+    return "killed", seconds
+
+
+def equivalent_notes(module: str) -> dict:
+    notes = json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
+    return {(n["op"], n["from"], n["to"]): n["why"] for n in notes.get(module, [])}
+
+
+def result_path(module: str) -> Path:
+    return RESULTS / f"{dotted(module)}.json"
+
+
+def mutate(module: str, full: bool, fresh: bool) -> dict:
+    source = (REPO / module).read_text()
+    files, nodes = guards(module, full)
+    found = mutants(source)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    out = result_path(module)
+    previous = json.loads(out.read_text()) if out.exists() else {}
+    # Resuming: a mutant already killed on this very source stays killed (tests are only ever added);
+    # survivors are run again, so a new test shows at once. --fresh runs everything.
+    done = {} if fresh or previous.get("sha") != sha(source) else {
+        (m["op"], m["from"], m["to"], m["line"]): m for m in previous["mutants"] if m["outcome"] != "survived"}
+    for name in PREIMPORT:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    with tempfile.TemporaryDirectory(prefix="mutate-") as tmp:
+        root = copy_repo(Path(tmp))
+        log = Path(tmp) / "pytest.log"
+        outcome, base = run_tests(root, files + nodes, 3600, log)
+        if outcome != "survived":
+            sys.stdout.write(log.read_text()[-3000:])
+            raise SystemExit(f"mutate: the guarding tests fail on the unmutated code ({outcome})")
+        print(f"{module}: {len(found)} mutants; {len(files)} test files + {len(nodes)} registry nodes, "
+              f"{base:.0f} s unmutated", flush=True)
+        record = {"module": module, "tool": "cosmic-ray " + version(), "date": str(datetime.date.today()),
+                  "commit": commit, "sha": sha(source), "tests": files + nodes,
+                  "baseline_s": round(base, 1), "mutants": []}
+        for i, m in enumerate(found):
+            key = (m["op"], m["from"], m["to"], m["line"])
+            if key in done:
+                record["mutants"].append(done[key])
+                continue
+            (root / module).write_text(m["code"])
+            outcome, seconds = run_tests(root, files + nodes, 2 * base + 60, log)
+            (root / module).write_text(source)
+            row = {k: m[k] for k in ("line", "op", "from", "to")} | {"outcome": outcome, "s": round(seconds, 1)}
+            record["mutants"].append(row)
+            print(f"[{i + 1}/{len(found)}] {outcome:8s} {seconds:5.1f}s  L{m['line']} {m['op']}: {m['to']}",
+                  flush=True)
+            write(record)
+    return record
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def version() -> str:
+    from importlib.metadata import version as v
+
+    return v("cosmic-ray")
+
+
+def write(record: dict) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    tmp = result_path(record["module"]).with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=0) + "\n")
+    tmp.replace(result_path(record["module"]))
+
+
+def summary(record: dict) -> dict:
+    notes = equivalent_notes(record["module"])
+    n = len(record["mutants"])
+    killed = sum(m["outcome"] in ("killed", "timeout") for m in record["mutants"])
+    survivors = [m for m in record["mutants"] if m["outcome"] == "survived"]
+    equivalent = sum((m["op"], m["from"], m["to"]) in notes for m in survivors)
+    live = n - equivalent
+    return {"mutants": n, "killed": killed, "equivalent": equivalent, "survived": len(survivors) - equivalent,
+            "rate": killed / live if live else 1.0}
+
+
+def table() -> str:
+    rows = ["| module | mutants | killed | equivalent | survivors | kill rate | date |", "|---|---|---|---|---|---|---|"]
+    for path in sorted(RESULTS.glob("*.json")):
+        if path == EQUIVALENT:
+            continue
+        record = json.loads(path.read_text())
+        s = summary(record)
+        rows.append(f"| `{record['module']}` | {s['mutants']} | {s['killed']} | {s['equivalent']} | {s['survived']} "
+                    f"| {100 * s['rate']:.0f} % | {record['date']} |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("module", nargs="?", help="a .py file, relative to the repository root")
+    p.add_argument("--list", action="store_true", help="print the guarding tests and the mutants; run nothing")
+    p.add_argument("--table", action="store_true", help="print the kill-rate table of all recorded modules")
+    p.add_argument("--fresh", action="store_true", help="rerun every mutant, not only the survivors")
+    p.add_argument("--full", action="store_true", help="also run the slow registry tests (Ray, behaviour)")
+    args = p.parse_args(argv)
+    if args.table:
+        print(table())
+        return 0
+    if not args.module or not (REPO / args.module).is_file() or not args.module.endswith(".py"):
+        print(f"mutate: give a module as a .py path relative to the repository root (got {args.module!r})",
+              file=sys.stderr)
+        return 2
+    module = Path(args.module).as_posix()
+    if args.list:
+        files, nodes = guards(module, args.full)
+        print("\n".join(files + nodes))
+        for m in mutants((REPO / module).read_text()):
+            print(f"L{m['line']} {m['op']}: {m['from']}  ->  {m['to']}")
+        return 0
+    record = mutate(module, args.full, args.fresh)
+    s = summary(record)
+    print(f"{module}: {s['killed']}/{s['mutants']} killed, {s['equivalent']} equivalent, {s['survived']} "
+          f"survived: {100 * s['rate']:.0f} %")
+    for m in record["mutants"]:
+        if m["outcome"] == "survived" and (m["op"], m["from"], m["to"]) not in equivalent_notes(module):
+            print(f"  survived L{m['line']} {m['op']}: {m['from']}  ->  {m['to']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
