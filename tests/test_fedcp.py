@@ -3,6 +3,7 @@ output is the two heads' sum), the MMD² against a pairwise hand sum, a round's 
 frozen locally, the personal head uploaded under the global head's names and never overwritten, the new
 global head = the sample-weighted mean of the personal heads, the context never uploaded), -ala runs
 (-dp is refused: tests/test_dp_registry.py)."""
+import copy
 import math
 
 import pytest
@@ -104,3 +105,23 @@ def test_ala_runs(digits_tiny_root, tmp_path, capsys):
     assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedCP", "-ala", "-gr", "2", "-nc", "3",
                          "--executor", "sequential")) == 0
     assert "ALA adapts 2 tensor(s) (last 2 tensor(s), -p): head.weight, head.bias" in capsys.readouterr().out
+
+
+def test_loss_is_ce_of_the_gumbel_split_plus_lambda_mmd_to_the_received_extractor(digits_tiny_root):
+    server = make_server(digits_tiny_root, "-lam", "0.7")
+    c = server.clients[0]
+    server.send_models([c])
+    received = {k: v.clone() for k, v in c.model.base.state_dict().items()}
+    with torch.no_grad():  # local training has moved the extractor away from the received one
+        for p in c.model.base.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    x, y = c.x_train[:8], c.y_train[:8]
+    gen = torch.Generator().set_state(c.gumbel_gen.get_state())
+    got = c.loss(x, y)
+    with torch.no_grad():
+        h = c.model.base(x)
+        noise = -torch.empty(8, 2, h.shape[1]).exponential_(generator=gen).log()
+        ref_base = copy.deepcopy(c.model.base)
+        ref_base.load_state_dict(received)
+        want = nn.functional.cross_entropy(c.model.heads(h, noise), y) + 0.7 * mmd(h, ref_base(x))
+    torch.testing.assert_close(got.detach(), want)

@@ -48,9 +48,15 @@ def test_client_loss_and_running_mean_by_hand(digits_tiny_root):
     assert torch.allclose(loss, want, atol=1e-6)
     assert torch.allclose(c.running_mean, r.detach(), atol=1e-6) and not c.running_mean.requires_grad
     # the previous running mean is a constant: the MR gradient reaches the body only through this batch
-    (g_prbm,) = torch.autograd.grad(loss, [m.prbm])
+    (g_prbm,) = torch.autograd.grad(loss, [m.prbm], retain_graph=True)
     (g_hand,) = torch.autograd.grad(F.cross_entropy(m.head(rep.detach() + m.prbm), y), [m.prbm])
     assert torch.allclose(g_prbm, g_hand, atol=1e-6)
+    # ... and it does reach the body: the body's gradient is the hand loss's, MR's part included
+    body = list(m.base.parameters())
+    mr_only = torch.autograd.grad(7 * (0.5 * (r - c.global_mean) ** 2).mean(), body, retain_graph=True)
+    assert max(float(g.abs().max()) for g in mr_only) > 1e-3
+    for got, hand in zip(torch.autograd.grad(loss, body), torch.autograd.grad(want, body)):
+        torch.testing.assert_close(got, hand)
 
 
 def test_each_round_starts_a_fresh_running_mean(digits_tiny_root, monkeypatch):

@@ -91,3 +91,17 @@ def test_meme_is_averaged_and_the_local_model_stays(digits_tiny_root):
 def test_ala_runs_onto_the_meme(digits_tiny_root, tmp_path):
     assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FML", "-ala", "-gr", "2", "-nc", "3",
                          "--executor", "sequential", "-lr", "0.1")) == 0
+
+
+def test_client_objective_weights_each_model_by_its_own_parameter(digits_tiny_root):
+    server = build(digits_tiny_root, "-al", "0.2", "-bt", "0.7")  # unequal, so a swap shows
+    c = server.clients[0]
+    x, y = c.x_train[:6], c.y_train[:6]
+    with torch.no_grad():
+        lo, me = c.local(x), c.model(x)
+        p, q = lo.softmax(1), me.softmax(1)
+        kl_q_p = (q * (q.log() - p.log())).sum(1).mean()  # KL(p_meme || p_local)
+        kl_p_q = (p * (p.log() - q.log())).sum(1).mean()
+        ce = torch.nn.functional.cross_entropy
+        want = 0.2 * ce(lo, y) + 0.8 * kl_q_p + 0.7 * ce(me, y) + 0.3 * kl_p_q
+    torch.testing.assert_close(c.mutual_loss(x, y).detach(), want)

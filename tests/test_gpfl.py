@@ -87,3 +87,23 @@ def test_ala_runs(digits_tiny_root, tmp_path, capsys):
     assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "GPFL", "-ala", "-gr", "2", "-nc", "3",
                          "--executor", "sequential")) == 0
     assert "ALA adapts 2 tensor(s) (last 2 tensor(s), -p): cov.beta.2.weight, cov.beta.2.bias" in capsys.readouterr().out
+
+
+def test_loss_terms_and_which_embeddings_each_guidance_term_trains(digits_noniid_root):
+    server = make_server(digits_noniid_root, "-lam", "0.4", "-mu", "0")
+    server.send_models(server.clients)
+    c = server.clients[0]
+    m = c.model
+    with torch.no_grad():  # after local steps the trainable GCE differs from the round's frozen copy
+        m.gce.weight.add_(0.3 * torch.randn(m.gce.weight.shape, generator=torch.Generator().manual_seed(0)))
+    x, y = c.x_train[:6], c.y_train[:6]
+    got = c.loss(x, y)
+    f = m.base(x)
+    f_global = m.cov(f, c.cond_g)
+    task = torch.nn.functional.cross_entropy(m.head(m.cov(f, m.cond_p)), y)
+    angle = angle_loss(f_global, m.gce.weight, y)
+    want = task + angle + 0.4 * magnitude_loss(f_global, c.gce_frozen, y)
+    torch.testing.assert_close(got, want)
+    # the GCE learns from the angle-level term only (the magnitude term's embeddings are the frozen copy)
+    grad = torch.autograd.grad(got, m.gce.weight)[0]
+    torch.testing.assert_close(grad, torch.autograd.grad(angle, m.gce.weight)[0])
