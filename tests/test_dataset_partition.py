@@ -131,6 +131,34 @@ def test_dir_respects_least_samples_and_alpha_controls_skew():
     assert mean_classes_held(100.0) == NUM_CLASSES
 
 
+class Proportions:
+    """A stand-in generator whose Dirichlet draws are given in advance, one per class."""
+
+    def __init__(self, *draws):
+        self.draws = [np.asarray(d, dtype=float) for d in draws]
+
+    def dirichlet(self, alpha):
+        assert len(alpha) == len(self.draws[0])
+        return self.draws.pop(0)
+
+
+def test_dirichlet_counts_by_hand_with_the_client_size_cap():
+    # 3 classes of 10 among 2 clients: the cap is 30 / 2 = 15 samples
+    counts = P._dirichlet_counts([10, 10, 10], [np.arange(2)] * 3, 2, 0.1,
+                                 Proportions([1.0, 0.0], [0.5, 0.5], [0.7, 0.3]))
+    # class 0: 10 / 0; class 1 (client 0 at 10 < 15): 5 / 5; class 2: client 0 holds 15, so client 1 gets all 10
+    np.testing.assert_array_equal(counts, [[10, 0], [5, 5], [0, 10]])
+    # cuts floor the cumulative shares: 0.36 * 10 -> 3 (rounding would give 4), then 10 - 3
+    np.testing.assert_array_equal(P._dirichlet_counts([10], [np.arange(2)], 2, 0.1, Proportions([0.36, 0.64])),
+                                  [[3, 7]])
+
+
+def test_dirichlet_counts_fall_back_to_the_unmasked_draw_when_every_owner_is_full():
+    # class 1 has one owner, client 0, already over the cap (14 / 2 = 7): it still gets the whole class
+    counts = P._dirichlet_counts([10, 4], [np.arange(2), np.array([0])], 2, 0.1, Proportions([1.0, 0.0], [1.0]))
+    np.testing.assert_array_equal(counts, [[10, 0], [4, 0]])
+
+
 def test_exdir_clients_hold_only_their_k_classes():
     labels = make_labels()
     for seed in range(3):
@@ -175,7 +203,7 @@ def test_assign_classes_keeps_degrees(num_clients, num_classes, k):
     assert owners.max() - owners.min() <= 1
 
 
-@pytest.mark.parametrize("n,ratio,train", [(100, 0.75, 75), (7, 0.75, 5), (2, 0.75, 1), (2, 0.1, 1), (1, 0.75, 1),
+@pytest.mark.parametrize("n,ratio,train", [(100, 0.75, 75), (7, 0.75, 5), (9, 0.75, 7), (2, 0.75, 1), (2, 0.1, 1), (1, 0.75, 1),
                                            (0, 0.75, 0), (10, 0.99, 9)])
 def test_split_train_test_sizes(n, ratio, train):
     idx = np.arange(1000, 1000 + n)

@@ -309,3 +309,41 @@ def test_privatize_handles_scalar_parameters():
     # sample 0: norm 5 -> scaled by 1/5; sample 1: norm 0.5 -> kept; then the mean over the batch
     assert torch.allclose(out["alpha"], torch.tensor((3.0 / 5 + 0.0) / 2), atol=1e-5)
     assert torch.allclose(out["w"], torch.tensor([4.0 / 5 / 2, 0.5 / 2]), atol=1e-5)
+
+
+def test_pseudo_gradient_of_several_steps_is_the_mean_step():
+    start = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5])}
+    g = [torch.tensor([0.3, -0.6]), torch.tensor([0.9, 0.0]), torch.tensor([-0.3, 1.2])]  # three steps at lr 0.2
+    after = {"w": start["w"] - 0.2 * sum(g), "b": start["b"]}
+    back = dlg.pseudo_gradient(start, after, lr=0.2, steps=3, names=["w"])
+    assert list(back) == ["w"]
+    torch.testing.assert_close(back["w"], torch.tensor([0.3, 0.2]))  # (g1 + g2 + g3) / 3
+
+
+def test_update_target_of_a_round_of_several_steps(digits_tiny_root, monkeypatch):
+    """The attacked target of --dlg_target update is (W_start - W_up) / (lr · K), K = -ls · ceil(n / -lbs)."""
+    from flcore.registry import get_server_class
+    from utils.data_utils import load_split
+
+    cfg = main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedAvg", "--executor", "sequential",
+                                "-lr", "0.05", "-lbs", "20", "-ls", "2", "-nc", "3", "-dlg", "-dlgg", "1",
+                                "--dlg_iters", "1", "-bnpc", "1", "--dlg_clients", "1", "--dlg_target", "update"))
+    data = load_split("Digits", digits_tiny_root, 3)
+    server = get_server_class("FedAvg")(cfg.replace(num_classes=data.num_classes), data, 0, None)
+    start = {k: v.clone() for k, v in server.global_model.state_dict().items()}
+    targets, uploads = [], []
+    attack = dlg.reconstruct
+    monkeypatch.setattr(dlg, "reconstruct", lambda model, target, *a, **k: targets.append(target) or
+                        attack(model, target, *a, **k))
+    receive = server.receive_models
+    monkeypatch.setattr(server, "receive_models", lambda cs: uploads.extend(receive(cs)) or uploads[-len(cs):])
+    server.run_round(0)
+    assert len(targets) == 1
+    n = {c.id: c.train_samples for c in server.clients}
+    matches = []
+    for u in uploads:
+        k = 2 * math.ceil(n[u.id] / 20)
+        assert k > 2  # several steps per epoch
+        want = {name: (start[name] - u.state[name]) / (0.05 * k) for name in targets[0]}
+        matches.append(all(torch.allclose(targets[0][name], want[name], atol=1e-6) for name in want))
+    assert sum(matches) == 1  # the attacked client's (and nobody else's)
