@@ -291,3 +291,29 @@ def test_resume_continues_the_noise_stream_and_the_accountant(digits_tiny_root, 
     for key in ("rs_test_acc", "rs_dp_epsilon_max", "rs_dp_clip_norm"):
         assert list(resumed[key]) == list(base[key]), key
     assert base["rs_dp_clip_norm"][-1] != 0.05  # adaptive clipping moved the clip norm
+
+
+def test_a_server_round_with_dropped_clients_releases_the_formula_over_the_selection(digits_tiny_root, monkeypatch):
+    """Through the server: 5 selected, some dropped (-cdr); the global model moves by Σ clip_S(D_i) / m + z S / m ξ
+    with m = 5 (the selection, not the uploads), every update clipped to S, the noise the seeded stream's."""
+    from utils.data_utils import load_split
+
+    cfg = main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedAvg", "--executor", "sequential",
+                                "-lr", "0.1", "-lbs", "20", "-nc", "5", "-cdr", "0.5", "-dp", "--dp_level", "client",
+                                "--dp_clip", "0.1", "-dps", "0.7"))
+    data = load_split("Digits", digits_tiny_root, 5)
+    server = get_server_class("FedAvg")(cfg.replace(num_classes=data.num_classes), data, 0, None)
+    start = {k: v.clone() for k, v in server.global_model.state_dict().items()}
+    raw = []
+    receive = server.receive_models
+    monkeypatch.setattr(server, "receive_models", lambda cs: raw.extend(receive(cs)) or raw[-len(cs):])
+    server.run_round(0)
+    assert len(server.selected) == 5 and 0 < len(raw) < 5, (len(server.selected), len(raw))
+    deltas = [{k: u.state[k].detach() - start[k] for k in start} for u in raw]
+    norms = [math.sqrt(sum(float(d.pow(2).sum()) for d in delta.values())) for delta in deltas]
+    assert min(norms) > 0.1  # every update is clipped
+    gen = torch_gen(cfg.seed, 0, "dp-client-noise")
+    for k, v in server.global_model.state_dict().items():
+        total = sum(d[k] * (0.1 / n) for d, n in zip(deltas, norms))
+        want = start[k] + total / 5 + 0.7 * 0.1 / 5 * torch.randn(start[k].shape, generator=gen)
+        torch.testing.assert_close(v, want, atol=1e-6, rtol=1e-5)

@@ -22,7 +22,7 @@ from flcore.clients.clientavg import FedAvgClient
 from flcore.registry import ALGORITHMS, get_server_class
 from flcore.servers.serveravg import FedAvgServer
 from flcore.servers.serverbase import Server
-from runtime.executors import ClientHandle
+from runtime.executors import ClientHandle, balance
 from runtime.fork import ForkExecutor
 from utils.data_utils import load_split
 from utils.errors import FLError
@@ -483,6 +483,15 @@ def test_parked_clients_give_the_same_run_with_a_round_of_memory(mode, executor,
         live = [c for c in server.clients if "parked_in" not in vars(c)]
         assert len(live) == store.capacity == 2  # int(0.4 * 5) clients stay live
         assert sorted(store.live) == sorted(c.id for c in live) and store.stores >= 3 and store.loads >= 1
+
+
+def test_balance_places_the_largest_first_on_the_lightest_worker():
+    # sizes by position: largest first 9 (1) -> w0, 7 (3) -> w1, 5 (0) -> w1 (7 < 9), 3 (4) -> w0 (9 < 12),
+    # 2 (2) -> w0 (a tie at 12 goes to the first worker): loads 14 and 12
+    assert balance([5, 9, 2, 7, 3], 2) == [[1, 2, 4], [0, 3]]
+    # three workers: 9 -> w0, 7 -> w1, 5 -> w2, 3 -> w2 (5 lightest), 2 -> w1 (7 < 8 < 9)
+    assert balance([5, 9, 2, 7, 3], 3) == [[1], [2, 3], [0, 4]]
+    assert balance([4, 1], 5) == [[0], [1]]  # never more workers than clients
 
 
 def test_tensor_pool_holds_equal_tensors_once():
