@@ -340,6 +340,11 @@ def mutate(module: str, full: bool, fresh: bool) -> dict:
             print(f"[{i + 1}/{len(found)}] {outcome:8s} {seconds:5.1f}s  L{m['line']} {m['op']}: {m['to']}",
                   flush=True)
             write(record)
+    # The kill rate before the tests written against this run's survivors: kept from the first run.
+    killed = sum(m["outcome"] != "survived" for m in record["mutants"])
+    record["first"] = previous.get("first") or {"mutants": len(record["mutants"]), "killed": killed,
+                                                "survived": len(record["mutants"]) - killed, "date": record["date"]}
+    write(record)
     return record
 
 
@@ -372,14 +377,17 @@ def summary(record: dict) -> dict:
 
 
 def table() -> str:
-    rows = ["| module | mutants | killed | equivalent | survivors | kill rate | date |", "|---|---|---|---|---|---|---|"]
+    rows = ["| module | mutants | killed | equivalent | survivors | kill rate | first run | date |",
+            "|---|---|---|---|---|---|---|---|"]
     for path in sorted(RESULTS.glob("*.json")):
         if path == EQUIVALENT:
             continue
         record = json.loads(path.read_text())
         s = summary(record)
+        first = record.get("first", {})
+        before = f"{first['killed']}/{first['mutants']}" if first else ""
         rows.append(f"| `{record['module']}` | {s['mutants']} | {s['killed']} | {s['equivalent']} | {s['survived']} "
-                    f"| {100 * s['rate']:.0f} % | {record['date']} |")
+                    f"| {100 * s['rate']:.0f} % | {before} | {record['date']} |")
     return "\n".join(rows)
 
 
