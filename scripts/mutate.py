@@ -138,6 +138,9 @@ def operators() -> dict:
         def pairs(self, node):
             if not call_trailer(node) or len(node.children) != 3 or node.children[1].type != "arglist":
                 return []
+            before = node.get_previous_sibling()
+            if before is not None and before.type == "trailer" and before.children[-1].get_code() == "add_argument":
+                return []  # a flag's option strings: their order means nothing to argparse
             args = [a for a in node.children[1].children if a.type != "operator"]
             pos = []
             for a in args:
@@ -225,9 +228,13 @@ def guards(module: str, full: bool = False) -> tuple[list[str], list[str]]:
     parent, stem = name.rpartition(".")[::2]
     imports = re.compile(rf"^\s*(from\s+{re.escape(name)}\s+import|import\s+{re.escape(name)}\b"
                          rf"|from\s+{re.escape(parent)}\s+import\s+[^#\n]*\b{re.escape(stem)}\b)", re.M)
-    files = sorted({f"tests/{p.name}" for p in (REPO / "tests").glob("test_*.py") if imports.search(p.read_text())}
-                   | set(EXTRA.get(module, ())))
     algos = algorithms_of(module)
+    # an algorithm's own tests build it by name: get_server_class("FD"), "-algo", "FD"
+    named = re.compile("|".join(rf'get_server_class\("{re.escape(a)}"\)|"-algo", "{re.escape(a)}"' for a in algos)) \
+        if algos else None
+    files = sorted({f"tests/{p.name}" for p in (REPO / "tests").glob("test_*.py")
+                    if imports.search(p.read_text()) or (named and named.search(p.read_text()))}
+                   | set(EXTRA.get(module, ())))
     nodes = []
     if algos:
         listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=",
