@@ -34,3 +34,13 @@ def test_bad_weights_rejected():
         weighted_average([{"w": torch.zeros(1)}], [0])
     with pytest.raises(ValueError):
         weighted_average([{"w": torch.zeros(1)}], [1, 2])
+
+
+def test_integer_entries_round_rather_than_truncate_and_keys_restrict():
+    a = {"n": torch.tensor(10), "w": torch.tensor([1.0]), "skip": torch.tensor([5.0])}
+    b = {"n": torch.tensor(20), "w": torch.tensor([4.0]), "skip": torch.tensor([7.0])}
+    out = weighted_average([a, b], [1, 2], keys=["n", "w"])  # n: 10/3 + 40/3 = 16.67 -> 17 (truncating: 16)
+    assert set(out) == {"n", "w"} and int(out["n"]) == 17 and out["n"].dtype == torch.int64
+    assert torch.allclose(out["w"], torch.tensor([3.0]))
+    with pytest.raises(ValueError):
+        weighted_average([a, b], [-1, 2])
