@@ -1,5 +1,7 @@
-"""docs/benchmark.md's rows from the benchmark sweep: accuracy over the seeds of one sweep, seconds per
-round from a second, timing-only sweep of seed 0 run alone on a quiet machine.
+"""docs/benchmark.md's rows from the benchmark sweeps.
+
+The quick protocol: accuracy over the seeds of one sweep, seconds per round from a second, timing-only
+sweep of seed 0 run alone on a quiet machine.
 
     python scripts/sweep.py --config scripts/benchmark_zoo.json                                   # 3 seeds
     python scripts/sweep.py --config scripts/benchmark_zoo.json --seeds 0 --out results/benchmark_timing
@@ -10,6 +12,21 @@ seed 0 must reproduce the accuracy sweep's seed 0 exactly: every row is checked,
 error. Seconds per round are wall time, which other processes on the machine inflate; the accuracy sweep
 may share the machine, the timing sweep should not. The rows replace the block between
 ``<!-- rows:begin -->`` and ``<!-- rows:end -->`` of the document.
+
+Protocol B, converged (``--protocol converged``):
+
+    python scripts/sweep.py --config scripts/benchmark_converged.json -j 2   # both splits, 3 seeds
+    python scripts/benchmark_report.py --protocol converged                  # export, rows, figures
+
+reads the sweep's results, writes a compact export of every run (``docs/benchmarks/converged.json``: per
+split and algorithm the command, and per seed the accuracy curve, bytes, seconds per round and the code's
+commit; what every table cell and figure is drawn from, so a reader can redraw any curve without the h5
+files), then from the export alone: the two tables (best and last accuracy, PFLlib's published leaderboard
+value beside every algorithm it has, ``docs/benchmarks/pfllib_leaderboard.json``), the flatness check, the
+Spearman rank correlation with PFLlib's ordering, and the figures (curves of the traditional and the
+personalised groups with ±1 std bands, this library's ranks against PFLlib's). ``--export-only`` /
+``--from-export`` split the two halves. Each table replaces the block between ``<!-- converged-<split>:begin
+-->`` and its ``end`` marker.
 """
 from __future__ import annotations
 
@@ -26,6 +43,12 @@ sys.path.insert(0, str(REPO / "scripts"))
 import table  # noqa: E402
 
 BEGIN, END = "<!-- rows:begin -->", "<!-- rows:end -->"
+EXPORT = REPO / "docs" / "benchmarks" / "converged.json"
+LEADERBOARD = REPO / "docs" / "benchmarks" / "pfllib_leaderboard.json"
+SPLITS = {"FMNIST_pat_s2000": "pat", "FMNIST_dir0.1_s2000": "dir"}  # Protocol B's splits -> leaderboard column
+# The traditional-FL group of the figures (evaluated on the global model); every other algorithm is personalised.
+TRADITIONAL = ("FedAvg", "FedProx", "SCAFFOLD", "FedDyn", "MOON", "FedLC", "FedGen", "FedNTD", "FedCross")
+FLAT_PT, FLAT_TAIL, FLAT_TOP = 0.5, 0.2, 5  # the flatness criterion: see flatness()
 
 
 def seed0_curve(row: table.Row) -> np.ndarray | None:

@@ -289,11 +289,35 @@ def run_job(job: Job, keep_checkpoints: bool, threads: int = 0) -> tuple[int, st
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if threads:  # parallel jobs share the cores instead of each taking all of them
             env.setdefault("OMP_NUM_THREADS", str(threads))
-        proc = subprocess.run(job.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
-        log.write(f"# exit {proc.returncode}\n")
+        proc = subprocess.Popen(job.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)  # the exit status and this child's own resource usage
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        cpu = usage.ru_utime + usage.ru_stime  # the job and its worker processes
+        log.write(f"# exit {proc.returncode}, {cpu:.1f} CPU-s\n")
+        add_cpu_seconds(job, cpu)
     if proc.returncode == 0 and not keep_checkpoints:
         job.ckpt.unlink(missing_ok=True)
     return proc.returncode, "resumed" if resumed else ""
+
+
+def add_cpu_seconds(job: Job, seconds: float) -> None:
+    """Add one attempt's CPU time (user + system, of the job and every process it waited for) to
+    ``<out>/logs/<result name>.cpu.json``: what a sweep costs, whatever else ran on the machine."""
+    path = job.log.with_suffix(".cpu.json")
+    try:
+        spent = json.loads(path.read_text())
+    except (OSError, ValueError):
+        spent = {"cpu_s": 0.0, "attempts": 0}
+    spent = {"cpu_s": round(spent["cpu_s"] + seconds, 2), "attempts": spent["attempts"] + 1}
+    path.write_text(json.dumps(spent) + "\n")
+
+
+def cpu_seconds(job: Job) -> float | None:
+    """The CPU seconds recorded for ``job`` over all its attempts (None when none was recorded)."""
+    try:
+        return float(json.loads(job.log.with_suffix(".cpu.json").read_text())["cpu_s"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def run_jobs(jobs: list[Job], workers: int, keep_checkpoints: bool = False, progress: bool = True) -> list:

@@ -4,6 +4,7 @@ stopping the others."""
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -121,7 +122,7 @@ def test_failures_reported_and_the_others_run(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "ran").exists()  # the job after the failed one still ran
     err = capsys.readouterr().err
     assert "FAILED (exit code 3)" in err and str(bad.log) in err and "boom" in bad.log.read_text()
-    assert bad.log.read_text().rstrip().endswith("# exit 3")
+    assert re.search(r"\n# exit 3, \d+\.\d CPU-s$", bad.log.read_text().rstrip())
 
 
 def test_a_job_running_elsewhere_is_left_alone(tmp_path, monkeypatch):
@@ -175,6 +176,11 @@ def test_skip_complete_and_resume_killed(digits_tiny_root, tmp_path, capsys):
     with h5py.File(killed.h5, "r") as f:
         assert list(f["rs_round"][()]) == [0, 1, 2, 3]
     assert sweep.is_complete(done) and not killed.ckpt.exists() and not done.ckpt.exists()
+    # each job's CPU time (the child's own: importing torch alone takes more than a CPU-second), one attempt
+    for job in jobs:
+        assert sweep.cpu_seconds(job) > 1.0
+        assert json.loads(job.log.with_suffix(".cpu.json").read_text())["attempts"] == 1
+        assert job.log.read_text().rstrip().endswith(f"{sweep.cpu_seconds(job):.1f} CPU-s")
     # a second sweep runs nothing: files and logs untouched
     before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()}
     assert sweep.main(args) == 0
