@@ -31,6 +31,7 @@ personalised groups with ±1 std bands, this library's ranks against PFLlib's). 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -93,13 +94,232 @@ def rows_markdown(acc_rows: list[table.Row], time_rows: dict[str, table.Row]) ->
     return "\n".join(lines), problems
 
 
+# ---- Protocol B, converged -----------------------------------------------------------------------------
+def export_converged(results: str, out: Path = EXPORT) -> dict:
+    """Every complete run of the converged sweep, per split and algorithm: the reproducing command and per
+    seed the accuracy curve, bytes per round, seconds per round, the CPU seconds the sweep recorded and the
+    code's commit. Written to ``out`` (JSON) and returned."""
+    import sweep
+
+    rows = table.aggregate(table.load_runs([results]), ["dataset", "algorithm"])
+    splits: dict = {}
+    for row in rows:
+        split, name = row.group
+        runs = sorted(row.runs, key=lambda r: r.meta.get("run", 0))
+        entry = {"command": table.reproduce_command(runs[0].config, [r.meta.get("run", 0) for r in runs]),
+                 "runs": []}
+        for r in runs:
+            cpu = sweep.cpu_seconds(sweep.Job([], r.path.stem, r.path.parent, 0))
+            entry["runs"].append({
+                "run": r.meta.get("run", 0), "status": r.meta.get("status"),
+                "commit": r.meta.get("git_commit"),
+                "rounds": [int(v) for v in r.series["rs_round"]],
+                "test_acc": [round(float(v), 6) for v in r.series["rs_test_acc"]],
+                "mb_up": round(float(np.mean(r.series["rs_bytes_up"])) / 1e6, 4) if "rs_bytes_up" in r.series else None,
+                "mb_down": round(float(np.mean(r.series["rs_bytes_down"])) / 1e6, 4) if "rs_bytes_down" in r.series else None,
+                "s_per_round": round(table.run_metrics(r, None)["time"], 4),
+                "cpu_s": cpu})
+        splits.setdefault(split, {})[name] = entry
+    data = {"protocol": json.loads((REPO / "scripts" / "benchmark_converged.json").read_text())["description"],
+            "splits": splits}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def best_last(entry: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Per seed: best and last test accuracy (%)."""
+    accs = [np.asarray(r["test_acc"]) * 100 for r in entry["runs"]]
+    return np.array([a.max() for a in accs]), np.array([a[-1] for a in accs])
+
+
+def flatness(entry: dict) -> float:
+    """How much the best accuracy still rose over the last ``FLAT_TAIL`` of the rounds (points, mean over
+    seeds): the best over all evaluations minus the best up to round (1 - FLAT_TAIL) * R. The curves have
+    flattened when the top ``FLAT_TOP`` rows of a table each moved less than ``FLAT_PT``."""
+    moved = []
+    for r in entry["runs"]:
+        rounds, acc = np.asarray(r["rounds"]), np.asarray(r["test_acc"]) * 100
+        cut = rounds <= (1 - FLAT_TAIL) * rounds[-1]
+        moved.append(acc.max() - acc[cut].max())
+    return float(np.mean(moved))
+
+
+def leaderboard_names(board: dict) -> dict:
+    """PFLlib's row names -> this library's."""
+    return {k: board.get("names", {}).get(k, k) for k in board["rows"]}
+
+
+def spearman(ours: dict, theirs: dict) -> tuple[float, int]:
+    """Spearman's rank correlation of two {algorithm: value} orderings over the algorithms both have."""
+    from scipy.stats import spearmanr
+
+    common = sorted(set(ours) & set(theirs))
+    if len(common) < 3:
+        return float("nan"), len(common)
+    return float(spearmanr([ours[a] for a in common], [theirs[a] for a in common]).statistic), len(common)
+
+
+def ranks(values: dict) -> dict:
+    """1 = highest value; ties share the mean rank."""
+    from utils.metrics import average_ranks
+
+    names = list(values)
+    r = average_ranks(-np.array([values[n] for n in names], dtype=float))
+    return dict(zip(names, r))
+
+
+def converged_markdown(data: dict, board: dict, split: str) -> tuple[str, dict]:
+    """One split's table and its summary (Spearman, flatness, CPU-hours, largest rank disagreements)."""
+    column = SPLITS[split]
+    published = {leaderboard_names(board)[k]: v[column] for k, v in board["rows"].items()}
+    entries = data["splits"][split]
+    order = table.registry_order()
+    names = sorted(entries, key=lambda n: order.index(n.split("+")[0]) if n.split("+")[0] in order else len(order))
+    stats = {n: best_last(entries[n]) for n in names}
+    top_best = max(stats[n][0].mean() for n in names)
+    top_last = max(stats[n][1].mean() for n in names)
+    lines = ["| algorithm | best acc (%) | last acc (%) | PFLlib, full scale (%) | still rising (pt) | "
+             "MB/round up / down | s/round | seeds |", "|---|---|---|---|---|---|---|---|"]
+    for n in names:
+        b, l = stats[n]
+        runs = entries[n]["runs"]
+        cells = [f"{b.mean():.2f} ± {b.std():.2f}", f"{l.mean():.2f} ± {l.std():.2f}"]
+        cells = [f"**{c}**" if m == t else c for c, m, t in zip(cells, (b.mean(), l.mean()), (top_best, top_last))]
+        pub = published.get(n)
+        cells.append(f"{pub[0]:.2f} ± {pub[1]:.2f}" if pub else "-")
+        cells.append(f"{flatness(entries[n]):.2f}")
+        up = [r["mb_up"] for r in runs if r["mb_up"] is not None]
+        down = [r["mb_down"] for r in runs if r["mb_down"] is not None]
+        cells.append(f"{np.mean(up):.2f} / {np.mean(down):.2f}" if up and down else "-")
+        cells.append(f"{np.mean([r['s_per_round'] for r in runs]):.2f}")
+        cells.append(str(len(runs)))
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    ours = {n: float(stats[n][0].mean()) for n in names}
+    theirs = {n: v[0] for n, v in published.items()}
+    rho, k = spearman(ours, theirs)
+    common = sorted(set(ours) & set(theirs))
+    r_ours, r_theirs = ranks({n: ours[n] for n in common}), ranks({n: theirs[n] for n in common})
+    top = sorted(names, key=lambda n: -ours[n])[:FLAT_TOP]
+    cpu = [r["cpu_s"] for n in names for r in entries[n]["runs"]]
+    summary = {"spearman": rho, "common": k, "flat_top": {n: flatness(entries[n]) for n in top},
+               "disagreements": sorted(((n, r_ours[n], r_theirs[n]) for n in common),
+                                       key=lambda t: -abs(t[1] - t[2]))[:5],
+               "cpu_hours": sum(c for c in cpu if c is not None) / 3600, "cpu_missing": sum(c is None for c in cpu),
+               "ranks": (r_ours, r_theirs), "runs": len(cpu)}
+    return "\n".join(lines), summary
+
+
+def summary_markdown(split: str, s: dict) -> str:
+    flat = ", ".join(f"{n} {v:.2f}" for n, v in s["flat_top"].items())
+    ok = all(v < FLAT_PT for v in s["flat_top"].values())
+    worst = "; ".join(f"{n} {a:g} here vs {b:g} in PFLlib" for n, a, b in s["disagreements"])
+    cpu = f"{s['cpu_hours']:.2f} CPU-hours over {s['runs']} runs" + (
+        f" ({s['cpu_missing']} runs without a CPU record)" if s["cpu_missing"] else "")
+    return (f"- Flatness (best accuracy gained over the last {FLAT_TAIL:.0%} of rounds, top {FLAT_TOP}): {flat}: "
+            f"{'holds' if ok else 'does NOT hold'} (< {FLAT_PT} pt each).\n"
+            f"- Spearman rank correlation with PFLlib's column over the {s['common']} algorithms both have: "
+            f"{s['spearman']:.2f}. Largest rank differences (1 = best): {worst}.\n"
+            f"- Cost: {cpu}.")
+
+
+def plot_converged(data: dict, board: dict, out: Path) -> list[Path]:
+    """Curves of each split's traditional and personalised groups (mean ± std over seeds) and one figure
+    of this library's ranks against PFLlib's."""
+    import plot
+
+    plt = plot.plt
+    written = []
+    with plt.rc_context(plot.STYLE):
+        for split, entries in data["splits"].items():
+            for group, members in (("traditional", [n for n in entries if n in TRADITIONAL]),
+                                   ("pfl", [n for n in entries if n not in TRADITIONAL])):
+                if not members:
+                    continue
+                fig, ax = plt.subplots(figsize=(7.5, 5))
+                for n in members:
+                    runs = entries[n]["runs"]
+                    k = min(len(r["test_acc"]) for r in runs)
+                    ys = np.array([r["test_acc"][:k] for r in runs]) * 100
+                    (line,) = ax.plot(runs[0]["rounds"][:k], ys.mean(0), lw=1.2, label=f"{n} (n={len(runs)})")
+                    if len(runs) > 1:
+                        ax.fill_between(runs[0]["rounds"][:k], ys.mean(0) - ys.std(0), ys.mean(0) + ys.std(0),
+                                        color=line.get_color(), alpha=0.15, lw=0)
+                ax.set_xlabel("round")
+                ax.set_ylabel("test accuracy (%)")
+                ax.set_title(f"{split}: {'traditional FL' if group == 'traditional' else 'personalised FL'}")
+                ax.legend(fontsize=6, ncol=2 if len(members) > 12 else 1)
+                written += plot.save(fig, out, f"converged_{split}_{group}")
+        splits = [s for s in data["splits"] if s in SPLITS]
+        fig, axes = plt.subplots(1, len(splits), figsize=(5.5 * len(splits), 5), squeeze=False)
+        for ax, split in zip(axes[0], splits):
+            _, s = converged_markdown(data, board, split)
+            r_ours, r_theirs = s["ranks"]
+            for n in r_ours:
+                ax.scatter(r_theirs[n], r_ours[n], s=14)
+                ax.annotate(n, (r_theirs[n], r_ours[n]), fontsize=7, xytext=(3, 2), textcoords="offset points")
+            lim = len(r_ours) + 1
+            ax.plot([0, lim], [0, lim], color="grey", lw=0.8, ls="--")
+            ax.set_ylim(lim, 0)  # rank 1 at the top right
+            ax.set_xlim(lim, 0)
+            ax.set_xlabel("rank in PFLlib's leaderboard (1 = best)")
+            ax.set_ylabel("rank here, Protocol B")
+            ax.set_title(f"{split}: Spearman {s['spearman']:.2f} (n={s['common']})")
+        written += plot.save(fig, out, "converged_ranks")
+    return written
+
+
+def write_block(doc: Path, name: str, text: str) -> None:
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    body = doc.read_text()
+    if begin not in body or end not in body:
+        raise table.TableError(f"{doc} lacks the {begin} / {end} markers")
+    head, rest = body.split(begin, 1)
+    doc.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
+
+
+def report_converged(args) -> int:
+    board = json.loads(LEADERBOARD.read_text())
+    try:
+        data = json.loads(args.export.read_text()) if args.from_export else export_converged(args.results, args.export)
+    except (table.TableError, OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"export: {args.export}")
+    if args.export_only:
+        return 0
+    for split in data["splits"]:
+        if split not in SPLITS:
+            continue
+        text, s = converged_markdown(data, board, split)
+        block = text + "\n\n" + summary_markdown(split, s)
+        if args.print:
+            print(f"## {split}\n{block}\n")
+        else:
+            write_block(args.doc, f"converged-{SPLITS[split]}", block)
+            print(f"wrote {split}'s rows to {args.doc}")
+    for path in plot_converged(data, board, args.figures):
+        print(path)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default=str(REPO / "results" / "benchmark"), help="the accuracy sweep's folder")
     p.add_argument("--timing", default=str(REPO / "results" / "benchmark_timing"), help="the timing sweep's folder")
     p.add_argument("--doc", type=Path, default=REPO / "docs" / "benchmark.md")
     p.add_argument("--print", action="store_true", help="print the rows instead of writing the document")
+    p.add_argument("--protocol", default="quick", choices=["quick", "converged"],
+                   help="quick: the 5-round table; converged: Protocol B (--results defaults to its sweep's folder)")
+    p.add_argument("--export", type=Path, default=EXPORT, help="converged: the compact export of every run")
+    p.add_argument("--export-only", action="store_true", help="converged: write the export, nothing else")
+    p.add_argument("--from-export", action="store_true", help="converged: tables and figures from the export alone")
+    p.add_argument("--figures", type=Path, default=REPO / "docs" / "img", help="converged: where figures go")
     args = p.parse_args(argv)
+    if args.protocol == "converged":
+        if args.results == str(REPO / "results" / "benchmark"):
+            args.results = str(REPO / "results" / "benchmark_converged")
+        return report_converged(args)
     try:
         acc_rows = table.aggregate(table.load_runs([args.results]), ["algorithm"])
         time_rows = {r.group[0]: r for r in table.aggregate(table.load_runs([args.timing]), ["algorithm"])}

@@ -1,0 +1,80 @@
+"""scripts/benchmark_report.py's Protocol B half: the export of real result files, and the table, flatness
+check and rank correlation computed from hand-made exports whose values are worked out by hand."""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import benchmark_report as br  # noqa: E402
+
+
+def run(acc, rounds=None, up=2.0, down=3.0, s=0.5, cpu=10.0):
+    rounds = list(range(len(acc))) if rounds is None else rounds
+    return {"run": 0, "status": "finished", "commit": "x", "rounds": rounds, "test_acc": acc, "mb_up": up,
+            "mb_down": down, "s_per_round": s, "cpu_s": cpu}
+
+
+def test_flatness_is_the_best_gained_after_the_first_80_percent_of_rounds():
+    # rounds 0..10: the best up to round 8 is 0.60 (round 5), the best overall 0.63 (round 9): 3 points;
+    # a second seed that peaked early gained nothing: the mean is 1.5
+    rising = run([0.1, 0.2, 0.3, 0.4, 0.5, 0.60, 0.55, 0.58, 0.59, 0.63, 0.62])
+    early = run([0.1, 0.9, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.85, 0.8])
+    assert br.flatness({"runs": [rising]}) == pytest.approx(3.0)
+    assert br.flatness({"runs": [early]}) == pytest.approx(0.0)
+    assert br.flatness({"runs": [rising, early]}) == pytest.approx(1.5)
+
+
+def test_spearman_by_hand():
+    # ours orders A > B > C > D; PFLlib's values order C > D > B > A -> ascending ranks (4,3,2,1) vs
+    # (1,2,4,3): d = 3, 1, -2, -2, sum d^2 = 18, rho = 1 - 6 * 18 / (4 * (16 - 1)) = -0.8
+    ours = {"A": 90.0, "B": 80.0, "C": 70.0, "D": 60.0, "only-here": 50.0}
+    theirs = {"A": 1.0, "B": 2.0, "C": 4.0, "D": 3.0, "only-there": 9.0}
+    rho, n = br.spearman(ours, theirs)
+    assert n == 4 and rho == pytest.approx(-0.8)
+    assert br.ranks({"a": 3.0, "b": 5.0, "c": 3.0}) == {"a": 2.5, "b": 1.0, "c": 2.5}
+
+
+def test_converged_table_by_hand():
+    """Two algorithms over two seeds: best/last mean ± population std, the PFLlib cell, the bold best,
+    bytes and seconds means, the flatness column and the summary lines."""
+    rounds = list(range(6))  # the last 20 % of 5 rounds: round 5 alone
+    data = {"splits": {"FMNIST_pat_s2000": {
+        "FedAvg": {"command": "c1", "runs": [run([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], rounds, 2.0, 4.0, 1.0, 3600.0),
+                                             run([0.1, 0.2, 0.3, 0.4, 0.5, 0.4], rounds, 4.0, 6.0, 2.0, 3600.0)]},
+        "FedALA": {"command": "c2", "runs": [run([0.5, 0.9, 0.9, 0.9, 0.9, 0.9], rounds, 1.0, 1.0, 1.0, None)]}}}}
+    board = {"rows": {"FedAvg": {"pat": [80.41, 0.08]}, "FedALA": {"pat": [99.57, 0.01]},
+                      "FedRep": {"pat": [99.0, 0.1]}}}
+    text, s = br.converged_markdown(data, board, "FMNIST_pat_s2000")
+    lines = text.splitlines()
+    # FedAvg: best 60 and 50 -> 55.00 ± 5.00, last 60 and 40 -> 50.00 ± 10.00; still rising: seed 0 gained
+    # 60 - 50 = 10 points in round 5, seed 1 nothing -> 5.00; MB 3.00 / 5.00; s/round 1.50
+    assert lines[2] == "| FedAvg | 55.00 ± 5.00 | 50.00 ± 10.00 | 80.41 ± 0.08 | 5.00 | 3.00 / 5.00 | 1.50 | 2 |"
+    assert lines[3] == "| FedALA | **90.00 ± 0.00** | **90.00 ± 0.00** | 99.57 ± 0.01 | 0.00 | 1.00 / 1.00 | 1.00 | 1 |"
+    assert s["common"] == 2 and np.isnan(s["spearman"])  # fewer than three in common: no correlation
+    assert s["cpu_hours"] == pytest.approx(2.0) and s["cpu_missing"] == 1
+    summary = br.summary_markdown("FMNIST_pat_s2000", s)
+    assert "FedALA 0.00, FedAvg 5.00: does NOT hold" in summary and "2.00 CPU-hours over 3 runs" in summary
+
+
+def test_export_holds_each_runs_curve_and_command(digits_tiny_root, tmp_path):
+    import main
+    from conftest import cli
+
+    out = tmp_path / "res"
+    assert main.main(cli(digits_tiny_root, out, "-gr", "2", "-lr", "0.1", "--executor", "sequential", "-t", "2")) == 0
+    data = br.export_converged(str(out), tmp_path / "export.json")
+    assert json.loads((tmp_path / "export.json").read_text()) == data
+    entry = data["splits"]["Digits"]["FedAvg"]
+    assert "-pv" not in entry["command"] and "-t 2" in entry["command"] and "-gr 2" in entry["command"]
+    import h5py
+
+    for i, r in enumerate(entry["runs"]):
+        with h5py.File(out / f"Digits_FedAvg_test_{i}.h5", "r") as f:
+            assert r["run"] == i and r["rounds"] == [0, 1, 2]
+            assert np.allclose(r["test_acc"], f["rs_test_acc"][()], atol=1e-6)
+            assert r["mb_up"] == pytest.approx(np.mean(f["rs_bytes_up"][()]) / 1e6, abs=1e-4)
+        assert r["cpu_s"] is None  # not run by a sweep
