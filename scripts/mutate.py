@@ -57,7 +57,8 @@ EXTRA = {
 # the behaviour harness's training runs (seconds per algorithm; the full suite runs them).
 SLOW = re.compile(r"test_ray_|test_behaviour\.py::test_(learns|personalized_beats|no_algorithm_is_local)")
 REGISTRY_TESTS = ["tests/test_algorithms.py", "tests/test_behaviour.py", "tests/test_comm.py",
-                  "tests/test_dp_client.py", "tests/test_dp_registry.py", "tests/test_executors.py"]
+                  "tests/test_documented_defaults.py", "tests/test_dp_client.py", "tests/test_dp_registry.py",
+                  "tests/test_executors.py"]
 
 # cosmic-ray operators used: one opposite for each operator, so a module has tens of mutants, not hundreds.
 CORE = ["ReplaceBinaryOperator_Add_Sub", "ReplaceBinaryOperator_Sub_Add", "ReplaceBinaryOperator_Mul_Div",
@@ -318,8 +319,11 @@ def mutate(module: str, full: bool, fresh: bool) -> dict:
     previous = json.loads(out.read_text()) if out.exists() else {}
     # Resuming: a mutant already killed on this very source stays killed (tests are only ever added);
     # survivors are run again, so a new test shows at once. --fresh runs everything.
-    done = {} if fresh or previous.get("sha") != sha(source) else {
+    same = not fresh and previous.get("sha") == sha(source)
+    done = {} if not same else {
         (m["op"], m["from"], m["to"], m["line"]): m for m in previous["mutants"] if m["outcome"] != "survived"}
+    survivors = set() if not same else {
+        (m["op"], m["from"], m["to"], m["line"]) for m in previous["mutants"] if m["outcome"] == "survived"}
     for name in PREIMPORT:
         try:
             __import__(name)
@@ -346,6 +350,10 @@ def mutate(module: str, full: bool, fresh: bool) -> dict:
             outcome, seconds = run_tests(root, files + nodes, 2 * base + 60, log)
             (root / module).write_text(source)
             row = {k: m[k] for k in ("line", "op", "from", "to")} | {"outcome": outcome, "s": round(seconds, 1)}
+            if outcome == "killed":
+                row["by"] = next(iter(re.findall(r"^(?:FAILED|ERROR) (\S+)", log.read_text(), re.M)), "")
+            if key in survivors:
+                row["was"] = "survived"  # an earlier run's survivor: ``by`` is the test that now kills it
             record["mutants"].append(row)
             print(f"[{i + 1}/{len(found)}] {outcome:8s} {seconds:5.1f}s  L{m['line']} {m['op']}: {m['to']}",
                   flush=True)
@@ -401,16 +409,39 @@ def table() -> str:
     return "\n".join(rows)
 
 
+def survivors_report() -> str:
+    """For docs/testing.md: each module's survivors, equivalent (why) or live, and the earlier survivors
+    that a test written since kills (which test)."""
+    out = []
+    for path in sorted(RESULTS.glob("*.json")):
+        if path == EQUIVALENT:
+            continue
+        record = json.loads(path.read_text())
+        notes = equivalent_notes(record["module"])
+        rows = []
+        for m in record["mutants"]:
+            what = f"L{m['line']} {m['op']}: `{m['from']}` → `{m['to']}`"
+            if m["outcome"] == "survived":
+                why = notes.get((m["op"], m["from"], m["to"]))
+                rows.append(f"- {what}: " + (f"equivalent: {why}" if why else "**survives**"))
+            elif m.get("was") == "survived":
+                rows.append(f"- {what}: killed by `{m.get('by') or 'the tests'}`")
+        if rows:
+            out += [f"`{record['module']}`", "", *rows, ""]
+    return "\n".join(out).strip()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("module", nargs="?", help="a .py file, relative to the repository root")
     p.add_argument("--list", action="store_true", help="print the guarding tests and the mutants; run nothing")
-    p.add_argument("--table", action="store_true", help="print the kill-rate table of all recorded modules")
+    p.add_argument("--table", action="store_true",
+                   help="print the kill-rate table of all recorded modules and their survivors")
     p.add_argument("--fresh", action="store_true", help="rerun every mutant, not only the survivors")
     p.add_argument("--full", action="store_true", help="also run the slow registry tests (Ray, behaviour)")
     args = p.parse_args(argv)
     if args.table:
-        print(table())
+        print(table() + "\n\n" + survivors_report())
         return 0
     if not args.module or not (REPO / args.module).is_file() or not args.module.endswith(".py"):
         print(f"mutate: give a module as a .py path relative to the repository root (got {args.module!r})",

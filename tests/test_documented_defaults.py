@@ -1,0 +1,47 @@
+"""Every algorithm's own flags default to the values docs/algorithms.md gives for them (the papers' where they
+give one): a changed default, in the code or in the docs, fails here. Each "`-flag` [symbol] value" of a
+row's flags column with a number or on/off is checked, outside parentheses (which name alternatives). A
+default of None means "resolved from other flags" (FedAMP's per-kernel ξ_ii and σ, FedKD's -mlr = -lr):
+their own tests check the resolution."""
+import re
+
+import pytest
+
+import main
+from conftest import REPO
+from flcore.registry import ALGORITHMS, get_server_class
+
+ROWS = {}
+for line in (REPO / "docs" / "algorithms.md").read_text().splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cells) == 5 and cells[0] in ALGORITHMS:
+        ROWS[cells[0]] = cells[3]
+# "`-mu` μ 5", "`-pls` 10 head epochs", "`--adapt_alpha` on": the flag, an optional symbol, the value
+PAIR = re.compile(r"`(-{1,2}[\w-]+)`\s+(?:[^\s`\d(=-][^\s`(]*\s+)?(on|off|[-+]?\d[\d.]*(?:e[-+]?\d+)?)\b")
+
+
+def documented(algo: str) -> list[tuple[str, str]]:
+    return PAIR.findall(re.sub(r"\([^()]*\)", "", ROWS[algo]))
+
+
+def test_every_algorithm_has_a_row_and_the_rows_are_read():
+    assert set(ROWS) == set(ALGORITHMS)
+    assert documented("MOON") == [("-mu", "5"), ("-tau", "0.5")]
+    assert ("--adapt_alpha", "on") in documented("APFL") and ("-lf", "off") in documented("FedGen")
+    assert sum(len(documented(a)) for a in ALGORITHMS) > 60
+
+
+@pytest.mark.parametrize("algo", sorted(a for a in ALGORITHMS if PAIR.search(ROWS.get(a, ""))))
+def test_defaults_are_the_documented_ones(algo):
+    parser = main.base_parser()
+    get_server_class(algo).add_args(parser)
+    cfg = main.parse_config(["-algo", algo])
+    for flag, value in documented(algo):
+        dest = parser._option_string_actions[flag].dest
+        got = getattr(cfg, dest)
+        if got is None:
+            continue
+        if value in ("on", "off"):
+            assert got is (value == "on"), (algo, flag, got)
+        else:
+            assert got == pytest.approx(float(value)), (algo, flag, got)
