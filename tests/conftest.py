@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib.util
-import inspect
 from pathlib import Path
 
 import pytest
@@ -14,24 +13,17 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 # Two test processes on two cores spin-wait on each other's OpenMP threads; one thread each is faster.
 torch.set_num_threads(1)
 
-OPTIONAL = {"opacus": ('"-dp"', "opacus", "privacy=True", "DPSGD")}  # package -> what marks a test needing it
-
 
 def pytest_collection_modifyitems(config, items):
-    """Tests of a feature whose optional package (requirements-optional.txt) is absent skip with a reason;
-    Ray's tests skip through their fixture."""
-    for package, marks in OPTIONAL.items():
-        if importlib.util.find_spec(package) is not None:
-            continue
-        skip = pytest.mark.skip(reason=f"needs {package} (pip install -r requirements-optional.txt)")
-        for item in items:
-            try:
-                source = inspect.getsource(item.function)
-            except (OSError, TypeError):
-                continue
-            if any(m in source for m in marks) or any(m in str(item.callspec.params) for m in marks
-                                                      if hasattr(item, "callspec")):
-                item.add_marker(skip)
+    """A test marked ``optional_deps("opacus", ...)`` needs those packages of requirements-optional.txt; it
+    skips with a reason where one is absent (``pytest -m optional_deps`` runs just these, as .ci/run does)."""
+    found: dict[str, bool] = {}
+    for item in items:
+        for mark in item.iter_markers("optional_deps"):
+            absent = [p for p in mark.args if not found.setdefault(p, importlib.util.find_spec(p) is not None)]
+            if absent:
+                item.add_marker(pytest.mark.skip(
+                    reason=f"needs {', '.join(absent)} (pip install -r requirements-optional.txt)"))
 
 
 @pytest.fixture(scope="session")

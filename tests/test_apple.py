@@ -123,7 +123,7 @@ def test_core_rate_and_momentum_defaults_follow_the_official_code(digits_root):
     (("--sgd_momentum", "1"), "--sgd_momentum < 1"),
     (("--sgd_momentum", "-0.1"), "--sgd_momentum < 1"),
     (("--core_lr_scale", "0"), "--core_lr_scale > 0"),
-    (("-dp",), "drop -dp"),
+    pytest.param(("-dp",), "drop -dp", marks=pytest.mark.optional_deps("opacus")),
 ])
 def test_bad_flags_end_with_one_line(flags, words, digits_root, tmp_path, capsys):
     assert main.main(cli(digits_root, tmp_path, "-algo", "APPLE", "-gr", "1", *flags)) == 2

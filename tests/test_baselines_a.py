@@ -280,6 +280,7 @@ def test_ditto_with_ala_initialises_w_and_leaves_v(digits_root):
     assert same(client.anchor, params(server.global_model))
 
 
+@pytest.mark.optional_deps("opacus")
 def test_fine_tuning_under_dp_trains_the_copy_and_is_counted(digits_root):
     """-dp: the evaluation fine-tune is DP-SGD on the copy (it moves), each of its steps is in the accountant,
     and its noise never shifts training's stream."""

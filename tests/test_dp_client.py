@@ -147,6 +147,7 @@ def hand_epsilon(z: float, rounds: int, delta: float) -> float:
                for a in OPACUS_ALPHAS)
 
 
+@pytest.mark.optional_deps("opacus")
 def test_epsilon_without_subsampling_matches_a_hand_computation():
     model = tiny_model()
     dp = privacy.ClientLevelDP(stub_cfg(dp_sigma=2.0), run=0)
@@ -156,6 +157,7 @@ def test_epsilon_without_subsampling_matches_a_hand_computation():
     assert dp.epsilon(1e-5) == pytest.approx(hand_epsilon(2.0, 5, 1e-5), rel=1e-9)
 
 
+@pytest.mark.optional_deps("opacus")
 def test_a_declared_refusal_is_one_line_at_start_up(monkeypatch):
     monkeypatch.setattr(get_server_class("FedAvg"), "dp_client_refusal", "it aggregates per client", raising=False)
     with pytest.raises(FLError, match="^--dp_level client: FedAvg is refused: it aggregates per client; use"):
@@ -225,6 +227,7 @@ class Counted:
         return self.global_params()
 
 
+@pytest.mark.optional_deps("opacus")
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
 def test_client_dp_is_refused_or_counted_and_applied(algo, digits_tiny_root, monkeypatch, capsys):
     root = digits_tiny_root
@@ -259,6 +262,7 @@ def test_client_dp_is_refused_or_counted_and_applied(algo, digits_tiny_root, mon
     assert shift < 1e-5, f"{algo}: the global model moved by {shift} with every update clipped to 1e-7"
 
 
+@pytest.mark.optional_deps("opacus")
 def test_resume_continues_the_noise_stream_and_the_accountant(digits_tiny_root, tmp_path, monkeypatch):
     """The server's noise stream, clip norm (adaptive) and accountant history are checkpointed: a run that
     crashes in round 2 and resumes ends exactly as the uninterrupted run."""

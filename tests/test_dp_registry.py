@@ -112,6 +112,7 @@ def _rdp_epsilon(counts: tuple, delta: float) -> float:
     return acc.get_epsilon(delta)
 
 
+@pytest.mark.optional_deps("opacus")
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
 def test_dp_is_refused_or_counted_and_applied(algo, digits_tiny_root, monkeypatch, capsys):
     root = digits_tiny_root
@@ -144,6 +145,7 @@ def test_dp_is_refused_or_counted_and_applied(algo, digits_tiny_root, monkeypatc
     assert moved(after_one, run.start) > 1e-3  # without it, one round does move them
 
 
+@pytest.mark.optional_deps("opacus")
 def test_each_uncovered_step_is_in_docs_and_warned(digits_tiny_root, capsys):
     """The per-algorithm list (``dp_uncovered`` on the servers, ALA with -ala) is the table in
     docs/privacy.md, and a -dp run prints it as one warning line at start-up."""
@@ -170,6 +172,7 @@ def test_each_uncovered_step_is_in_docs_and_warned(digits_tiny_root, capsys):
                    f"(see docs/privacy.md)"]
 
 
+@pytest.mark.optional_deps("opacus")
 def test_training_that_bypasses_dp_is_an_error(digits_tiny_root, monkeypatch):
     """The guard: a client that trained under -dp with an empty accountant stops the run (no epsilon 0)."""
     from flcore.clients.clientbase import Client
@@ -180,6 +183,7 @@ def test_training_that_bypasses_dp_is_an_error(digits_tiny_root, monkeypatch):
                                          str(digits_tiny_root / "guard"))))
 
 
+@pytest.mark.optional_deps("opacus")
 def test_secure_rng_differs_between_runs_seeded_noise_does_not(digits_tiny_root, monkeypatch):
     runs = {}
     for name, extra in (("seeded", ()), ("seeded2", ()), ("secure", ("--dp_secure_rng",)),

@@ -34,6 +34,7 @@ SEQUENTIAL = ("--executor", "sequential")
 FORK = ("--executor", "fork", "--workers", "2")
 RAY = ("--executor", "ray", "--workers", "2")
 ON = {"sequential": SEQUENTIAL, "fork": FORK, "ray": RAY}
+WITH_RAY = pytest.param("ray", marks=pytest.mark.optional_deps("ray"))  # the executor parameter "ray"
 
 
 # ---- helpers -----------------------------------------------------------------------------------------
@@ -108,7 +109,7 @@ def sequential_run(digits_tiny_root, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ray_pool(digits_tiny_root):
-    ray = pytest.importorskip("ray")
+    import ray
     from runtime.raypool import RayExecutor, init_ray
 
     init_ray(num_cpus=2)
@@ -119,7 +120,8 @@ def ray_pool(digits_tiny_root):
 
 
 def pool_for(executor: str, request):
-    """The shared Ray pool for ``ray`` (skipped without Ray); None (one made from the flags) otherwise."""
+    """The shared Ray pool for ``ray`` (tests that use it are marked ``optional_deps("ray")``); None (one made
+    from the flags) otherwise."""
     return request.getfixturevalue("ray_pool") if executor == "ray" else None
 
 
@@ -131,6 +133,7 @@ def test_fork_matches_sequential(algo, digits_tiny_root, tmp_path, sequential_ru
     assert_same(seq, run_main(digits_tiny_root, tmp_path, *two_rounds(algo), *FORK))
 
 
+@pytest.mark.optional_deps("ray")
 @pytest.mark.parametrize("algo", ALGOS)
 def test_ray_matches_sequential(algo, digits_tiny_root, tmp_path, sequential_run, ray_pool, one_thread):
     seq = sequential_run(*two_rounds(algo))
@@ -233,7 +236,7 @@ def kill_worker_at(monkeypatch, round_idx: int, worker: int, every_time: bool = 
     return killed
 
 
-@pytest.mark.parametrize("executor", ["fork", "ray"])
+@pytest.mark.parametrize("executor", ["fork", WITH_RAY])
 def test_killed_worker_resumes_from_checkpoint(executor, digits_tiny_root, tmp_path, sequential_run, monkeypatch,
                                                capsys, request, one_thread):
     pool = pool_for(executor, request)
@@ -245,7 +248,7 @@ def test_killed_worker_resumes_from_checkpoint(executor, digits_tiny_root, tmp_p
     assert_same(base, got)
 
 
-@pytest.mark.parametrize("executor", ["fork", "ray"])
+@pytest.mark.parametrize("executor", ["fork", WITH_RAY])
 def test_killed_worker_without_checkpoint_replays_from_round_0(executor, digits_tiny_root, tmp_path, sequential_run,
                                                                monkeypatch, capsys, request, one_thread):
     """Ditto builds its personal model from the initial global model when a client is constructed: the
@@ -291,7 +294,7 @@ def scaled_server(root, out, executor=None) -> ScaledServer:
                         executor=executor)
 
 
-@pytest.mark.parametrize("executor", ["fork", "ray"])
+@pytest.mark.parametrize("executor", ["fork", WITH_RAY])
 def test_rebuilt_clients_get_the_servers_setup_calls_again(executor, digits_tiny_root, tmp_path, monkeypatch,
                                                            request, one_thread):
     if executor == "ray":

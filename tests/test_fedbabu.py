@@ -71,7 +71,7 @@ def test_evaluated_model_is_the_received_one_fine_tuned(digits_noniid_root):
     assert all(not torch.equal(got[k], before[k]) for k in got)  # body and head alike are fine-tuned
 
 
-@pytest.mark.parametrize("dp", [(), ("-dp",)], ids=["plain", "dp"])
+@pytest.mark.parametrize("dp", [(), pytest.param(("-dp",), marks=pytest.mark.optional_deps("opacus"))], ids=["plain", "dp"])
 def test_evaluation_never_changes_the_federated_run(dp, digits_noniid_root):
     runs = []
     for eg in ("1", "100"):  # every round evaluated (fine-tunes) vs round 0 only
@@ -84,6 +84,7 @@ def test_evaluation_never_changes_the_federated_run(dp, digits_noniid_root):
         assert same(state(a.model), state(b.model))
 
 
+@pytest.mark.optional_deps("opacus")
 def test_dp_counts_the_fine_tune_steps(digits_noniid_root):
     server = make_server(digits_noniid_root, "-lr", "0.1", "-dp", "-fte", "2", "--train_loss_eval", "off")
     server.run_round(0)  # evaluation (2 fine-tune epochs) then training (1 epoch)

@@ -2,6 +2,7 @@
 the local steps and the client state update, the server's h and model update on toy states, -ala and -dp."""
 
 import numpy as np
+import pytest
 import torch
 from torch.func import functional_call
 
@@ -105,6 +106,7 @@ def test_feddyn_with_ala_anchors_to_the_received_global_model(digits_root):
     assert np.isfinite(server.evaluate()["train_loss"])
 
 
+@pytest.mark.optional_deps("opacus")
 def test_dp_adds_the_regulariser_after_clipping(digits_root):
     """With a clip norm of ~0 and no noise the data term vanishes: one step is then the regulariser's
     gradient alone, unclipped (post-processing of the private release)."""

@@ -4,6 +4,7 @@ gradients of the whole loss (teacher included) match plain autograd."""
 import math
 
 import numpy as np
+import pytest
 import torch
 
 import main
@@ -88,6 +89,7 @@ def test_teacher_is_the_received_global_model_with_ala(digits_root):
     assert np.isfinite(server.evaluate()["train_loss"])
 
 
+@pytest.mark.optional_deps("opacus")
 def test_dp_per_sample_gradients_include_the_distillation_term(digits_root):
     """-dp with no noise and no clipping is plain SGD on the same loss: the per-sample machinery sees the
     teacher (an untrained client module) and the not-true gather under vmap."""

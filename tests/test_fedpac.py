@@ -135,6 +135,7 @@ def test_ala_runs_on_the_body(digits_tiny_root):
         assert torch.equal(body["conv1.0.weight"], glob["conv1.0.weight"])
 
 
+@pytest.mark.optional_deps("opacus")
 def test_dp_is_refused(digits_tiny_root, capsys):
     assert main.main(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedPAC", "-gr", "1", "-dp")) == 2
     err = capsys.readouterr().err

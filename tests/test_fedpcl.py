@@ -104,7 +104,7 @@ def test_evaluation_is_the_nearest_own_prototype(digits_tiny_root):
         assert torch.equal(m(c.x_test).argmax(1), expected)
 
 
-@pytest.mark.parametrize("flag", ["-ala", "-dp"])
+@pytest.mark.parametrize("flag", ["-ala", pytest.param("-dp", marks=pytest.mark.optional_deps("opacus"))])
 def test_ala_and_dp_are_refused(flag, digits_tiny_root, capsys):
     assert main.main(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedPCL", "-gr", "1", flag)) == 2
     err = capsys.readouterr().err

@@ -117,6 +117,7 @@ def test_lg_fedavg_with_ala_adapts_the_received_head(digits_root, tmp_path):
     assert main.main(cli(digits_root, tmp_path, "-algo", "LG-FedAvg", "-ala", "-gr", "2", "-lr", "0.1")) == 0
 
 
+@pytest.mark.optional_deps("opacus")
 @pytest.mark.parametrize("algo", ["FedPer", "LG-FedAvg"])
 def test_dp_runs_with_positive_epsilon(algo, digits_root, tmp_path):
     assert main.main(cli(digits_root, tmp_path, "-algo", algo, "-gr", "2", "-lr", "0.1", "-dp", "-dps", "1.0")) == 0

@@ -121,7 +121,7 @@ def test_evaluation_uses_the_global_prototypes_after_the_first_round(digits_tiny
     assert torch.equal(m.prototypes[3], server.global_protos[3])
 
 
-@pytest.mark.parametrize("flag", ["-ala", "-dp"])
+@pytest.mark.parametrize("flag", ["-ala", pytest.param("-dp", marks=pytest.mark.optional_deps("opacus"))])
 def test_ala_and_dp_are_refused(flag, digits_tiny_root, capsys):
     assert main.main(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedProto", "-gr", "1", flag)) == 2
     err = capsys.readouterr().err

@@ -94,6 +94,7 @@ def test_mu_zero_is_fedavg_exactly(digits_tiny_root, tmp_path):
     assert not np.array_equal(fedavg["rs_train_loss"][2:], moon["rs_train_loss"][2:])
 
 
+@pytest.mark.optional_deps("opacus")
 def test_dp_gradient_of_the_contrastive_objective_without_noise_or_clipping(digits_root):
     """The frozen global and previous models are constants of the per-sample gradient: with sigma 0 and no
     clipping, DP-SGD's gradient is the plain batch gradient of MOON's objective."""
@@ -113,6 +114,7 @@ def test_dp_gradient_of_the_contrastive_objective_without_noise_or_clipping(digi
     assert all(p.grad is None for p in c0.prev_model.parameters())
 
 
+@pytest.mark.optional_deps("opacus")
 def test_dp_and_ala_runs(digits_tiny_root, tmp_path):
     dp = run(digits_tiny_root, tmp_path / "dp", "-dp", "-dps", "1.0")
     assert dp["rs_dp_epsilon_max"][-1] > 0 and np.all(np.isfinite(dp["rs_test_acc"]))

@@ -98,6 +98,7 @@ def test_lambda_zero_is_local(digits_tiny_root, tmp_path):
     assert not np.array_equal(local["rs_test_acc"], read_h5(tmp_path / "Digits_FedMTL_lam_0.h5")["rs_test_acc"])
 
 
+@pytest.mark.optional_deps("opacus")
 def test_ala_refused_and_dp_runs(digits_tiny_root, tmp_path):
     with pytest.raises(FLError, match="-ala"):
         main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedMTL", "-ala"))

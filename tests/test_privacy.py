@@ -173,6 +173,7 @@ PUBLISHED = [(4.0, 0.01, 10000, 1.26), (1.12, 256 / 60000, 60 * 60000 // 256, 2.
              (1.2, 256 / 60000, 10 * 60000 // 256, 1.20)]
 
 
+@pytest.mark.optional_deps("opacus")
 @pytest.mark.parametrize("sigma,q,steps,eps", PUBLISHED)
 def test_accountant_matches_published_epsilons(sigma, q, steps, eps):
     from opacus.accountants import RDPAccountant
@@ -188,6 +189,7 @@ def test_accountant_matches_published_epsilons(sigma, q, steps, eps):
     assert got == pytest.approx(balle, rel=1e-9) and got < classic
 
 
+@pytest.mark.optional_deps("opacus")
 def test_dp_sgd_without_noise_or_clipping_is_plain_sgd(digits_root):
     cfg = main.parse_config(cli(digits_root, digits_root, "-dp", "-dps", "1", "--dp_clip", "1e9", "-gr", "1",
                                 "--executor", "sequential"))
@@ -208,6 +210,7 @@ def test_dp_sgd_without_noise_or_clipping_is_plain_sgd(digits_root):
     assert client.dp.history == [(0.0, cfg.batch_size / client.train_samples, 1)]
 
 
+@pytest.mark.optional_deps("opacus")
 def test_dp_refuses_batchnorm():
     from flcore.trainmodel.models import resnet18
 
@@ -254,6 +257,7 @@ def test_dlg_leaves_training_untouched(digits_root, tmp_path):
     assert np.array_equal(runs[0]["rs_train_loss"], runs[1]["rs_train_loss"])
 
 
+@pytest.mark.optional_deps("opacus")
 def test_dp_run_records_epsilon_per_client(digits_root, tmp_path):
     """FedALA with DP-SGD (FedAvg's client is the base one, tested above): two rounds, epsilon per client
     from the steps each took so far (round 2: twice round 1's), and an attack on the DP-trained upload."""
