@@ -15,7 +15,8 @@ from flcore.clients.clientbase import Upload
 from flcore.registry import get_server_class
 from flcore.servers.serverpfedme import PFedMeServer
 from utils.data_utils import load_split
-from utils.personal_aggregation import amp_attention, apple_lambda, attentive_message, fomo_weights
+from utils.personal_aggregation import (amp_attention, apple_lambda, attentive_message, fomo_affinity_step,
+                                         fomo_scores, fomo_weights)
 
 
 def make_server(root, algo, *flags):
@@ -160,10 +161,22 @@ def test_fedphp_loss_is_ce_plus_distillation_from_the_private_model(digits_root)
 
 # ---- FedFomo -------------------------------------------------------------------------------------
 def test_fomo_weights_are_zero_for_neighbours_that_raise_the_loss():
-    w = fomo_weights(1.0, [0.5, 1.5, 0.8], [1.0, 1.0, 0.5])
-    # raw: (1-0.5)/1 = 0.5, (1-1.5)/1 < 0 -> 0, (1-0.8)/0.5 = 0.4; normalised by 0.9
-    assert torch.allclose(w, torch.tensor([5 / 9, 0.0, 4 / 9], dtype=torch.float64))
-    assert torch.equal(fomo_weights(1.0, [1.2, 3.0], [1.0, 2.0]), torch.zeros(2, dtype=torch.float64))
+    scores = fomo_scores(1.0, [0.5, 1.5, 0.8], [1.0, 2.0, 0.5])
+    # (1-0.5)/1 = 0.5, (1-1.5)/2 = -0.25, (1-0.8)/0.5 = 0.4
+    assert torch.allclose(scores, torch.tensor([0.5, -0.25, 0.4], dtype=torch.float64))
+    # clipped at 0, normalised by 0.9
+    assert torch.allclose(fomo_weights(scores), torch.tensor([5 / 9, 0.0, 4 / 9], dtype=torch.float64))
+    assert torch.equal(fomo_weights(fomo_scores(1.0, [1.2, 3.0], [1.0, 2.0])), torch.zeros(2, dtype=torch.float64))
+
+
+def test_fomo_affinity_moves_by_the_scores_over_their_absolute_sum():
+    """The official code's affinity update: the harmful neighbour loses affinity (|Σ| = 0.65)."""
+    step = fomo_affinity_step(torch.tensor([0.5, -0.25, 0.4], dtype=torch.float64))
+    assert torch.allclose(step, torch.tensor([0.5 / 0.65, -0.25 / 0.65, 0.4 / 0.65], dtype=torch.float64))
+    # a negative sum: the signs stay (|-0.3| = 0.3)
+    step = fomo_affinity_step(torch.tensor([0.1, -0.4], dtype=torch.float64))
+    assert torch.allclose(step, torch.tensor([1 / 3, -4 / 3], dtype=torch.float64))
+    assert torch.equal(fomo_affinity_step(torch.zeros(2, dtype=torch.float64)), torch.zeros(2, dtype=torch.float64))
 
 
 def test_fomo_client_moves_only_toward_neighbours_that_help(digits_root):
@@ -175,6 +188,7 @@ def test_fomo_client_moves_only_toward_neighbours_that_help(digits_root):
     bad = perturbed(client.model, seed=1, scale=3.0)  # garbage: higher validation loss
     client.receive({3: bad})
     assert client.last_weights == {3: 0.0}
+    assert client.affinity[3] == -1.0  # its score over its own absolute value
     assert all(torch.equal(v, own[k]) for k, v in state(client.model).items())  # kept as it was
     good_model = copy.deepcopy(client.model)  # fitted on the validation split: surely lower loss there
     opt = torch.optim.SGD(good_model.parameters(), lr=0.1)
@@ -186,7 +200,7 @@ def test_fomo_client_moves_only_toward_neighbours_that_help(digits_root):
     client.receive({2: good, 3: bad})
     assert client.last_weights[3] == 0.0 and client.last_weights[2] == pytest.approx(1.0)
     assert all(torch.allclose(v, good[k]) for k, v in state(client.model).items())
-    assert client.affinity[2] > client.affinity.get(3, 0.0)
+    assert client.affinity[2] > 0 > client.affinity[3]
 
 
 def test_fomo_greedy_choice_follows_affinity(digits_root):

@@ -111,3 +111,9 @@ def test_nothing_critical_is_fedavg(digits_tiny_root):
 def test_refusals(flags, message, digits_tiny_root):
     with pytest.raises(FLError, match=message):
         main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCAC", *flags))
+
+
+def test_defaults_are_the_official_cifar10_configuration(digits_tiny_root):
+    """τ 0.5 with β 100, the official CIFAR-10 config (its CIFAR-100 pair is τ 0.4, β 170)."""
+    cfg = main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCAC"))
+    assert (cfg.tau, cfg.beta) == (0.5, 100.0)

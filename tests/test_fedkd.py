@@ -44,9 +44,12 @@ def test_zero_matrix_keeps_nothing():
 
 
 def test_threshold_schedule_by_hand():
-    assert energy_threshold(0.95, 0.98, 0, 10) == pytest.approx(0.95)
-    assert energy_threshold(0.95, 0.98, 5, 10) == pytest.approx(0.965)
-    assert energy_threshold(0.95, 0.98, 9, 10) == pytest.approx(0.95 + 0.03 * 9 / 10)
+    """Rounds counted from 1 (the official code's (1 + t) / R): round 0 of 10 is a tenth of the way, the
+    last round is at T_end."""
+    assert energy_threshold(0.95, 0.98, 0, 10) == pytest.approx(0.953)
+    assert energy_threshold(0.95, 0.98, 4, 10) == pytest.approx(0.965)
+    assert energy_threshold(0.95, 0.98, 9, 10) == pytest.approx(0.98)
+    assert energy_threshold(0.6, 0.9, 1, 3) == pytest.approx(0.8)
     assert energy_threshold(0.9, 0.9, 3, 10) == pytest.approx(0.9)
 
 
@@ -59,7 +62,7 @@ def test_upload_is_the_factors_at_the_rounds_threshold(digits_tiny_root):
     c.train(2)
     up = c.upload()
     assert up.state is None
-    energy = 0.6 + 0.3 * 2 / 4  # T(2) with R = 4 rounds
+    energy = 0.825  # T(2) with R = 4 rounds: 0.6 + 0.3 * 3 / 4
     dense = 0
     factored = 0
     for k, v in c.model.state_dict().items():

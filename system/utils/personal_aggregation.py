@@ -42,13 +42,25 @@ def amp_attention(sq_dists: torch.Tensor, alpha_k: float, sigma: float) -> torch
 
 
 # ---- FedFomo -----------------------------------------------------------------------------------------
-def fomo_weights(own_loss: float, losses: Sequence[float], dists: Sequence[float]) -> torch.Tensor:
-    """FedFomo's first-order weights (Zhang et al., ICLR 2021): w_n = max(0, (L(θ_i) - L(θ_n)) /
-    ||θ_n - θ_i||), normalised to sum to one; all zeros when no neighbour lowers the validation loss."""
-    gain = (own_loss - torch.as_tensor(losses, dtype=torch.float64))
-    w = (gain / torch.as_tensor(dists, dtype=torch.float64).clamp_min(1e-12)).clamp_min(0.0)
+def fomo_scores(own_loss: float, losses: Sequence[float], dists: Sequence[float]) -> torch.Tensor:
+    """FedFomo's first-order scores (Zhang et al., ICLR 2021, Eq. 6): (L(θ_i) - L(θ_n)) / ||θ_n - θ_i||,
+    negative for a neighbour that raises the validation loss."""
+    gain = own_loss - torch.as_tensor(losses, dtype=torch.float64)
+    return gain / torch.as_tensor(dists, dtype=torch.float64).clamp_min(1e-12)
+
+
+def fomo_weights(scores: torch.Tensor) -> torch.Tensor:
+    """The update's weights: max(0, score), normalised to sum to one; all zeros when no neighbour lowers
+    the validation loss."""
+    w = scores.clamp_min(0.0)
     total = w.sum()
     return w / total if total > 0 else w
+
+
+def fomo_affinity_step(scores: torch.Tensor) -> torch.Tensor:
+    """What each neighbour's affinity changes by: its score over |Σ scores| (at least 1e-9), as the official
+    code does, so a neighbour that raises the loss loses affinity."""
+    return scores / scores.sum().abs().clamp_min(1e-9)
 
 
 # ---- APPLE -------------------------------------------------------------------------------------------

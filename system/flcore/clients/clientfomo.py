@@ -8,7 +8,7 @@ from torch import nn
 from flcore.clients.clientbase import Client
 from utils.aggregate import weighted_average
 from utils.metrics import predict
-from utils.personal_aggregation import flat, fomo_weights
+from utils.personal_aggregation import flat, fomo_affinity_step, fomo_scores, fomo_weights
 from utils.seeding import np_rng, torch_gen
 
 
@@ -21,7 +21,7 @@ class FedFomoClient(Client):
         self.x_val, self.y_val = self.x_train[val], self.y_train[val]
         self.x_train, self.y_train = self.x_train[keep], self.y_train[keep]
         self.train_samples = len(self.y_train)
-        self.affinity: dict[int, float] = {}  # client id -> summed FedFomo weights it earned here
+        self.affinity: dict[int, float] = {}  # client id -> its summed normalised scores here
         self.neighbour_rng = np_rng(cfg.seed, run, "fomo-neighbours", cid)
         self.scratch = copy.deepcopy(self.model)
         self.last_weights: dict[int, float] = {}
@@ -48,8 +48,9 @@ class FedFomoClient(Client):
 
     def receive(self, states: dict, participating: bool = True) -> None:
         """``states``: the models of the neighbours this client asked for (``choose_neighbours``), by id.
-        Weight them on the validation split and initialise from their weighted mean (θ_i + Σ w_n (θ_n - θ_i)
-        with Σ w_n = 1); keep θ_i when none lowers the loss."""
+        Score them on the validation split, initialise from their weighted mean (θ_i + Σ w_n (θ_n - θ_i)
+        with Σ w_n = 1; keep θ_i when none lowers the loss) and move each one's affinity by its normalised
+        score."""
         if not states:
             return
         keys = [n for n, _ in self.model.named_parameters()]
@@ -60,10 +61,11 @@ class FedFomoClient(Client):
             losses.append(self.val_loss(self.scratch))
             dists.append(float((flat(s, keys) - own).norm()))
         self.model.train()
-        w = fomo_weights(own_loss, losses, dists)
+        scores = fomo_scores(own_loss, losses, dists)
+        w = fomo_weights(scores)
         self.last_weights = dict(zip(states, w.tolist()))
-        for j, wj in self.last_weights.items():
-            self.affinity[j] = self.affinity.get(j, 0.0) + wj
+        for j, step in zip(states, fomo_affinity_step(scores).tolist()):
+            self.affinity[j] = self.affinity.get(j, 0.0) + step
         if w.sum() > 0:
             self.scratch.load_state_dict(weighted_average(list(states.values()), w.tolist()))
             self.initialize_local(self.model, self.scratch, participating)

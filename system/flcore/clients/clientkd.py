@@ -14,8 +14,9 @@ from flcore.trainmodel.parts import head_of
 
 
 def energy_threshold(t_start: float, t_end: float, round_idx: int, rounds: int) -> float:
-    """T(t) = T_start + (T_end - T_start) t / R for round t = 0 .. R-1 (the paper's dynamic threshold)."""
-    return t_start + (t_end - t_start) * round_idx / max(rounds, 1)
+    """T(t) = T_start + (T_end - T_start) (t + 1) / R for round t = 0 .. R-1: the paper's dynamic threshold
+    with rounds counted from 1, as the official code does, so the last round compresses at T_end."""
+    return t_start + (t_end - t_start) * (round_idx + 1) / max(rounds, 1)
 
 
 def svd_compress(matrix: torch.Tensor, energy: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -8,9 +8,11 @@ validation split of its training data and moves toward the ones that lower its l
 
     w_n = max(0, (L_i(θ_i) - L_i(θ_n)) / ||θ_n - θ_i||),  normalised;   θ_i ← θ_i + Σ_n w_n (θ_n - θ_i),
 
-then trains θ_i locally and uploads it; its affinity to n grows by w_n. When no neighbour helps, θ_i is
-kept. With ``-ala`` the FedFomo aggregate plays the global model's part: ALA initialises θ_i from it.
-With ``-dp`` local training is DP-SGD (at q = -lbs / the samples left for training), but the validation
+then trains θ_i locally and uploads it. Its affinity to n, which ranks the neighbours it asks for, changes
+by n's unclipped score s_n = (L_i(θ_i) - L_i(θ_n)) / ||θ_n - θ_i|| over |Σ_m s_m| (the official code's
+update), so a neighbour that raises the loss loses affinity instead of only gaining none. When no
+neighbour helps, θ_i is kept. With ``-ala`` the FedFomo aggregate plays the global model's part: ALA
+initialises θ_i from it. With ``-dp`` local training is DP-SGD (at q = -lbs / the samples left for training), but the validation
 scoring is not privatised (``dp_uncovered``: a warning at start-up).
 
 Flags: ``-M`` models each participant downloads = 5 (PFLlib's default; the official code's default is 8),
@@ -20,8 +22,9 @@ with its 20 clients each one downloads every other client's model (here ``-M`` i
 with a stored upload other than itself, at most N - 1).
 
 Where PFLlib differs: its server picks the top-M clients of an affinity matrix without ε-greedy
-exploration (the client's own id among the candidates), grows the affinity by the raw, unclipped weights
-and holds out the last 20 % of the training file (here: a random 20 % from the client's own stream).
+exploration (the client's own id among the candidates), adds the scores s_n to the affinity without
+normalising them (their scale drifts with the losses and the model distances) and holds out the last
+20 % of the training file (here: a random 20 % from the client's own stream).
 """
 from flcore.clients.clientfomo import FedFomoClient
 from flcore.servers.serverbase import Server

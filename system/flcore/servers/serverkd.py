@@ -14,9 +14,10 @@ KL targets detached, the weight 1 / (CE_t + CE_s) taken as a constant. Only the 
 the wire, both ways, as truncated SVDs: each matrix Δ (a conv kernel as out x in*kh*kw) = U Σ V goes as
 (U_k, σ_k, V_k) with the fewest k whose energy Σ_{i<=k} σ_i² reaches T(t) of Σ σ_i², where
 
-    T(t) = T_start + (T_end - T_start) t / R      (round t = 0 .. R-1, R = -gr),
+    T(t) = T_start + (T_end - T_start) (t + 1) / R      (round t = 0 .. R-1, R = -gr),
 
-vectors (biases), and matrices whose factors would not be smaller, go dense. The server averages the
+rounds counted from 1 as in the official code (the paper's t / R for t = 1 .. R: the last round reaches
+T_end); vectors (biases), and matrices whose factors would not be smaller, go dense. The server averages the
 clients' reconstructed updates (sample-weighted, FedAvg), compresses the average at T(t) the same way,
 applies it to the global mentee and sends the factors to every client, which applies them to its copy
 of the global mentee and (re)starts its mentee from that copy (with ``-ala``: ALA onto the mentee).
@@ -30,9 +31,10 @@ per-sample gradient over mentor, mentee and W_h); the SVD only post-processes th
 
 Where PFLlib differs: it compresses the mentee's parameters, not its update; its rank search keeps
 strictly more than T of the energy and drops every singular value of a matrix that needs them all; it
-decomposes conv kernels as a batch of kh x kw matrices; the adaptive weight carries gradient (lowering the
-distillation terms by raising the task losses); W_h gets the hidden loss's gradient twice; it clips
-every gradient to norm 10 and averages the clients with equal weights.
+decomposes conv kernels as a batch of kh x kw matrices; its T(t) is Ts + (Te - Ts) t / R (round 0 at Ts,
+T_end never reached); the adaptive weight carries gradient (lowering the distillation terms by raising
+the task losses); W_h gets the hidden loss's gradient twice; it clips every gradient to norm 10 and
+averages the clients with equal weights.
 
 Verified (tests/test_fedkd.py): the kept energy and minimal rank, the reconstruction error = the dropped
 σ², T(t) by hand, the upload = the factors at the round's T(t), the clients' global mentee equal to the
@@ -56,10 +58,10 @@ class FedKDServer(Server):
         parser.add_argument("-mlr", "--mentee_learning_rate", type=float, default=None,
                             help="mentee learning rate (default: -lr, one rate as in the paper; PFLlib: 0.005)")
         parser.add_argument("-Ts", "--T_start", type=float, default=0.95,
-                            help="SVD energy threshold in the first round (paper and PFLlib: 0.95)")
+                            help="SVD energy threshold's start T_start (paper and PFLlib: 0.95)")
         parser.add_argument("-Te", "--T_end", type=float, default=0.98,
-                            help="SVD energy threshold's end: T(t) = Ts + (Te - Ts) t / R in round t of R (paper and "
-                                 "PFLlib: 0.98)")
+                            help="SVD energy threshold's end: T(t) = Ts + (Te - Ts) (t + 1) / R in round t = 0 .. R-1 "
+                                 "(paper and PFLlib: 0.98)")
 
     @classmethod
     def check_config(cls, cfg) -> None:
