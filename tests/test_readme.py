@@ -1,4 +1,5 @@
-"""The README's "Adding an algorithm" example is the library's own SCAFFOLD, verbatim, so it cannot rot."""
+"""The README's "Adding an algorithm" example is the library's own SCAFFOLD, verbatim, so it cannot rot; CI runs the
+README's two commands before anything else."""
 import re
 from pathlib import Path
 
@@ -10,3 +11,13 @@ def test_readme_example_files_are_the_library_files():
     blocks = {m.group(1): m.group(2) for m in re.finditer(r"```python\n# (system/\S+\.py)\n(.*?)```", readme, re.S)}
     for path in ("system/flcore/clients/clientscaffold.py", "system/flcore/servers/serverscaffold.py"):
         assert blocks.get(path) == (REPO / path).read_text(), path
+
+
+def test_ci_runs_the_readme_commands_first():
+    """.ci/run's first two commands are the README's install line (its pip part) and its test command, in the
+    README's quick-start block; the optional set comes after them."""
+    quick = re.search(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1).splitlines()
+    ci = [line for line in (REPO / ".ci/run").read_text().splitlines() if line.startswith("python3 ")]
+    assert any(line.startswith(ci[0] + " ") or line == ci[0] for line in quick), ci[0]
+    assert ci[1] in quick, ci[1]
+    assert ci[0] == "python3 -m pip install -r requirements.txt" and "optional" in ci[2], ci
