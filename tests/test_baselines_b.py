@@ -258,6 +258,9 @@ def test_apple_lambda_schedules():
     assert math.isclose(apple_lambda(10, 100, 0.2), 0.5)  # cos(π/2) + 1) / 2
     assert apple_lambda(20, 100, 0.2) == 0.0 and apple_lambda(99, 100, 0.2) == 0.0
     assert math.isclose(apple_lambda(10, 100, 0.2, "exponential"), 0.001 ** 0.5)
+    # the schedule covers int(L R) rounds (the official code's): int(0.1 * 9) = 0 rounds, int(0.25 * 10) = 2
+    assert apple_lambda(0, 9, 0.1) == 0.0 and apple_lambda(0, 9, 0.1, "exponential") == 0.0
+    assert math.isclose(apple_lambda(1, 10, 0.25), 0.5) and apple_lambda(2, 10, 0.25) == 0.0
 
 
 # ---- every algorithm with -ala -------------------------------------------------------------------

@@ -65,9 +65,9 @@ def fomo_affinity_step(scores: torch.Tensor) -> torch.Tensor:
 
 # ---- APPLE -------------------------------------------------------------------------------------------
 def apple_lambda(round_idx: int, total_rounds: int, frac: float, schedule: str = "cosine") -> float:
-    """APPLE's proximal-term schedule λ(r) over the first ``frac`` (``-L``) of the rounds, 0 afterwards
-    (Luo & Wu, IJCAI 2022): cosine (cos(π r / (L R)) + 1) / 2, or exponential 0.001^(r / (L R))
-    (both in the official code)."""
+    """APPLE's proximal-term schedule λ(r) over the first int(L R) rounds (L = ``frac``, ``-L``), 0 from
+    then on, hence always 0 when int(L R) = 0 (Luo & Wu, IJCAI 2022): cosine (cos(π r / int(L R)) + 1) / 2,
+    or exponential 0.001^(r / int(L R)) (both, and the int, as in the official code)."""
     horizon = int(frac * total_rounds)
     if round_idx >= horizon:
         return 0.0

@@ -11,7 +11,10 @@ trained on θ_i (its gradient is p_ii ∇_θ̃ L) and on p_i (∂L/∂p_ij = <�
 the other cores fixed, by one SGD with momentum 0.9 that is created afresh every round (the momentum
 restarts at zero each round), as in the official code. p^0 (also p_i's start) holds the clients' shares of
 the training samples, so the first personalised model is FedAvg's; λ(r) decays to 0 over the first -L
-fraction of the rounds. The server only stores the latest core of every client and sends all of them.
+fraction of the rounds: λ(r) is 0 from round int(L·R) on, so with int(-L · -gr) = 0 (-gr < 10 at the
+default -L 0.1) the pull is off from the start, as in the official code, whose schedule covers the same
+int(L·R) rounds (the paper's λ(r) decays over the first L·R rounds and gives no rule for L·R < 1). The
+server only stores the latest core of every client and sends all of them.
 
 Step size (the default follows the official code): the core's rate is -lr times ``--core_lr_scale`` 2, so
 the library's default -lr 0.005 gives the official 0.01; with momentum 0.9 a steady step is 10 times the

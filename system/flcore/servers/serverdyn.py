@@ -14,7 +14,11 @@ with the same ``-ls`` epochs of SGD, then updates its state ∇L_k(θ_k^t) = ∇
 
 m = all N clients, P_t the clients whose upload arrived. The mean is unweighted, as in the paper; h and the
 correction apply to parameters, and BatchNorm statistics (if any) get the plain unweighted mean. θ^t is the
-model sent out and evaluated (traditional FL). With ``-ala`` the local model starts from ALA's mix, and the
+model sent out and evaluated (traditional FL): it is what every client starts from. The official code
+reports the accuracy of the plain mean (1/|P_t|) Σ θ_k^t instead (the model the paper's convergence
+bound is stated for) and sends θ^t; evaluating the mean here would need a second model on every client
+and a second download, so θ^t, which PFLlib evaluates too, is kept. The official code also clips every
+local gradient at norm 10 (in all its methods, FedAvg included), which the paper does not; not done here. With ``-ala`` the local model starts from ALA's mix, and the
 anchor θ^{t-1} in the regulariser and in the state updates stays the received global model.
 
 Flags: ``-al`` α = 0.01 (the official example's value; the paper tunes α over {0.1, 0.01, 0.001}). PFLlib's

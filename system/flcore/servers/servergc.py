@@ -12,7 +12,11 @@ regulariser on the collected embeddings, one gradient step after averaging the b
     Reg(W) = Σ_k Σ_{c ∈ C_k} −log( e^{a·a} / (e^{a·a} + Σ_{j: c ∉ C_j} Σ_{u ∈ C_j} e^{a·W_{j,u}}) ),  a = sg[W_{k,c}],
 
 where sg is stop-gradient (the anchor stands in for class c's features, which are not the server's to
-move; PFLlib stops it too), η is ``-lr`` and λ is ``-lam``. In the paper's face-recognition setting every
+move; PFLlib stops it too), η is ``-lr`` and λ is ``-lam``. The anchor of client k's term for class c is
+client k's own embedding W_{k,c}, the paper's term; PFLlib anchors every holder's term for c at the mean
+of the holders' embeddings of c. With disjoint label sets (the paper's setting) the two coincide; with
+overlapping ones the mean would pull every holder's negatives by one shared anchor, and the paper's
+per-client term is kept. In the paper's face-recognition setting every
 class (identity) belongs to one client; here label sets overlap, so each client keeps its own embeddings
 (stored on the server, corrected, and sent back to it each round, as in PFLlib) and the negatives of
 client k's class c are the embeddings of the clients that do not hold c (those that do already separate

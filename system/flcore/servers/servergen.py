@@ -27,7 +27,9 @@ Where the official code differs from the objectives as the paper writes them: it
 label-share-weighted sum of each head's cross-entropy rather than the ensemble's; it draws labels
 uniformly over the labels seen (server and clients) rather than from p(y); its clients add a KL term
 between the outputs on real data and on generated features of the same labels (``generative_beta``; not
-done here). Generator: the official MLP ([eps, onehot(y)] -> hidden -> BatchNorm -> ReLU -> feature),
+done here) and scale the generated-feature term by gen_batch_size / batch_size (1 at its defaults, 32 and
+32). Here the term has the paper's weight alpha_t alone, whatever -lbs (the official weighting at -lbs 10:
+``--generative_alpha`` 32, i.e. 10 x 32 / 10). Generator: the official MLP ([eps, onehot(y)] -> hidden -> BatchNorm -> ReLU -> feature),
 Adam with weight decay 1e-2 and its rate decayed by 0.98 per round.
 
 Flags (defaults: the official code's MNIST configuration; PFLlib's in brackets): ``-nd`` noise dimension d

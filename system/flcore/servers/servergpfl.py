@@ -19,7 +19,10 @@ and C; the server averages them, sample-weighted; W^h_i and p_i never leave the 
 The μ term is written as a loss term: its gradient is the official code's weight decay μ on V and C
 (which also makes it part of each sample's clipped gradient under ``-dp``). L^mlg is the paper's per-sample
 norm, averaged; the official code takes one norm over the whole batch. The conditional inputs come from
-the received embeddings (the official code reads the client's embeddings before overwriting them).
+the received embeddings (the official code reads the client's embeddings before overwriting them, and
+uses zero conditional inputs in round 0, before its first GCE arrives). Here round 0 already forms g and
+p_i from the common initial GCE: the paper defines both from the GCE in every round, and zero inputs give
+CoV a γ and β (LayerNorm of ReLU of the biases) that no later round uses.
 
 Flags: ``-lam`` λ = 0.01 and ``-mu`` μ = 0.1, the official scripts' values for the 4-layer CNN and MLP
 (their ResNet-18 / fastText runs use λ = 1e-4, μ = 0; PFLlib's defaults are -lam 1.0, -mu 0.0).

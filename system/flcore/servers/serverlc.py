@@ -16,6 +16,11 @@ limit: its calibrated logit is -inf, i.e. it leaves this client's softmax (exp(-
 no gradient from this client; with τ = 0 the loss is plain cross-entropy (FedAvg). With ``-ala`` the local
 model is initialised by ALA; the loss is unchanged.
 
+The counts are the client's own, as in the paper (its margin corrects that client's label skew); PFLlib
+calibrates every client by the counts summed over all clients, one margin for everyone, which leaves each
+client's skew uncorrected (and on a pathological split gives a class a client has no sample of a finite
+logit).
+
 Flags: ``-tau`` τ = 1.0 (PFLlib's and FL-bench's default; the paper treats τ as a tuned hyper-parameter).
 
 ``-dp``: the calibrated loss is the DP-SGD objective (per-sample gradients clipped and noised); the label

@@ -24,7 +24,15 @@ q = ||G α||²). The non-negative least squares problem is scipy's (Lawson-Hanso
 The combined head reaches client i with the next broadcast, with the global body and centroids.
 
 Flags: ``-lam`` λ = 1.0 (paper and official code; PFLlib's too); ``-pls`` head epochs = 1 (the official
-code's ``epoch_classifier``; PFLlib's is 1 too), ``-ls`` body epochs.
+code's ``epoch_classifier``; PFLlib's is 1 too), ``-ls`` body epochs. Both phases use the client's optimizer
+at -lr (plain SGD, as for every algorithm here and in PFLlib). The official code trains the head at a
+fixed rate 0.1 and both phases with momentum 0.5 and weight decay 5e-4, the optimizer of all its methods
+(FedAvg included), so its comparisons share it; here FedPAC shares the library's.
+
+A sample whose class has no global centroid yet (no participant holding it has uploaded: the server keeps
+every centroid once received, so only before then) adds no pull, as in PFLlib; the official code pulls it
+toward the client's own centroid of the received body instead, a term that only holds the features
+where they are.
 
 ``-ala`` initialises the body from the global body (ALA on the top ``-p`` tensors of the body, under the
 client's new head). Refuses ``-dp``: the centroids and statistics it uploads are means of the private
