@@ -297,6 +297,7 @@ def test_resume_continues_the_noise_stream_and_the_accountant(digits_tiny_root, 
     assert base["rs_dp_clip_norm"][-1] != 0.05  # adaptive clipping moved the clip norm
 
 
+@pytest.mark.optional_deps("opacus")
 def test_a_server_round_with_dropped_clients_releases_the_formula_over_the_selection(digits_tiny_root, monkeypatch):
     """Through the server: 5 selected, some dropped (-cdr); the global model moves by Σ clip_S(D_i) / m + z S / m ξ
     with m = 5 (the selection, not the uploads), every update clipped to S, the noise the seeded stream's."""
