@@ -144,11 +144,11 @@ def expand_values(flag: str, values) -> list[str]:
 
 def job_parser(argv: list[str]):
     """system/main.py's parser for the algorithm that ``argv`` selects (its own flags included)."""
-    import main
+    import cli
     from flcore.registry import ALGORITHMS, get_server_class
 
-    parser = main.base_parser()
-    name = main.algorithm_arg(argv)
+    parser = cli.base_parser()
+    name = cli.algorithm_arg(argv)
     if name in ALGORITHMS:
         get_server_class(name).add_args(parser.add_argument_group(name))
     return parser
@@ -157,9 +157,9 @@ def job_parser(argv: list[str]):
 def flag_takes_value(argv: list[str], flag: str) -> bool:
     action = job_parser(argv)._option_string_actions.get(flag)
     if action is None:
-        import main
+        import cli
 
-        raise SweepError(f"--grid {flag}: not a flag of system/main.py for -algo {main.algorithm_arg(argv)}")
+        raise SweepError(f"--grid {flag}: not a flag of system/main.py for -algo {cli.algorithm_arg(argv)}")
     return not is_switch(action)
 
 

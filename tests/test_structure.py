@@ -67,3 +67,54 @@ def test_the_check_reports_a_family_base_taken_from_an_algorithm_file():
     assert altered != module_source(fedrep)
     bad = cross_algorithm_uses(owned, lambda m: altered if m == fedrep else module_source(m))
     assert len(bad) == 2 and "PartSharingClient" in bad[0] and "FedPer" in bad[0] and "FedProto" in bad[1], bad
+
+
+def test_model_names_listed_without_torch_are_the_built_ones():
+    from flcore.trainmodel import models, names
+
+    assert tuple(models.MODEL_SPECS) == names.MODELS
+    assert all(target in names.MODELS for target in names.ALIASES.values())
+
+
+def test_each_algorithm_declares_pfllib_defaults_only_for_its_own_flags():
+    import argparse
+
+    for name in ALGORITHMS:
+        server = get_server_class(name)
+        parser = argparse.ArgumentParser()
+        server.add_args(parser.add_argument_group())
+        own = vars(parser.parse_args([]))
+        assert set(server.pfllib_flag_defaults()) <= set(own), name
+    # FedProx-C has both parents' (FedProx's -mu, fine-tuned evaluation's -fte)
+    assert get_server_class("FedProx-C").pfllib_flag_defaults() == {"mu": 0.0, "fine_tuning_epochs": 10}
+
+
+HELP_IMPORTS = """
+import sys
+sys.path.insert(0, {system!r})
+import main
+try:
+    main.main({argv!r})
+except SystemExit:
+    pass
+print(sorted(m for m in sys.modules if m == "torch" or m.startswith(("flcore.servers.", "flcore.clients."))))
+"""
+
+
+def help_imports(argv) -> list[str]:
+    import subprocess
+    from pathlib import Path
+
+    system = str(Path(__file__).resolve().parents[1] / "system")
+    done = subprocess.run([sys.executable, "-c", HELP_IMPORTS.format(system=system, argv=argv)],
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert "usage:" in done.stdout
+    return ast.literal_eval(done.stdout.strip().splitlines()[-1])
+
+
+def test_help_imports_no_algorithm_it_does_not_show_and_plain_help_not_torch():
+    assert help_imports(["-h"]) == []
+    shown = help_imports(["-algo", "FedProx", "-h"])
+    algorithm_files = [m for m in shown if m.rsplit(".", 1)[-1].startswith(("server", "client"))
+                       and not m.endswith(("serverbase", "clientbase"))]
+    assert sorted(algorithm_files) == ["flcore.clients.clientprox", "flcore.servers.serverprox"], shown

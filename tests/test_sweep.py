@@ -62,17 +62,17 @@ def test_names_unique_per_configuration(tmp_path):
 
 
 def test_a_new_flag_at_its_default_keeps_names(tmp_path, monkeypatch):
-    import main
+    import cli
 
     (job,), _ = sweep.build_jobs(base(tmp_path, "-gr", "2"), [{}], [0], "t", tmp_path)
-    original = main.base_parser
+    original = cli.base_parser
 
     def with_new_flag():
         p = original()
         p.add_argument("--new_flag", type=int, default=7)
         return p
 
-    monkeypatch.setattr(main, "base_parser", with_new_flag)
+    monkeypatch.setattr(cli, "base_parser", with_new_flag)
     (same,), _ = sweep.build_jobs(base(tmp_path, "-gr", "2"), [{}], [0], "t", tmp_path)
     (other,), _ = sweep.build_jobs(base(tmp_path, "-gr", "2", "--new_flag", "8"), [{}], [0], "t", tmp_path)
     assert same.stem == job.stem != other.stem

@@ -17,11 +17,8 @@ import numpy as np
 import torch
 
 from utils.errors import FLError
+from utils.paths import DATASET_ROOT, OFFLINE_GENERATORS, REPO_ROOT  # noqa: F401 - re-exported
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DATASET_ROOT = REPO_ROOT / "dataset"
-# Splits that can be generated offline with default settings when missing.
-OFFLINE_GENERATORS = {"Digits": "generate_Digits.py", "Synthetic": "generate_Synthetic.py"}
 
 
 @dataclass

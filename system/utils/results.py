@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from utils.data_utils import REPO_ROOT
+from utils.paths import REPO_ROOT
 from utils.errors import FLError
 
 RESULTS_DIR = REPO_ROOT / "results"

@@ -8,6 +8,7 @@ class FineTunedEvalServer:
     evaluated on a fine-tuned copy: the ``-fte`` flag (default ``fte_default``) and a payload that carries
     the round, whose (``-ld``-decayed) rate the fine-tune uses."""
     fte_default = 1
+    pfllib_defaults = {"fine_tuning_epochs": 10}
     fte_help = "epochs each client fine-tunes its copy of the global model before evaluation (the FedALA paper names no value; 1 here)"
 
     @classmethod

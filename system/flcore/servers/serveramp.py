@@ -83,6 +83,7 @@ def heur_attention(cos: torch.Tensor, xi_ii: float, sigma: float) -> torch.Tenso
 
 class FedAMPServer(Server):
     client_class = FedAMPClient
+    pfllib_defaults = {"alphaK": 1.0, "lamda": 1.0, "sigma": 1.0}
     # --dp_level client is refused (utils/privacy.py): why
     dp_client_refusal = "each client receives its own attention-weighted model, not one mean of updates"
 

@@ -42,6 +42,7 @@ from utils.errors import FLError
 
 class APFLServer(Server):
     client_class = APFLClient
+    pfllib_defaults = {"alpha": 1.0}
 
     @classmethod
     def add_args(cls, parser) -> None:

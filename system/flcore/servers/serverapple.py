@@ -54,6 +54,7 @@ from utils.errors import FLError
 
 class APPLEServer(Server):
     client_class = APPLEClient
+    pfllib_defaults = {"dr_learning_rate": 0.0, "mu": 0.0, "L": 1.0}
 
     @classmethod
     def add_args(cls, parser) -> None:

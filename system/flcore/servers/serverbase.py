@@ -59,9 +59,18 @@ class Server:
     # (utils/privacy.py ClientLevelDP: it needs one model update per client, averaged into one global model).
     dp_client_refusal = ""
 
+    # PFLlib's defaults (its main.py) of the flags this class adds, where PFLlib has them: the start-up print
+    # marks run values that differ (cli.print_config).
+    pfllib_defaults: dict = {}
+
     @classmethod
     def add_args(cls, parser) -> None:
         """Add this algorithm's own flags to ``parser`` (defaults from its paper)."""
+
+    @classmethod
+    def pfllib_flag_defaults(cls) -> dict:
+        """``pfllib_defaults`` of this class and its bases (FedProx-C: FedProx's and fine-tuning's)."""
+        return {k: v for c in reversed(cls.__mro__) for k, v in vars(c).get("pfllib_defaults", {}).items()}
 
     @classmethod
     def check_config(cls, cfg) -> None:

@@ -56,6 +56,7 @@ def collaborators(overlap: torch.Tensor, progress: float) -> list[list[int]]:
 
 class FedCACServer(Server):
     client_class = FedCACClient
+    pfllib_defaults = {"tau": 1.0, "beta": 0.0}
     # --dp_level client is refused (utils/privacy.py): why
     dp_client_refusal = ("its clients also upload their critical-parameter masks, and each client receives its "
                          "own composed model")

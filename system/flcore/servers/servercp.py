@@ -40,6 +40,7 @@ from utils.errors import FLError
 
 class FedCPServer(PartSharingServer):
     client_class = FedCPClient
+    pfllib_defaults = {"lamda": 1.0}
 
     @classmethod
     def add_args(cls, parser) -> None:

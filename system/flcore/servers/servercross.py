@@ -90,6 +90,7 @@ def cross_aggregate(states, partners, alpha: float) -> list[dict]:
 
 class FedCrossServer(Server):
     client_class = FedCrossClient
+    pfllib_defaults = {"first_stage_bound": 0, "fedcross_alpha": 0.99, "collaborative_model_select_strategy": 1}
     # --dp_level client is refused (utils/privacy.py): why
     dp_client_refusal = "each client receives a different middleware model, not one mean of updates"
     personalized = False

@@ -30,6 +30,7 @@ from utils.errors import FLError
 
 class PFLDAServer(PartSharingServer):
     client_class = PFLDAClient
+    pfllib_defaults = {"lamda": 1.0}
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -42,6 +42,7 @@ from utils.errors import FLError
 
 class FedDBEServer(PartSharingServer):
     client_class = FedDBEClient
+    pfllib_defaults = {"momentum": 0.1, "kl_weight": 0.0}
     checkpoint_skip = PartSharingServer.checkpoint_skip + ("payload",)
 
     @classmethod

@@ -27,6 +27,7 @@ from utils.errors import FLError
 
 class DittoServer(Server):
     client_class = DittoClient
+    pfllib_defaults = {"mu": 0.0, "plocal_epochs": 1}
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -42,6 +42,7 @@ from utils.errors import FLError
 
 class FDServer(Server):
     client_class = FDClient
+    pfllib_defaults = {"lamda": 1.0}
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -33,6 +33,7 @@ from utils.errors import FLError
 
 class FMLServer(Server):
     client_class = FMLClient
+    pfllib_defaults = {"alpha": 1.0, "beta": 0.0}
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -33,6 +33,7 @@ from utils.errors import FLError
 
 class FedFomoServer(Server):
     client_class = FedFomoClient
+    pfllib_defaults = {"M": 5}
     # --dp_level client is refused (utils/privacy.py): why
     dp_client_refusal = ("each client builds its own weighted model from the models it downloads, not one mean "
                          "of updates")

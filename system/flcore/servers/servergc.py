@@ -65,6 +65,7 @@ def corrected(embeddings: list[torch.Tensor], classes: list[torch.Tensor], step:
 
 class FedGCServer(PartSharingServer):
     client_class = FedGCClient
+    pfllib_defaults = {"lamda": 1.0}
 
     @classmethod
     def add_args(cls, parser) -> None:

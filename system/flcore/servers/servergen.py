@@ -81,6 +81,7 @@ def generator_loss(z, eps, y, heads, shares: torch.Tensor, eta: float) -> torch.
 
 class FedGenServer(Server):
     client_class = FedGenClient
+    pfllib_defaults = {"noise_dim": 512, "generator_learning_rate": 0.005, "hidden_dim": 512, "server_epochs": 1000}
     personalized = False
 
     @classmethod

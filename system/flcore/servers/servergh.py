@@ -55,6 +55,7 @@ def train_header(head: nn.Module, reps: torch.Tensor, labels: torch.Tensor, lr: 
 
 class FedGHServer(PartSharingServer):
     client_class = FedGHClient
+    pfllib_defaults = {"server_learning_rate": 1.0}
 
     @classmethod
     def add_args(cls, parser) -> None:

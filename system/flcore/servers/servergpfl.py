@@ -41,6 +41,7 @@ from utils.errors import FLError
 
 class GPFLServer(PartSharingServer):
     client_class = GPFLClient
+    pfllib_defaults = {"lamda": 1.0, "mu": 0.0}
     # -dp: what the reported epsilon does not cover (utils/privacy.py uncovered_steps, docs/privacy.md)
     dp_uncovered = ("GPFL's personalized conditional input, the category embeddings weighted by the client's "
                     "label distribution (a statistic of all its data)")

@@ -42,6 +42,7 @@ from utils.errors import FLError
 
 class FedLCServer(Server):
     client_class = FedLCClient
+    pfllib_defaults = {"tau": 1.0}
     personalized = False
     # -dp: what the reported epsilon does not cover (utils/privacy.py uncovered_steps, docs/privacy.md)
     dp_uncovered = "FedLC's calibration, which reads the client's label counts (a statistic of all its data) in every sample's loss"

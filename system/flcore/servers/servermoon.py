@@ -37,6 +37,7 @@ from utils.errors import FLError
 
 class MOONServer(Server):
     client_class = MOONClient
+    pfllib_defaults = {"mu": 0.0, "tau": 1.0}
     personalized = False
 
     @classmethod

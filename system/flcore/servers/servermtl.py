@@ -49,6 +49,7 @@ from utils.errors import FLError
 
 class FedMTLServer(Server):
     client_class = FedMTLClient
+    pfllib_defaults = {"lamda": 1.0, "itk": 4000}
     # --dp_level client is refused (utils/privacy.py): why
     dp_client_refusal = "each client keeps and receives its own model, not one mean of updates"
     checkpoint_skip = Server.checkpoint_skip + ("couplings",)

@@ -36,6 +36,7 @@ from utils.errors import FLError
 
 class FedNTDServer(Server):
     client_class = FedNTDClient
+    pfllib_defaults = {"beta": 0.0, "tau": 1.0}
     personalized = False
 
     @classmethod

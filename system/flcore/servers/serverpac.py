@@ -79,6 +79,7 @@ def combination_weights(v: torch.Tensor, hs: torch.Tensor, i: int) -> np.ndarray
 
 class FedPACServer(Server):
     client_class = FedPACClient
+    pfllib_defaults = {"lamda": 1.0, "plocal_epochs": 1}
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -70,6 +70,7 @@ from utils.errors import FLError
 
 class PartialFedServer(Server):
     client_class = PartialFedClient
+    pfllib_defaults = {"tau": 1.0}
     # -dp: what the reported epsilon does not cover (utils/privacy.py uncovered_steps, docs/privacy.md)
     dp_uncovered = "PartialFed's strategy step (per-layer choice learned on the held-out slice without noise)"
 

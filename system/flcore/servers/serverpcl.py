@@ -41,6 +41,7 @@ from utils.errors import FLError
 
 class FedPCLServer(Server):
     client_class = FedPCLClient
+    pfllib_defaults = {"tau": 1.0}
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -43,6 +43,7 @@ from utils.errors import FLError
 
 class PerFedAvgServer(Server):
     client_class = PerFedAvgClient
+    pfllib_defaults = {"beta": 0.0}
 
     @classmethod
     def add_args(cls, parser) -> None:

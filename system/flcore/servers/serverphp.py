@@ -33,6 +33,7 @@ from utils.errors import FLError
 
 class FedPHPServer(Server):
     client_class = FedPHPClient
+    pfllib_defaults = {"mu": 0.0, "lamda": 1.0}
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -41,6 +41,7 @@ from utils.errors import FLError
 
 class FedProtoServer(Server):
     client_class = FedProtoClient
+    pfllib_defaults = {"lamda": 1.0}
 
     @classmethod
     def add_args(cls, parser) -> None:

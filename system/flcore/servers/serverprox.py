@@ -23,6 +23,7 @@ from utils.errors import FLError
 
 class FedProxServer(Server):
     client_class = FedProxClient
+    pfllib_defaults = {"mu": 0.0}
     personalized = False
 
     @classmethod

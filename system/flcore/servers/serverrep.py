@@ -28,6 +28,7 @@ from utils.errors import FLError
 
 class FedRepServer(PartSharingServer):
     client_class = FedRepClient
+    pfllib_defaults = {"plocal_epochs": 1}
 
     @classmethod
     def add_args(cls, parser) -> None:

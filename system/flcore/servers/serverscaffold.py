@@ -21,6 +21,7 @@ from utils.personal_aggregation import lerp_state
 
 class SCAFFOLDServer(Server):
     client_class = SCAFFOLDClient
+    pfllib_defaults = {"server_learning_rate": 1.0}
     # --dp_level client is refused (utils/privacy.py): why
     dp_client_refusal = ("its clients also upload control-variate updates, which the clipped model update does "
                          "not bound")

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from flcore.trainmodel.names import ALIASES, MODELS  # noqa: F401 - re-exported
 from flcore.trainmodel.text_models import BiLSTM, FastText, LSTMNet, TextCNN, TransformerClassifier
 from utils.errors import FLError
 
@@ -302,9 +303,6 @@ MODEL_SPECS: dict[str, ModelSpec] = {
     "AmazonMLP": ModelSpec(lambda s, k, fd, v: AmazonMLP(_numel(s), k), (VECTOR,), source="PFLlib AmazonMLP"),
     "HARCNN": ModelSpec(lambda s, k, fd, v: HARCNN(s, k), (SERIES,), source="PFLlib HARCNN"),
 }
-MODELS = tuple(MODEL_SPECS)
-ALIASES = {"Mclr_Logistic": "MLR", "MobileNetV2": "MobileNet", "FedAvgCNN": "CNN", "LSTMNet": "LSTM",
-           "ResNet-18": "ResNet18", "ResNet-10": "ResNet10", "ResNet-34": "ResNet34"}
 AUTO = {TEXT: "fastText", SERIES: "HARCNN", VECTOR: "DNN", IMAGE: "CNN"}  # -m auto without a default_model
 
 

@@ -1,0 +1,367 @@
+"""Flags -> a validated, read-only Config: the command line of system/main.py, apart from running it.
+
+Importing this module loads neither torch nor any algorithm: ``-h`` lists the common flags, ``-algo X -h``
+adds X's own (importing X only). The chosen algorithm's flags come from its server's ``add_args``; the other
+algorithms' flags are accepted with a warning (a shared sweep passes ``-mu`` to every algorithm, as PFLlib
+allows), which imports them, so that happens only when a run is parsed, never for ``-h``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from flcore.registry import ALGORITHMS, canonical_name, get_server_class
+from flcore.trainmodel.names import ALIASES, MODELS
+from utils.config import Config
+from utils.errors import FLError
+from utils.paths import DATASET_ROOT
+
+
+def canonical_model(name: str) -> str:
+    """A model name or alias in any case (``cnn``, ``resnet18``, ``MobileNetV2``) as registered; unknown names
+    come back unchanged."""
+    known = {**{a.lower(): m for a, m in ALIASES.items()}, **{m.lower(): m for m in ("auto", *MODELS)}}
+    return known.get(name.lower(), name)
+
+
+def parse_bool(text: str) -> bool:
+    """A boolean flag's explicit value, as PFLlib's scripts pass them (``-ld True``): true/false/1/0/yes/no/on/off."""
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false/1/0, got '{text}'")
+
+
+class BoolFlag(argparse.Action):
+    """A switch that also takes an explicit value: ``-ld`` and ``-ld True`` turn it on, ``-ld false`` off.
+    Registered as the parser's ``store_true``, so every algorithm's switches behave alike."""
+
+    def __init__(self, option_strings, dest, default=False, required=False, help=None):
+        super().__init__(option_strings, dest, nargs="?", const=True, default=default, type=parse_bool,
+                         required=required, help=help, metavar="BOOL")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A bad flag is one line on stderr (exit code 2), not the whole usage text. Long flags are never
+    abbreviated, and ``store_true`` switches accept an explicit value (``BoolFlag``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+        self.register("action", "store_true", BoolFlag)
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (python system/main.py -h lists the flags)\n")
+
+
+def base_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(description="Personalized federated learning experiments.",
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    a = p.add_argument
+    a("-go", "--goal", default="test", help="free tag, part of the result file name")
+    a("-dev", "--device", default="auto", choices=["auto", "cpu", "cuda"],
+      help="auto = cuda when available; cuda without a GPU warns and falls back to cpu")
+    a("-did", "--device_id", "--devices", default="0",
+      help="CUDA device index; with --executor ray a list (0,1,2,3) spreads clients over those GPUs")
+    a("-data", "--dataset", default="Digits", help="split folder under the dataset root (see dataset/)")
+    a("--dataset_root", default=str(DATASET_ROOT), help="folder holding the generated splits")
+    a("--source", default=None, help="local npz (x, y) to generate a missing split from with default settings")
+    a("-ncl", "-nb", "--num_classes", type=int, default=None,
+      help="checked against the split (taken from it); -nb is the FedALA repository's name")
+    a("-m", "--model", default="auto", choices=["auto", *MODELS], type=canonical_model,
+      help="a model, by PFLlib's name; auto = the split's default_model, else by its "
+           "data: CNN for images, fastText for text, HARCNN for sensor series, DNN for vectors")
+    a("-fd", "--feature_dim", type=int, default=512,
+      help="embedding/hidden width of the text models (fastText, TextCNN, LSTM, BiLSTM, Transformer d_model; "
+           "PFLlib's meaning) and of the CNN's fc1 layer; the other models have fixed widths")
+    a("-vs", "--vocab_size", type=int, default=80,
+      help="vocabulary size of the text models when the split's config does not record one")
+    a("-lbs", "--batch_size", type=int, default=10, help="local batch size")
+    a("-lr", "--local_learning_rate", type=float, default=0.005, help="client SGD learning rate")
+    a("-ld", "--learning_rate_decay", action="store_true", help="decay lr by -ldg every round")
+    a("-ldg", "--learning_rate_decay_gamma", type=float, default=0.99)
+    a("-gr", "--global_rounds", type=int, default=2000, help="communication rounds")
+    a("-ls", "--local_epochs", type=int, default=1, help="local epochs per round")
+    a("-algo", "--algorithm", default="FedAvg", choices=list(ALGORITHMS), type=canonical_name,
+      help="a registered name, PFLlib's spelling (PerAvg, FedROD, ...) or either in any case")
+    a("-jr", "--join_ratio", type=float, default=1.0, help="fraction of clients selected per round")
+    a("-rjr", "--random_join_ratio", action="store_true", help="draw the count in [jr*N, N] each round")
+    a("-nc", "--num_clients", type=int, default=None, help="clients to use (default: all in the split)")
+    a("--bn_stats", default="shared", choices=["shared", "local"],
+      help="BatchNorm running statistics: shared = averaged with the parameters and received with the "
+           "model (FedAvg over the whole state); local = parameters only, every client keeps its own "
+           "statistics and ALA leaves them alone (PFLlib)")
+    a("-cdr", "--client_drop_rate", type=float, default=0.0, help="probability a selected client drops out")
+    a("-pv", "--prev", type=int, default=0, help="first run index (resume a multi-run sweep)")
+    a("-t", "--times", type=int, default=1, help="runs are indices prev..times-1 (PFLlib semantics)")
+    a("-eg", "--eval_gap", type=int, default=1, help="evaluate every N rounds")
+    a("--eval_batch_size", type=int, default=256,
+      help="batch size of no-grad evaluation (256: the CNN's activations stay in a CPU's cache; larger "
+           "batches were slower on the CPU, docs/performance.md)")
+    a("--train_loss_eval", default="full", choices=["full", "sampled", "off"],
+      help="train loss over all training data every evaluation (comparable with PFLlib), over a fixed "
+           "seeded sample of --train_loss_fraction of each client's data, or not at all")
+    a("--train_loss_fraction", type=float, default=0.1,
+      help="share of each client's training samples in the sampled train loss (drawn once per run)")
+    a("-sfn", "--save_folder_name", default="",
+      help="if set, save the final global model's state there: a relative name is a folder under the results "
+           "folder (never the working directory), an absolute path is taken as is")
+    a("-ab", "--auto_break", action="store_true", help="stop when the best accuracy is -tc evaluations old")
+    a("-tc", "--top_cnt", type=int, default=100)
+    a("--seed", type=int, default=0, help="run i uses seed + i for every random stream")
+    a("--results_dir", default=None, help="where result files go (default: results/ in the repository)")
+    a("--overwrite", action="store_true",
+      help="replace existing result files of the same name (without it, a run whose result file exists is refused)")
+    a("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm progress bar")
+    a("--print_config", action=argparse.BooleanOptionalAction, default=True,
+      help="print every setting at start-up, marking values that differ from PFLlib's defaults")
+    g = p.add_argument_group("execution, faults and checkpoints (docs/distributed.md, docs/performance.md)")
+    g.add_argument("--executor", default="auto", choices=["auto", "sequential", "fork", "ray"],
+                   help="where clients live: this process; single-thread worker processes forked from it "
+                        "(CPU); Ray workers on several devices/machines. Same numbers on each. auto = fork "
+                        "on a CPU with several cores (the fastest there), else sequential")
+    g.add_argument("--workers", type=int, default=0,
+                   help="fork or Ray workers holding the clients; 0 = one per CPU core (Ray: per CPU of the "
+                        "cluster, or per GPU share)")
+    g.add_argument("--ray_address", default=None,
+                   help="join this Ray cluster (e.g. auto, or ray://head:10001); default: start a local one")
+    g.add_argument("--gpus_per_worker", type=float, default=None,
+                   help="GPUs per Ray worker (0.5 = two workers share a GPU); default 1 on CUDA, else 0")
+    g.add_argument("--max_restarts", type=int, default=3,
+                   help="lost workers survived per run (each replays from the last checkpoint)")
+    g.add_argument("--client_state", default="device", choices=["device", "cpu", "disk"],
+                   help="where idle clients' state lives: on the device, or (only a round's worth of "
+                        "clients stay live, in every process holding clients) serialised in CPU memory or "
+                        "in files")
+    g.add_argument("--client_state_dir", default=None,
+                   help="folder for --client_state disk (default: a temporary folder, removed at exit)")
+    g.add_argument("-tsr", "--train_slow_rate", type=float, default=0.0,
+                   help="fraction of clients that are slow to train (simulated time, PFLlib's flag)")
+    g.add_argument("-ssr", "--send_slow_rate", type=float, default=0.0,
+                   help="fraction of clients that are slow to send (simulated time, PFLlib's flag)")
+    g.add_argument("-tth", "--time_threshold", "--time_threthold", type=float, default=10000,
+                   help="seconds of simulated train + send time after which an upload misses the round "
+                        "(PFLlib's default 10000: never); nothing really sleeps")
+    g.add_argument("--checkpoint_every", type=int, default=0,
+                   help="save server + all client states every N rounds to <results>/<run>.ckpt (0: never)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue each run from its checkpoint (same flags); runs without one start over")
+    g.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"],
+                   help="mixed precision for forward passes (bf16: CPU or CUDA; fp16: CUDA, loss-scaled)")
+    g = p.add_argument_group("ALA (adaptive local aggregation, pluggable into any algorithm)")
+    g.add_argument("-ala", "--ala", action="store_true", help="initialise local models with ALA")
+    g.add_argument("-et", "--eta", type=float, default=1.0, help="ALA weight learning rate η (paper: 1.0)")
+    g.add_argument("-s", "--rand_percent", type=int, default=80, help="s: %% of local data for ALA (paper: 80)")
+    g.add_argument("-p", "--layer_idx", type=int, default=2,
+                   help="ALA adapts the last p parameter tensors, counted as PFLlib counts them (2 = the "
+                        "classifier's weight and bias: the paper's p = 1 layer); 0 = all")
+    g.add_argument("--ala_layers", type=int, default=None,
+                   help="count ALA's p in layers as the FedALA paper does (1 = the classifier; a norm layer joins "
+                        "the layer below, a ResNet stage is one layer); given, it replaces -p")
+    g.add_argument("--ala_threshold", type=float, default=0.1,
+                   help="start phase stops when the std of the last --ala_window losses is below this")
+    g.add_argument("--ala_window", type=int, default=10, help="number of recent ALA losses in the std")
+    g.add_argument("--ala_max_epochs", type=int, default=100, help="cap on start-phase ALA epochs")
+    g.add_argument("--ala_clients", default="selected", choices=["selected", "all"],
+                   help="who runs ALA on each broadcast: the round's selected clients (the others are evaluated "
+                        "on their own last model) or every client, before every evaluation (PFLlib; with -jr < 1 "
+                        "ALA then costs N clients per round instead of jr*N)")
+    g = p.add_argument_group("privacy (any algorithm): DLG/iDLG evaluation and DP-SGD, see utils/privacy.py")
+    g.add_argument("-dlg", "--dlg_eval", action="store_true",
+                   help="attack a few clients every -dlgg rounds by gradient inversion (PFLlib's flag)")
+    g.add_argument("-dlgg", "--dlg_gap", type=int, default=100, help="attack every N rounds (PFLlib: 100)")
+    g.add_argument("-bnpc", "--batch_num_per_client", type=int, default=2,
+                   help="attacks per attacked client (PFLlib: 2)")
+    g.add_argument("--dlg_clients", type=int, default=2,
+                   help="clients attacked per attacked round, drawn from the round's active clients")
+    g.add_argument("-dlga", "--dlg_attack", default="dlg", choices=["dlg", "idlg", "ig"],
+                   help="DLG (Zhu et al. 2019: inputs and labels), iDLG (Zhao et al. 2020: label from the "
+                        "classifier gradient's sign, then inputs) or ig, Inverting Gradients (Geiping et al. 2020: "
+                        "cosine matching + total variation, signed Adam, iDLG's label)")
+    g.add_argument("--ig_iters", type=int, default=4000,
+                   help="-dlga ig: Adam iterations per attack (the reference code's CIFAR-10 setting: 4000)")
+    g.add_argument("--ig_tv", type=float, default=1e-4, help="-dlga ig: total-variation weight alpha_TV (the reference code's default: 1e-4)")
+    g.add_argument("--dlg_iters", type=int, default=300, help="L-BFGS iterations per attack (DLG paper: 300)")
+    g.add_argument("--dlg_batch", type=int, default=1, help="images per attacked batch (DLG paper: 1)")
+    g.add_argument("--dlg_target", default="gradient", choices=["gradient", "update"],
+                   help="gradient: one true batch gradient of the model the client starts from (the textbook "
+                        "threat; DP-SGD-noised with -dp); update: the client's upload as (start - upload) / "
+                        "(lr * local steps)")
+    g.add_argument("-dp", "--privacy", action="store_true",
+                   help="DP-SGD local training: per-sample clipping and Gaussian noise (PFLlib's flag)")
+    g.add_argument("-dps", "--dp_sigma", type=float, default=1.0,
+                   help="noise multiplier sigma (PFLlib's flag, default 0.0 there = no noise; 1.0 here); with "
+                        "--dp_level client the multiplier z of the server's noise N(0, z^2 S^2 / m^2)")
+    g.add_argument("--dp_clip", type=float, default=1.0,
+                   help="per-sample L2 clip norm C (Abadi et al. 2016: 4); with --dp_level client the clip norm S "
+                        "of each client's model update (its initial value with --dp_quantile)")
+    g.add_argument("--dp_level", default="sample", choices=["sample", "client"],
+                   help="sample: DP-SGD on every client (record-level privacy); client: DP-FedAvg (McMahan et al. "
+                        "2018), the server clips each client's update to --dp_clip and adds Gaussian noise to their "
+                        "unweighted mean (client-level privacy)")
+    g.add_argument("--dp_quantile", type=float, default=None,
+                   help="--dp_level client: adaptive clipping (Andrew et al. 2021) towards this quantile of the "
+                        "update norms (their gamma, e.g. 0.5); off by default (fixed clip norm)")
+    g.add_argument("--dp_delta", type=float, default=1e-5, help="delta of the reported (epsilon, delta)")
+    g.add_argument("--dp_secure_rng", action="store_true",
+                   help="seed the DP noise from the OS (secrets) instead of -seed, as a deployment needs (anyone "
+                        "with the seed can remove seeded noise); results are then not reproducible")
+    return p
+
+
+OTHER = "other_algorithm__"  # dest prefix of flags that only other algorithms use
+
+
+class OtherAlgorithmFlags:
+    """Stands in for an argument group while the other algorithms' ``add_args`` run: their flags are accepted
+    (hidden from -h, never given a default, so they never reach the Config) unless the name is already
+    taken, by a common flag or an algorithm added before. ``names`` maps each accepted flag's dest to its
+    names."""
+
+    def __init__(self, group):
+        self.group, self.names = group, {}
+
+    def add_argument(self, *names, **kwargs):
+        dest = kwargs.pop("dest", None) or next((n for n in names if n.startswith("--")), names[0]).lstrip("-")
+        dest = OTHER + dest.replace("-", "_")
+        kwargs.update(dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        kwargs.pop("required", None)
+        for name in names:
+            try:
+                self.group.add_argument(name, **kwargs)
+            except argparse.ArgumentError:  # the name is taken
+                continue
+            self.names.setdefault(dest, []).append(name)
+
+    def set_defaults(self, **kwargs):
+        pass
+
+
+def add_other_algorithms_flags(parser: argparse.ArgumentParser, chosen: str) -> dict[str, list[str]]:
+    """Every other algorithm's flags, hidden; returns their dest -> flag names."""
+    others = OtherAlgorithmFlags(parser.add_argument_group("flags of other algorithms"))
+    for name in ALGORITHMS:
+        if name != chosen:
+            get_server_class(name).add_args(others)
+    return others.names
+
+
+def algorithm_arg(argv: list[str], default: str | None = "FedAvg") -> str | None:
+    """The ``-algo`` value (``default`` when absent), read before any parsing: a parser of the common flags
+    would misread an algorithm's own short flag before it exists (``-mu 0.1`` as ``-m u``), and argparse
+    matches unknown single-dash flags as abbreviations (``-al`` as ``-algo``)."""
+    name = default
+    for i, arg in enumerate(argv):
+        if arg in ("-algo", "--algorithm") and i + 1 < len(argv):
+            name = argv[i + 1]
+        elif arg.startswith("--algorithm="):
+            name = arg.split("=", 1)[1]
+    return None if name is None else canonical_name(name)
+
+
+# PFLlib flags this library does not take, and why (a PFLlib script passing one stops with this line).
+_TS = "-ts/--time_select is not a flag here: PFLlib declares it and never reads it (it has no effect there); drop it"
+REMOVED = {"-ts": _TS, "--time_select": _TS}
+
+
+def parse_config(argv=None) -> Config:
+    """Parse flags (common ones, then the chosen algorithm's own) into a read-only Config, checked by
+    ``validate`` and the algorithm's ``check_config``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    name = algorithm_arg(argv, default=None)
+    helping = "-h" in argv or "--help" in argv
+    parser = base_parser()
+    others = {}
+    if helping and name is None:
+        parser.epilog = "python system/main.py -algo NAME -h adds that algorithm's own flags."
+    elif (name or "FedAvg") in ALGORITHMS:  # otherwise parse_args below fails, listing the valid names
+        name = name or "FedAvg"
+        get_server_class(name).add_args(parser.add_argument_group(f"{name} flags"))
+        if not helping:
+            others = add_other_algorithms_flags(parser, name)
+    for arg in argv:
+        if arg in REMOVED or arg.split("=", 1)[0] in REMOVED:
+            parser.error(REMOVED[arg.split("=", 1)[0]])
+    args = parser.parse_args(argv)
+    unused = sorted(k for k in vars(args) if k.startswith(OTHER))
+    if unused:
+        given = {a.split("=", 1)[0] for a in argv}
+        shown = sorted(next((n for n in others[k] if n in given), others[k][0]) for k in unused)
+        print(f"warning: -algo {args.algorithm} does not use {', '.join(shown)}; ignored", file=sys.stderr)
+        for k in unused:
+            delattr(args, k)
+    server_cls = get_server_class(args.algorithm)
+    cfg = Config(**vars(args))
+    validate(cfg)
+    server_cls.check_config(cfg)
+    from utils.privacy import check_client_level
+
+    check_client_level(cfg, server_cls)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    checks = [
+        (cfg.num_clients is None or cfg.num_clients >= 1, f"-nc must be >= 1 (got {cfg.num_clients})"),
+        (cfg.global_rounds >= 0, "-gr must be >= 0"), (cfg.eval_batch_size >= 1, "--eval_batch_size must be >= 1"),
+        (cfg.num_classes is None or cfg.num_classes >= 1, "-ncl must be >= 1"), (cfg.top_cnt >= 0, "-tc must be >= 0"), (cfg.local_epochs >= 1, "-ls must be >= 1"),
+        (cfg.batch_size >= 1, "-lbs must be >= 1"), (cfg.local_learning_rate > 0, "-lr must be > 0"),
+        (0 < cfg.join_ratio <= 1, "-jr must be in (0, 1]"), (0 <= cfg.client_drop_rate < 1, "-cdr must be in [0, 1)"),
+        (cfg.eval_gap >= 1, "-eg must be >= 1"), (cfg.times > cfg.prev >= 0, "need 0 <= -pv < -t"),
+        (0 < cfg.rand_percent <= 100, "-s must be in (0, 100]"), (cfg.layer_idx >= 0, "-p must be >= 0"),
+        (cfg.ala_layers is None or cfg.ala_layers >= 0, "--ala_layers must be >= 0"),
+        (cfg.ala_max_epochs >= 1, "--ala_max_epochs must be >= 1"), (cfg.ala_window >= 2, "--ala_window must be >= 2"),
+        (cfg.workers >= 0, "--workers must be >= 0"), (cfg.max_restarts >= 0, "--max_restarts must be >= 0"),
+        (cfg.gpus_per_worker is None or cfg.gpus_per_worker >= 0, "--gpus_per_worker must be >= 0"),
+        (0 <= cfg.train_slow_rate <= 1, "-tsr must be in [0, 1]"),
+        (0 <= cfg.send_slow_rate <= 1, "-ssr must be in [0, 1]"), (cfg.time_threshold > 0, "-tth must be > 0 s"),
+        (cfg.checkpoint_every >= 0, "--checkpoint_every must be >= 0"),
+        (cfg.dlg_gap >= 1, "-dlgg must be >= 1"), (cfg.batch_num_per_client >= 1, "-bnpc must be >= 1"),
+        (cfg.dlg_clients >= 1, "--dlg_clients must be >= 1"), (cfg.dlg_iters >= 1, "--dlg_iters must be >= 1"),
+        (cfg.dlg_batch >= 1, "--dlg_batch must be >= 1"),
+        (cfg.ig_iters >= 1, "--ig_iters must be >= 1"), (cfg.ig_tv >= 0, "--ig_tv must be >= 0"), (cfg.dp_clip > 0, "--dp_clip must be > 0"),
+        (not cfg.privacy or cfg.dp_sigma > 0, "-dps must be > 0 with -dp (sigma 0 adds no noise: drop -dp)"),
+        (0 < cfg.dp_delta < 1, "--dp_delta must be in (0, 1)"),
+        (cfg.privacy or not getattr(cfg, "dp_secure_rng", False), "--dp_secure_rng needs -dp"),
+        (cfg.privacy or cfg.dp_level == "sample", "--dp_level client needs -dp"),
+        (cfg.dp_quantile is None or (cfg.privacy and cfg.dp_level == "client"),
+         "--dp_quantile (adaptive clipping) needs -dp --dp_level client"),
+        (cfg.dp_quantile is None or 0 < cfg.dp_quantile < 1, "--dp_quantile must be in (0, 1)"),
+        (0 < cfg.train_loss_fraction <= 1, "--train_loss_fraction must be in (0, 1]"),
+        (cfg.amp != "fp16" or not cfg.privacy, "--amp fp16 does not combine with -dp; use --amp bf16 or off"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise FLError(msg)
+    if cfg.privacy:
+        import importlib.util
+
+        if importlib.util.find_spec("opacus") is None:
+            raise FLError("-dp reports epsilon with opacus' RDP accountant, which is not installed: "
+                          "pip install -r requirements-optional.txt")
+
+
+# PFLlib's defaults of the common flags (its main.py), where they matter for comparison: the start-up print
+# marks every value that differs (README's "Coming from PFLlib"). An algorithm's own flags' PFLlib defaults
+# are its server's ``pfllib_defaults``.
+PFLLIB_DEFAULTS = {
+    "dataset": "MNIST", "model": "CNN", "num_classes": 10, "num_clients": 20, "save_folder_name": "items",
+    "layer_idx": 2, "dp_sigma": 0.0, "bn_stats": "local", "ala_clients": "all",
+}
+
+
+def print_config(cfg: Config) -> None:
+    """Every setting of the run, one per line as PFLlib prints them, marking values that differ from
+    PFLlib's default for the same flag."""
+    pfllib = {**PFLLIB_DEFAULTS, **get_server_class(cfg.algorithm).pfllib_flag_defaults()}
+    lines = []
+    for key, value in vars(cfg).items():
+        mark = ""
+        if key in pfllib and pfllib[key] != value and value is not None:
+            mark = f"   (PFLlib default: {pfllib[key]})"
+        lines.append(f"  {key} = {value}{mark}")
+    print("configuration:\n" + "\n".join(lines))
