@@ -108,24 +108,24 @@ def instrumented(server_cls: type, cfg, train_flops: float, reference=None) -> t
             self.bench_log[phase] = self.bench_log.get(phase, 0.0) + time.perf_counter() - start
             return out
 
-        def send_models(self, participants):
+        def _send_models(self, participants):
             return self.timed("send", super().send_models, participants)
 
         def evaluate(self):
             return self.timed("evaluate", super().evaluate)
 
-        def train_clients(self, clients):
+        def _train_clients(self, clients):
             self.bench_log["samples"] = sum(c.train_samples for c in clients) * cfg.local_epochs
             return self.timed("train", super().train_clients, clients)
 
-        def receive_models(self, clients):
+        def _receive_models(self, clients):
             return self.timed("aggregate", super().receive_models, clients)
 
         def aggregate(self, uploads):
             return self.timed("aggregate", super().aggregate, uploads)
 
-        def record(self, summary):
-            super().record(summary)
+        def _record(self, summary):
+            super()._record(summary)
             self.bench_curve.append({"round": self.round_idx, "acc": summary["test_acc"],
                                      "loss": summary["train_loss"]})
 

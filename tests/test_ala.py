@@ -154,7 +154,7 @@ def test_round_one_leaves_local_model_as_global(digits_root):
     server = FedALAServer(cfg, load_split("Digits", digits_root))
     client = server.clients[0]
     before = copy.deepcopy(client.model.state_dict())
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     assert client.ala.weights is None and client.ala.start_phase  # ALA did not run
     assert all(torch.equal(before[k], v) for k, v in client.model.state_dict().items())
 
@@ -216,11 +216,11 @@ def test_train_loss_from_kept_features_equals_full_evaluation(digits_noniid_root
         for t in range(3):
             server.round_idx = t
             chosen = server.select_clients()
-            server.send_models(chosen)
+            server._send_models(chosen)
             used = [c.ala.features_for(c.model) is not None for c in server.clients]
             out.append(server.evaluate()["train_loss"])
-            server.train_clients(chosen)
-            server.aggregate(server.receive_models(chosen))
+            server._train_clients(chosen)
+            server.aggregate(server._receive_models(chosen))
             assert all(used) == (keep and t > 0)  # ALA runs from a client's second round
         losses[keep] = out
     assert losses[True] == pytest.approx(losses[False], rel=1e-5)

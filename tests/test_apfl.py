@@ -58,7 +58,7 @@ def test_local_round_follows_algorithm_1(digits_tiny_root):
     lr, bs = 0.05, 16
     server = build(digits_tiny_root, "-al", "0.6", "-lr", str(lr), "-lbs", str(bs))
     c = server.clients[2]
-    server.send_models([c])
+    server._send_models([c])
     perturb(c.vmodel, 2)
     w = {k: p.detach().clone() for k, p in c.model.named_parameters()}
     v = {k: p.detach().clone() for k, p in c.vmodel.named_parameters()}
@@ -107,7 +107,7 @@ def test_alpha_is_projected_onto_the_unit_interval(digits_tiny_root):
 def test_personalised_model_is_the_mixture(digits_tiny_root):
     server = build(digits_tiny_root, "-al", "0.25", "-lr", "0.1")
     server.run_round(0)
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     c = server.clients[3]
     a = c.mixing_weight()
     mixed = dict(c.eval_model().named_parameters())

@@ -61,7 +61,7 @@ def prepared(root, *flags):
     server.cores = [perturbed(init, seed=j) for j in range(len(server.clients))]
     for c, core in zip(server.clients, server.cores):
         c.model.load_state_dict(core)
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     return server, server.clients[1]
 
 
@@ -100,7 +100,7 @@ def test_momentum_restarts_every_round(digits_root):
     server, client = prepared(digits_root)
     client.train(0)
     assert not client.optimizer.state  # nothing of the round's momentum is kept
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     keys = [k for k, _ in client.model.named_parameters()]
     cores = [{k: (dict(client.model.named_parameters()) if j == client.id else c)[k].detach().clone() for k in keys}
              for j, c in enumerate(server.cores)]

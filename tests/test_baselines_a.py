@@ -64,7 +64,7 @@ def test_fedprox_gradient_adds_mu_times_distance_to_global(digits_root):
     mu = 0.3
     server = make_server(digits_root, "FedProx", "-mu", str(mu))
     client = server.clients[0]
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     perturb(client.model)  # as after some local steps: w != w^t
     x, y = client.x_train[:10], client.y_train[:10]
     client.model.zero_grad()
@@ -110,7 +110,7 @@ def test_fine_tuning_is_fte_epochs_of_sgd_on_a_copy(digits_root, decay, round_id
     lr, bs = 0.05, 10
     server = make_server(digits_root, "FedAvg-C", "-fte", "2", "-lr", str(lr), "-lbs", str(bs), *decay)
     server.round_idx = round_idx
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     client = server.clients[1]
     before, batch_state = params(client.model), client.batch_gen.get_state()
     tuned = client.eval_model()
@@ -176,7 +176,7 @@ def test_perfedavg_training_step_updates_w_with_beta(digits_root):
 def test_perfedavg_personalisation_is_one_step_on_a_copy(digits_root):
     alpha, bs = 0.05, 10
     server = make_server(digits_root, "Per-FedAvg", "-lr", str(alpha), "-lbs", str(bs))
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     client = server.clients[2]
     before = params(client.model)
     tuned = client.eval_model()
@@ -212,14 +212,14 @@ def test_fedrep_head_phase_freezes_body_then_body_phase_freezes_head(digits_root
 
 def test_fedrep_heads_stay_local_and_only_bodies_are_averaged(digits_root):
     server = make_server(digits_root, "FedRep", "-pls", "1", "-lr", "0.1")
-    server.send_models(server.clients)
-    server.train_clients(server.clients)
+    server._send_models(server.clients)
+    server._train_clients(server.clients)
     heads = [params(c.model.head) for c in server.clients]
-    uploads = server.receive_models(server.clients)
+    uploads = server._receive_models(server.clients)
     body_keys = set(server.global_model.base.state_dict())
     assert all(set(u.state) == body_keys for u in uploads) and "fc.weight" not in body_keys
     server.aggregate(uploads)
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     for c, h in zip(server.clients, heads):
         assert same(params(c.model.head), h)  # the server never overwrites a head
         assert same(params(c.model.base), params(server.global_model.base))
@@ -242,7 +242,7 @@ def test_fedrep_with_ala_adapts_body_layers_under_the_local_head(digits_root):
 # ---- Ditto ---------------------------------------------------------------------------------------
 def personal_distance(root, lam):
     server = make_server(root, "Ditto", "-mu", str(lam), "-lr", "0.01")
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     client = server.clients[0]
     client.train(0)
     v, w_global = params(client.pmodel), params(server.global_model)
@@ -273,7 +273,7 @@ def test_ditto_with_ala_initialises_w_and_leaves_v(digits_root):
     server.train()
     client = server.clients[0]
     v = params(client.pmodel)
-    server.send_models(server.clients)  # ALA (the client has trained) on w; v untouched
+    server._send_models(server.clients)  # ALA (the client has trained) on w; v untouched
     assert client.ala.weights is not None
     assert same(params(client.pmodel), v)
     assert not same(params(client.model), params(server.global_model))
@@ -285,7 +285,7 @@ def test_fine_tuning_under_dp_trains_the_copy_and_is_counted(digits_root):
     """-dp: the evaluation fine-tune is DP-SGD on the copy (it moves), each of its steps is in the accountant,
     and its noise never shifts training's stream."""
     server = make_server(digits_root, "FedAvg-C", "-dp", "-fte", "1", "-lr", "0.05")
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     client = server.clients[0]
     steps_before = sum(s for _, _, s in client.dp.history)
     noise_before = client.dp.generator.get_state()

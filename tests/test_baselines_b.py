@@ -106,7 +106,7 @@ def test_fedamp_clients_start_from_their_cloud_model_and_are_pulled_to_it(digits
                          "-lam", str(lam))
     server.client_states = [perturbed(server.global_model, seed=i, scale=0.002 * (i + 1))
                             for i in range(len(server.clients))]
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     keys = [n for n, _ in server.global_model.named_parameters()]
     flat = torch.stack([torch.cat([s[k].reshape(-1).double() for k in keys]) for s in server.client_states])
     xi = amp_attention(torch.cdist(flat, flat) ** 2, alk, sg)
@@ -218,7 +218,7 @@ def test_apple_starts_from_the_sample_weighted_mix_of_core_models(digits_root):
     server.cores = [perturbed(server.global_model, seed=i) for i in range(len(server.clients))]
     for c, core in zip(server.clients, server.cores):
         c.model.load_state_dict(core)
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     client = server.clients[2]
     assert torch.equal(client.p, client.p0)
     for k, v in client.personal.named_parameters():
@@ -230,7 +230,7 @@ def test_apple_relationship_gradient_is_inner_product_plus_proximal_pull(digits_
     mu = 0.4
     server = make_server(digits_root, "APPLE", "-mu", str(mu), "-gr", "10", "-L", "1")
     server.cores = [perturbed(server.global_model, seed=i) for i in range(len(server.clients))]
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     client = server.clients[1]
     client.stack_others()
     client.lam = apple_lambda(3, 10, 1.0)

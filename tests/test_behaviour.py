@@ -100,7 +100,7 @@ def evaluated_and_global(algo: str, root) -> tuple[list[dict], dict]:
     for t in range(2):
         server.run_round(t)
     server.round_idx = 2
-    server.send_models(server.select_clients())
+    server._send_models(server.select_clients())
     return [c.eval_model().state_dict() for c in server.clients], server.global_model.state_dict()
 
 

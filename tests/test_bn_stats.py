@@ -60,7 +60,7 @@ def test_fedavg_averages_statistics_only_when_shared(mode, digits_noniid_root, m
         else:  # never averaged: the server's model keeps the statistics it started with
             assert torch.equal(glob[k], init[k])
     # the next broadcast: parameters are the global ones; statistics the global ones or the client's own
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     for c, (_, _, up) in zip(server.clients, uploads):
         mine = c.model.state_dict()
         for k, _ in c.model.named_parameters():
@@ -81,7 +81,7 @@ def test_ala_takes_the_global_statistics_only_when_shared(mode, digits_noniid_ro
     trained = {c.id: snapshot(c.model) for c in server.clients}
     glob = snapshot(server.global_model)
     server.round_idx = 1
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     for c in server.clients:
         assert c.ala.last_epochs == 2  # ALA did run
         mine = c.model.state_dict()
@@ -100,7 +100,7 @@ def test_fedrep_and_scaffold_average_parameters_only_when_local(digits_noniid_ro
             assert torch.equal(glob[k], init[k]), (algo, k)
         moved = [k for k, _ in server.global_model.named_parameters() if not torch.equal(glob[k], init[k])]
         assert moved, algo  # the parameters were aggregated
-        server.send_models(server.clients)
+        server._send_models(server.clients)
         for c, (_, _, up) in zip(server.clients, uploads):
             mine = c.model.state_dict()
             prefix = "base." if algo == "FedRep" else ""

@@ -213,8 +213,8 @@ class Counted:
         monkeypatch.setattr(privacy.ClientLevelDP, "release", counting)
         data = load_split("Digits", root, int(NC))
         self.server = get_server_class(algo)(self.cfg.replace(num_classes=10), data)
-        record = self.server.record
-        self.server.record = lambda s: (self.records.append((s, len(self.releases))), record(s))
+        record = self.server._record
+        self.server._record = lambda s: (self.records.append((s, len(self.releases))), record(s))
 
     def global_params(self) -> torch.Tensor:
         return torch.cat([p.detach().flatten().double() for p in self.server.global_model.parameters()])
@@ -223,7 +223,7 @@ class Counted:
         for t in range(first, last):
             self.server.run_round(t)
         if final:
-            self.server.final_evaluation(last)
+            self.server._final_evaluation(last)
         return self.global_params()
 
 

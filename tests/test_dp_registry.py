@@ -68,8 +68,8 @@ class Counted:
         monkeypatch.setattr(privacy.DPSGD, "backward", counting)
         data = load_split("Digits", root, int(NC))
         self.server = get_server_class(algo)(self.cfg.replace(num_classes=10), data)
-        record = self.server.record
-        self.server.record = lambda summary: (self.records.append((summary, len(self.calls))), record(summary))
+        record = self.server._record
+        self.server._record = lambda summary: (self.records.append((summary, len(self.calls))), record(summary))
         self.start = self.params()
 
     def params(self) -> dict[str, torch.Tensor]:
@@ -84,7 +84,7 @@ class Counted:
         for t in range(first, last):
             self.server.run_round(t)
         if final:
-            self.server.final_evaluation(last)
+            self.server._final_evaluation(last)
         return self.params()
 
 

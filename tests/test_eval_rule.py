@@ -42,7 +42,7 @@ def test_every_evaluation_runs_ala_by_one_rule(who, digits_root, monkeypatch):
         train(clients)
 
     monkeypatch.setattr(server, "evaluate", check_then_evaluate)
-    monkeypatch.setattr(server, "train_clients", record_training)
+    monkeypatch.setattr(server, "_train_clients", record_training)
     server.train()
     assert [r for r, _, _ in seen] == [0, 1, 2, 3, 4]  # four rounds and the final evaluation
     for r, got, want in seen:

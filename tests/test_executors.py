@@ -232,7 +232,7 @@ def kill_worker_at(monkeypatch, round_idx: int, worker: int, every_time: bool = 
             killed.append(round_idx)
         return train(self, clients)
 
-    monkeypatch.setattr(Server, "train_clients", kill_then_train)
+    monkeypatch.setattr(Server, "_train_clients", kill_then_train)
     return killed
 
 
@@ -369,7 +369,7 @@ def test_personal_entries_never_reach_the_server(algo, digits_tiny_root, monkeyp
         seen.append((personal, uploads))
         return uploads
 
-    monkeypatch.setattr(server, "receive_models", receive_and_keep)
+    monkeypatch.setattr(server, "_receive_models", receive_and_keep)
     server.run_round(0)
     server.run_round(1)
     assert len(seen) == 2

@@ -34,8 +34,8 @@ def test_drop_rate_half_trains_the_seeded_half(digits_root, monkeypatch):
                          "--train_loss_eval", "off")
     trained, uploaded = [], []
     train, receive = Server.train_clients, Server.receive_models
-    monkeypatch.setattr(Server, "train_clients", lambda s, cs: (trained.append([c.id for c in cs]), train(s, cs)))
-    monkeypatch.setattr(Server, "receive_models", lambda s, cs: uploaded.append(len(cs)) or receive(s, cs))
+    monkeypatch.setattr(Server, "_train_clients", lambda s, cs: (trained.append([c.id for c in cs]), train(s, cs)))
+    monkeypatch.setattr(Server, "_receive_models", lambda s, cs: uploaded.append(len(cs)) or receive(s, cs))
     server.train()
     # Independent expectation: -jr 1 selects everyone; each drops when its draw from the (seed 0, run 0,
     # "drop") stream is below 0.5.
@@ -46,7 +46,7 @@ def test_drop_rate_half_trains_the_seeded_half(digits_root, monkeypatch):
         expected.append([i for i in range(5) if u[i] >= 0.5])
     assert trained == expected and uploaded == [len(e) for e in expected]
     assert any(len(e) < 5 for e in expected)
-    kept = [len(server.active_clients(server.clients)) for _ in range(400)]
+    kept = [len(server._active_clients(server.clients)) for _ in range(400)]
     assert abs(np.mean(kept) / 5 - 0.5) < 0.05
 
 

@@ -101,7 +101,7 @@ def test_evaluation_sees_the_trained_w_i_not_the_cloud_model(digits_noniid_root)
     trained = {c.id for c in server.selected}
     assert 0 < len(trained) < len(server.clients)
     server.round_idx = 1
-    server.send_models(server.clients)  # everyone receives its next cloud model u_i and starts from it
+    server._send_models(server.clients)  # everyone receives its next cloud model u_i and starts from it
     correct = total = 0
     for c in server.clients:
         w_i = server.client_states[c.id] if c.id in trained else init  # what it uploaded, or never trained

@@ -53,7 +53,7 @@ def test_bodies_are_averaged_with_the_fisher_traces_as_weights(digits_tiny_root,
     monkeypatch.setattr(clientas, "fisher_trace", recording)
     seen = []
     receive = server.receive_models
-    monkeypatch.setattr(server, "receive_models", lambda clients: seen.extend(receive(clients)) or seen)
+    monkeypatch.setattr(server, "_receive_models", lambda clients: seen.extend(receive(clients)) or seen)
     server.run_round(0)
     assert sorted(u.id for u in seen) == [0, 1, 2] and len(traced) == 3
     for u, (trained, value) in zip(seen, traced.values()):
@@ -83,7 +83,7 @@ def test_alignment_is_a_step_towards_the_local_prototypes(digits_tiny_root):
     grads = torch.autograd.grad(loss, list(ref.parameters()))
     want = {n: p.detach() - 0.5 * g for (n, p), g in zip(ref.named_parameters(), grads)}
     server.round_idx = 1
-    server.send_models([c])
+    server._send_models([c])
     got = c.model.state_dict()
     for n, v in want.items():
         assert torch.allclose(got[f"base.{n}"], v, atol=1e-5), n
@@ -96,7 +96,7 @@ def test_only_participants_receive_the_body(digits_tiny_root):
     server.run_round(0)
     before = [state(c.model) for c in server.clients]
     server.bytes_down = 0
-    server.send_models([server.clients[1]])
+    server._send_models([server.clients[1]])
     assert server.bytes_down == payload_bytes(server.global_model.base)
     assert server.broadcast(server.clients[0]) is None
     for i in (0, 2):
@@ -115,7 +115,7 @@ def test_ala_takes_the_aligned_body(digits_tiny_root, tmp_path):
     c.ala.adaptive_local_aggregation = lambda glob, target, x, y: calls.append((state(glob), state(target)))
     glob = state(server.global_model.base)
     server.round_idx = 1
-    server.send_models([c])
+    server._send_models([c])
     (received, target), = calls  # ALA initialises the client's own model from the aligned body under its head
     assert target.keys() == received.keys() and all(torch.equal(received[k], v) for k, v in target.items()
                                                     if k.startswith("head."))

@@ -47,7 +47,7 @@ def test_evaluated_model_is_the_received_one_fine_tuned(digits_noniid_root):
     server = make_server(digits_noniid_root, "-lr", "0.05", "-fte", "2")
     server.run_round(0)
     server.round_idx = 1
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     client = server.clients[3]
     start = copy.deepcopy(client.model)
     gen_state = client.batch_gen.get_state()
@@ -93,7 +93,7 @@ def test_dp_counts_the_fine_tune_steps(digits_noniid_root):
     assert sum(steps for _, _, steps in client.dp.history) == 3 * per_epoch
     assert client.dp_epsilon(1e-5) > 0
     server.round_idx = 1
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     tuned = client.eval_model()
     assert not same(state(tuned), state(client.model))  # the DP fine-tune did train the copy
     assert sum(steps for _, _, steps in client.dp.history) == 5 * per_epoch

@@ -68,7 +68,7 @@ def test_clients_keep_their_bn_and_receive_the_rest(digits_tiny_root):
     bn = [k for k in own if k.startswith(c.personal_keys)]
     assert len(bn) == 10 and all(k.startswith(("conv1.1.", "conv2.1.")) for k in bn)
     assert not torch.equal(own["conv1.1.running_mean"], server.global_model.state_dict()["conv1.1.running_mean"])
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     glob = server.global_model.state_dict()
     for k, v in c.model.state_dict().items():
         assert torch.equal(v, own[k] if k in bn else glob[k]), k
@@ -109,7 +109,7 @@ def test_ala_runs_and_leaves_bn_alone(digits_tiny_root, tmp_path):
     server.run_round(1)  # the second broadcast runs ALA on every layer
     c = server.clients[0]
     own = {k: v.clone() for k, v in c.model.state_dict().items() if k.startswith(c.personal_keys)}
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     for k, v in own.items():
         assert torch.equal(c.model.state_dict()[k], v), k
     assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedBN", "-ala", "-gr", "2", "-lr", "0.1")) == 0

@@ -56,7 +56,7 @@ def test_server_composes_each_uploaders_model_by_hand(digits_tiny_root, monkeypa
     server = make_server(digits_tiny_root, "-lr", "0.1", "-bt", "3")
     seen = []
     receive = server.receive_models
-    monkeypatch.setattr(server, "receive_models", lambda cs: seen.append(receive(cs)) or seen[-1])
+    monkeypatch.setattr(server, "_receive_models", lambda cs: seen.append(receive(cs)) or seen[-1])
     server.run_round(0)
     uploads = seen[0]
     n = torch.tensor([float(u.weight) for u in uploads])
@@ -75,7 +75,7 @@ def test_server_composes_each_uploaders_model_by_hand(digits_tiny_root, monkeypa
             want = torch.where(u.extras["critical"][k], mean, glob[k])
             assert torch.allclose(server.composed[u.id][k], want, atol=1e-6), (u.id, k)
     assert max(sizes) > 1  # someone collaborates: the check is not about self-averages only
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     for c in server.clients:
         for k, p in c.model.named_parameters():
             assert torch.equal(p, server.composed[c.id][k])

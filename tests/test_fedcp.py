@@ -68,7 +68,7 @@ def test_mmd_by_hand():
 def test_round_wiring(digits_noniid_root, monkeypatch):
     server = make_server(digits_noniid_root, "-lr", "0.05")
     glob = {k: v.clone() for k, v in server.global_model.state_dict().items()}
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     pheads = {}
     seen = []
     receive = server.receive_models
@@ -82,9 +82,9 @@ def test_round_wiring(digits_noniid_root, monkeypatch):
         seen.extend(uploads)
         return uploads
 
-    monkeypatch.setattr(server, "receive_models", keep)
-    server.train_clients(server.clients)
-    server.aggregate(server.receive_models(server.clients))
+    monkeypatch.setattr(server, "_receive_models", keep)
+    server._train_clients(server.clients)
+    server.aggregate(server._receive_models(server.clients))
     for u in seen:
         assert not [k for k in u.state if k.startswith(("phead.", "context"))]
         assert {k.split(".")[0] for k in u.state} == {"base", "cpn", "head"}
@@ -93,7 +93,7 @@ def test_round_wiring(digits_noniid_root, monkeypatch):
     want = sum(n[i] * pheads[i]["weight"] for i in n) / sum(n.values())
     assert torch.allclose(server.global_model.head.weight, want, atol=1e-6)
     server.round_idx = 1
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     for c in server.clients:  # receiving keeps the personal head and sets the context from it
         assert torch.equal(c.model.phead.weight, pheads[c.id]["weight"])
         assert torch.allclose(c.model.context, pheads[c.id]["weight"].sum(0))

@@ -44,7 +44,7 @@ def test_local_steps_and_state_update_follow_the_paper(digits_root):
     alpha, lr, bs = 0.5, 0.05, 32
     server = make_server(digits_root, "-al", str(alpha), "-lr", str(lr), "-lbs", str(bs))
     c0 = server.clients[0]
-    server.send_models([c0])
+    server._send_models([c0])
     anchor = {k: p.detach().clone() for k, p in server.global_model.named_parameters()}
     c0.grad_state = randn_like(anchor, 4)
     state_old = {k: v.clone() for k, v in c0.grad_state.items()}
@@ -114,7 +114,7 @@ def test_dp_adds_the_regulariser_after_clipping(digits_root):
     server = make_server(digits_root, "-dp", "-dps", "1", "--dp_clip", "1e-9", "-al", str(alpha), "-lr", str(lr))
     c0 = server.clients[0]
     c0.dp.sigma = 0.0
-    server.send_models([c0])
+    server._send_models([c0])
     anchor = {k: p.detach().clone() for k, p in c0.model.named_parameters()}
     c0.grad_state = randn_like(anchor, 8)
     with torch.no_grad():

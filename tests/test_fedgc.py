@@ -61,7 +61,7 @@ def test_round_uploads_own_rows_and_receives_them_corrected(digits_noniid_root, 
     server = make_server(digits_noniid_root, "-lam", "2.0", "-lr", "0.05")
     seen = []
     receive = server.receive_models
-    monkeypatch.setattr(server, "receive_models", lambda cs: seen.extend(receive(cs)) or seen)
+    monkeypatch.setattr(server, "_receive_models", lambda cs: seen.extend(receive(cs)) or seen)
     server.run_round(0)
     assert sorted(u.id for u in seen) == [0, 1, 2]
     for u in seen:
@@ -74,7 +74,7 @@ def test_round_uploads_own_rows_and_receives_them_corrected(digits_noniid_root, 
     for i, w in zip(ids, want):
         assert torch.equal(server.embeddings[i][1], w)
     server.round_idx = 1
-    server.send_models(server.select_clients())
+    server._send_models(server.select_clients())
     for i in ids:
         c = server.clients[i]
         assert torch.equal(c.model.head.weight[c.own], server.embeddings[i][1])

@@ -57,14 +57,14 @@ def test_generator_loss_on_a_toy_ensemble_matches_a_hand_computation():
 
 def test_the_generator_learns_on_the_server_only(digits_root):
     server = make_server(digits_root)
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     assert all(c.generator is None for c in server.clients)  # round 0: nothing trained yet
     server.run_round(0)
     assert server.gen_rounds == 1
     counts = sum(torch.bincount(c.y_train, minlength=10).float() for c in server.clients)
     torch.testing.assert_close(server.label_dist, counts / counts.sum())
     server.round_idx = 1
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     g_server = state(server.generator)
     c0 = server.clients[0]
     assert c0.generator is not server.generator
@@ -73,12 +73,12 @@ def test_the_generator_learns_on_the_server_only(digits_root):
         assert torch.equal(v, g_server[k])
     held = {id(p) for g in c0.optimizer.param_groups for p in g["params"]}
     assert not any(id(p) in held or p.requires_grad for p in c0.generator.parameters())
-    server.train_clients(server.clients)
+    server._train_clients(server.clients)
     for k, v in state(c0.generator).items():  # client training leaves both copies as they were
         assert torch.equal(v, g_client[k])
     for k, v in state(server.generator).items():
         assert torch.equal(v, g_server[k])
-    uploads = server.receive_models(server.clients)
+    uploads = server._receive_models(server.clients)
     server.aggregate(uploads)
     assert server.gen_rounds == 2
     moved = [k for k, v in server.generator.named_parameters() if not torch.equal(v.detach(), g_server[k])]
@@ -93,7 +93,7 @@ def test_client_objective_and_its_schedule(digits_root):
     server.run_round(0)
     c0 = server.clients[0]
     server.round_idx = 1
-    server.send_models([c0])
+    server._send_models([c0])
     c0.alpha = generated_weight(3.0, 1)
     x, y = c0.x_train[:5], c0.y_train[:5]
     gen = torch.Generator().set_state(c0.gen_stream.get_state())
@@ -129,13 +129,13 @@ def test_lf_shares_only_the_head(digits_root):
     server = make_server(digits_root, "-lf")
     base0 = state(server.global_model.base)
     server.run_round(0)
-    uploads = server.receive_models(server.clients)
+    uploads = server._receive_models(server.clients)
     assert all(set(u.state) == {"head.weight", "head.bias"} for u in uploads)
     assert server.clients[0].personal_keys == ("base.",)
     for k, v in state(server.global_model.base).items():
         assert torch.equal(v, base0[k])
     server.round_idx = 1
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     a, b = server.clients[0].model, server.clients[1].model
     assert torch.equal(a.head.weight, server.global_model.head.weight)
     assert not torch.equal(a.base.fc1[0].weight, b.base.fc1[0].weight)  # bodies stay local

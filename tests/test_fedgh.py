@@ -103,7 +103,7 @@ def test_no_body_is_uploaded_and_only_the_header_goes_down(digits_tiny_root):
     head_bytes = payload_bytes(server.global_model.head)
     assert payload_bytes(server.broadcast(server.clients[0])) == head_bytes
     assert server.bytes_down == 3 * head_bytes
-    server.send_models(server.select_clients())  # every client takes the global header over its own body
+    server._send_models(server.select_clients())  # every client takes the global header over its own body
     glob = server.global_model.head.state_dict()
     bodies = [c.model.base.state_dict() for c in server.clients]
     for c in server.clients:
@@ -119,7 +119,7 @@ def test_ala_adapts_the_received_header(digits_tiny_root, tmp_path):
     calls = []
     c.ala.adaptive_local_aggregation = lambda glob, target, x, y: calls.append((state(glob), state(target)))
     server.round_idx = 1
-    server.send_models(server.select_clients())
+    server._send_models(server.select_clients())
     (received, target), = calls  # the global header under the client's own body
     assert all(torch.equal(received[f"head.{k}"], v) for k, v in server.global_model.head.state_dict().items())
     assert all(torch.equal(received[k], v) for k, v in target.items() if k.startswith("base."))

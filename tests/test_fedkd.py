@@ -56,7 +56,7 @@ def test_threshold_schedule_by_hand():
 def test_upload_is_the_factors_at_the_rounds_threshold(digits_tiny_root):
     server = build(digits_tiny_root, "-Ts", "0.6", "-Te", "0.9")
     c = server.clients[0]
-    server.send_models([c])
+    server._send_models([c])
     server.round_idx = 2
     start = {k: v.clone() for k, v in c.global_mentee.state_dict().items()}
     c.train(2)
@@ -88,9 +88,9 @@ def test_global_mentee_stays_in_sync_and_bytes_up_drop(digits_tiny_root):
     assert 0 < server.bytes_up < 3 * model_bytes / 3  # round 1's three uploads: under one mentee's bytes
     assert 0 < server.bytes_down < 3 * model_bytes / 3
     server.round_idx = 2
-    server.send_models(server.select_clients())
+    server._send_models(server.select_clients())
     server.aggregate([])  # a round without uploads: the next broadcast carries no update again
-    server.send_models(server.select_clients())
+    server._send_models(server.select_clients())
     glob = server.global_model.state_dict()
     for c in server.clients:
         for k, v in c.global_mentee.state_dict().items():

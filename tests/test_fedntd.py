@@ -55,7 +55,7 @@ def test_client_loss_is_ce_plus_beta_ntd_against_the_received_global_model(digit
     beta, tau = 0.7, 2.0
     server = make_server(digits_root, "-bt", str(beta), "-tau", str(tau))
     client = server.clients[0]
-    server.send_models([client])
+    server._send_models([client])
     with torch.no_grad():
         for p in client.model.parameters():  # as after some local steps: local != global
             p.mul_(1.1)
@@ -82,7 +82,7 @@ def test_teacher_is_the_received_global_model_with_ala(digits_root):
     server.train()
     client = server.clients[0]
     assert client.ala.weights is not None  # ALA ran in round 2
-    server.send_models([client])  # the next round's start: ALA mix for the student, global model for the teacher
+    server._send_models([client])  # the next round's start: ALA mix for the student, global model for the teacher
     glob = dict(server.global_model.named_parameters())
     assert all(torch.equal(p, glob[k].detach()) for k, p in client.teacher.named_parameters())
     assert any(not torch.equal(p.detach(), glob[k]) for k, p in client.model.named_parameters())
@@ -95,7 +95,7 @@ def test_dp_per_sample_gradients_include_the_distillation_term(digits_root):
     teacher (an untrained client module) and the not-true gather under vmap."""
     server = make_server(digits_root, "-dp", "-dps", "1", "--dp_clip", "1e9", "-bt", "2")
     client = server.clients[0]
-    server.send_models([client])
+    server._send_models([client])
     with torch.no_grad():
         for p in client.model.parameters():
             p.mul_(1.1)

@@ -95,7 +95,7 @@ def test_a_round_combines_heads_averages_bodies_and_centroids(digits_tiny_root):
     # each client's head is Σ_j α_ij head_j with α_i from the uploaded statistics; it arrives next broadcast
     v = torch.stack([u.extras["v"] for u in uploads])
     hs = torch.stack([u.extras["H"] for u in uploads])
-    server.send_models(server.select_clients())
+    server._send_models(server.select_clients())
     for i, u in enumerate(uploads):
         alpha = combination_weights(v, hs, i)
         assert np.array_equal(alpha, server.weights[u.id])
@@ -111,7 +111,7 @@ def test_a_round_combines_heads_averages_bodies_and_centroids(digits_tiny_root):
 
 def test_statistics_are_of_the_received_body_before_training(digits_tiny_root):
     server = make_server(digits_tiny_root)
-    server.send_models(server.select_clients())
+    server._send_models(server.select_clients())
     c = server.clients[1]
     c.model.eval()
     with torch.no_grad():
@@ -127,7 +127,7 @@ def test_ala_runs_on_the_body(digits_tiny_root):
     server.run_round(0)
     server.run_round(1)
     server.round_idx = 2
-    server.send_models(server.select_clients())
+    server._send_models(server.select_clients())
     glob = server.global_model.base.state_dict()
     for c in server.clients:  # ALA mixed the adapted tensors with the client's own; the others are copied
         body = c.model.base.state_dict()

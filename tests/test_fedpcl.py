@@ -75,7 +75,7 @@ def test_rounds_upload_normalised_prototypes_only_and_pad_with_the_global_ones(d
             assert u.extras["counts"][k] == int((c.y_train == k).sum())
     # every client receives the global prototypes and each client's last upload; a class a client lacks
     # is contrasted against the global prototype in its place
-    server.send_models(server.select_clients())
+    server._send_models(server.select_clients())
     c = server.clients[1]
     assert sorted(c.client_protos) == [0, 1, 2, 3, 4]
     lacking = [k for k in server.global_protos if k not in c.client_protos[3]]

@@ -96,7 +96,7 @@ def test_fedper_with_ala_adapts_the_body_under_the_local_head(digits_root):
     server.run_round(1)
     head = state(client.model.head)
     server.round_idx = 2
-    server.send_models(server.clients)  # the second receipt after training: ALA runs
+    server._send_models(server.clients)  # the second receipt after training: ALA runs
     assert client.ala.weights is not None
     assert all(torch.equal(v, state(client.model.head)[k]) for k, v in head.items())  # the head stays
     glob, got = state(server.global_model.base), state(client.model.base)

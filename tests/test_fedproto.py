@@ -73,7 +73,7 @@ def test_uploads_are_the_class_means_of_the_trained_body_and_carry_no_weights(di
     for k, p in expected.items():
         torch.testing.assert_close(server.global_protos[k], p)
     server.bytes_down = 0
-    server.send_models(server.select_clients())
+    server._send_models(server.select_clients())
     assert server.bytes_down == len(server.clients) * len(expected) * 4 * d
     for c in server.clients:
         assert all(torch.equal(c.global_protos[k], server.global_protos[k]) for k in expected)
@@ -112,10 +112,10 @@ def test_nearest_prototype_by_hand():
 
 def test_evaluation_uses_the_global_prototypes_after_the_first_round(digits_tiny_root):
     server = make_server(digits_tiny_root)
-    server.send_models(server.select_clients())
+    server._send_models(server.select_clients())
     assert server.clients[0].eval_model() is server.clients[0].model  # no prototype yet: the local head
     server.run_round(0)
-    server.send_models(server.select_clients())
+    server._send_models(server.select_clients())
     m = server.clients[0].eval_model()
     assert isinstance(m, NearestPrototype) and m.base is server.clients[0].model.base
     assert torch.equal(m.prototypes[3], server.global_protos[3])

@@ -120,7 +120,7 @@ def test_ala_adapts_the_received_part_under_the_personal_head(digits_noniid_root
     server.run_round(1)
     mine = state(client.model.phead)
     server.round_idx = 2
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     assert client.ala.weights is not None
     assert all(torch.equal(v, state(client.model.phead)[k]) for k, v in mine.items())
     glob, got = state(server.global_model), state(client.model)

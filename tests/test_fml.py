@@ -55,7 +55,7 @@ def test_zero_kl_weights_are_two_independent_ce_trainings(digits_tiny_root):
     start = {"local": dict(c.local.named_parameters()), "meme": dict(server.global_model.named_parameters())}
     start = {m: {k: v.detach().clone() for k, v in s.items()} for m, s in start.items()}
     batch_state = c.batch_gen.get_state()
-    server.send_models([c])
+    server._send_models([c])
     c.train(0)
     gen = torch.Generator().set_state(batch_state)
     perm = torch.randperm(c.train_samples, generator=gen)
@@ -73,7 +73,7 @@ def test_zero_kl_weights_are_two_independent_ce_trainings(digits_tiny_root):
 
 def test_meme_is_averaged_and_the_local_model_stays(digits_tiny_root):
     server = build(digits_tiny_root)
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     for c in server.clients:
         c.train(0)
     uploads = [c.upload() for c in server.clients]

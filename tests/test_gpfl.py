@@ -52,7 +52,7 @@ def test_cov_by_hand():
 
 def test_conditional_inputs_and_mu_gradient(digits_noniid_root):
     server = make_server(digits_noniid_root, "-mu", "0.3")
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     emb = server.global_model.gce.weight.detach()
     c = server.clients[0]
     counts = torch.bincount(c.y_train, minlength=10).float()
@@ -73,7 +73,7 @@ def test_upload_keeps_head_and_cond_p(digits_noniid_root, monkeypatch):
     server = make_server(digits_noniid_root)
     seen = []
     receive = server.receive_models
-    monkeypatch.setattr(server, "receive_models", lambda cs: seen.extend(receive(cs)) or seen)
+    monkeypatch.setattr(server, "_receive_models", lambda cs: seen.extend(receive(cs)) or seen)
     server.run_round(0)
     assert len(seen) == 3
     for u in seen:

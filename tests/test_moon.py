@@ -41,7 +41,7 @@ def test_contrastive_loss_matches_a_hand_computation():
 def test_local_objective_and_the_models_it_contrasts(digits_root):
     server = make_server(digits_root, "-mu", "2.0", "-tau", "0.7")
     c0 = server.clients[0]
-    server.send_models([c0])
+    server._send_models([c0])
     x, y = c0.x_train[:9], c0.y_train[:9]
     # before the client has trained: no negative pair, plain cross-entropy
     assert c0.prev_model is None
@@ -51,7 +51,7 @@ def test_local_objective_and_the_models_it_contrasts(digits_root):
     for k, v in c0.prev_model.state_dict().items():  # w_i^{t-1}: the model right after its training
         assert torch.equal(v, trained[k])
     server.aggregate([c.upload() for c in server.clients[:1]] + [server.clients[1].upload()])
-    server.send_models([c0])
+    server._send_models([c0])
     for k, v in c0.global_model.state_dict().items():  # w^t: the global model as received
         assert torch.equal(v, server.global_model.state_dict()[k])
     assert not any(p.requires_grad for p in c0.global_model.parameters())
@@ -100,10 +100,10 @@ def test_dp_gradient_of_the_contrastive_objective_without_noise_or_clipping(digi
     clipping, DP-SGD's gradient is the plain batch gradient of MOON's objective."""
     server = make_server(digits_root, "-dp", "-dps", "0.5")
     c0 = server.clients[0]
-    server.send_models([c0])
+    server._send_models([c0])
     c0.train(0)
     server.aggregate([c.upload() for c in server.clients[:2]])
-    server.send_models([c0])
+    server._send_models([c0])
     c0.dp.sigma, c0.dp.clip = 0.0, 1e9
     x, y = c0.x_train[:7], c0.y_train[:7]
     want = torch.autograd.grad(c0.loss(x, y), list(c0.model.parameters()))

@@ -55,7 +55,7 @@ def test_server_couplings_and_models_stay_local(digits_tiny_root):
     server.run_round(0)
     m = len(server.clients)
     own = [{k: v.clone() for k, v in c.model.state_dict().items()} for c in server.clients]
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     for c, state in zip(server.clients, own):  # the broadcast leaves every model as it was
         for k, v in c.model.state_dict().items():
             assert torch.equal(v, state[k]), k
@@ -72,7 +72,7 @@ def test_server_couplings_and_models_stay_local(digits_tiny_root):
 def test_one_step_adds_the_regulariser_gradient(digits_tiny_root):
     server = build(digits_tiny_root, "-lam", "0.5", "--lamda2", "0.1", "-lbs", "10000")  # one batch per round
     server.run_round(0)
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     c = server.clients[1]
     w = {k: p.detach().clone() for k, p in c.model.named_parameters()}
     wbar = {k: sum(s[k] for s in server.models) / len(server.models) for k in w}

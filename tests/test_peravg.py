@@ -82,7 +82,7 @@ def test_personalisation_uses_the_decayed_alpha_of_the_evaluated_round(digits_ro
     lr, gamma, t, bs, cid = 0.1, 0.5, 3, 10, 2
     server = make_server(digits_root, "-lr", str(lr), "-ld", "-ldg", str(gamma), "-lbs", str(bs))
     server.round_idx = t
-    server.send_models(server.clients if participating else [server.clients[0]])
+    server._send_models(server.clients if participating else [server.clients[0]])
     client = server.clients[cid]
     tuned = client.eval_model()
     idx = torch.randperm(client.train_samples, generator=torch_gen(0, 0, "fine-tune", cid))[:bs]

@@ -75,7 +75,7 @@ def test_join_ratio_and_drop_rate(digits_root):
     server = FedAvgServer(cfg.replace(device="cpu", num_classes=10), load_split("Digits", digits_root))
     sizes = [len(server.select_clients()) for _ in range(50)]
     assert set(sizes) == {2}  # int(0.4 * 5)
-    kept = [len(server.active_clients(server.clients)) for _ in range(400)]
+    kept = [len(server._active_clients(server.clients)) for _ in range(400)]
     assert abs(np.mean(kept) / 5 - 0.5) < 0.05  # about half of the participants train
 
 

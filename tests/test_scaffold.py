@@ -30,7 +30,7 @@ def test_local_steps_and_control_variate_follow_the_paper(digits_root):
     c0.c_i = random_like(x, 2)
     c_i_old = {k: v.clone() for k, v in c0.c_i.items()}
     batch_state = c0.batch_gen.get_state()
-    server.send_models([c0])
+    server._send_models([c0])
     c0.train(0)
     up = c0.upload()
 
@@ -63,9 +63,9 @@ def test_server_steps_by_the_unweighted_mean_and_spreads_dc_over_all_clients(dig
     c_before = random_like(x, 3)
     server.c = {k: v.clone() for k, v in c_before.items()}
     chosen = server.clients[:2]
-    server.send_models(chosen)
-    server.train_clients(chosen)
-    uploads = server.receive_models(chosen)
+    server._send_models(chosen)
+    server._train_clients(chosen)
+    uploads = server._receive_models(chosen)
     assert uploads[0].weight != uploads[1].weight  # the clients' sizes differ, the mean must ignore them
     server.aggregate(uploads)
     n_clients = len(server.clients)

@@ -118,3 +118,53 @@ def test_help_imports_no_algorithm_it_does_not_show_and_plain_help_not_torch():
     algorithm_files = [m for m in shown if m.rsplit(".", 1)[-1].startswith(("server", "client"))
                        and not m.endswith(("serverbase", "clientbase"))]
     assert sorted(algorithm_files) == ["flcore.clients.clientprox", "flcore.servers.serverprox"], shown
+
+
+def algorithm_level_modules() -> list[str]:
+    """Every module an algorithm is written in: the algorithms' files and the family bases beside them."""
+    import pkgutil
+
+    import flcore.clients
+    import flcore.servers
+
+    found = ["flcore.prototypes"]
+    for pkg in (flcore.servers, flcore.clients):
+        found += [f"{pkg.__name__}.{m.name}" for m in pkgutil.iter_modules(pkg.__path__)
+                  if m.name not in ("serverbase", "clientbase")]
+    return found
+
+
+def base_private_members() -> set[str]:
+    from flcore.clients.clientbase import Client
+    from flcore.servers.serverbase import Server
+
+    return {n for cls in (Server, Client) for n in vars(cls) if n.startswith("_") and not n.startswith("__")}
+
+
+def reaches_into_the_loop(source: str, private: set[str]) -> list[str]:
+    """Lines of ``source`` that name the executor, or use or override a private member of the bases."""
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and (node.attr == "executor" or node.attr in private):
+            bad.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.FunctionDef) and node.name in private:
+            bad.append(f"line {node.lineno}: def {node.name}")
+    return bad
+
+
+def test_no_algorithm_file_names_the_executor_or_a_private_base_member():
+    import importlib
+
+    private = base_private_members()
+    assert {"_send_models", "_train_clients", "_sgd_step"} <= private
+    for module in algorithm_level_modules():
+        importlib.import_module(module)
+        assert reaches_into_the_loop(module_source(module), private) == [], module
+
+
+def test_the_loop_check_reports_the_executor_and_private_members():
+    private = base_private_members()
+    source = ("class S:\n    def _send_models(self, p):\n        super()._send_models(p)\n"
+              "    def prepare_broadcast(self, p):\n        self.executor.map(p, 'x')\n")
+    assert reaches_into_the_loop(source, private) == ["line 2: def _send_models", "line 3: ._send_models",
+                                                      "line 5: .executor"]

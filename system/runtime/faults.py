@@ -15,7 +15,7 @@ A client whose simulated train + send time exceeds ``-tth`` seconds still trains
 advances, as in PFLlib) but its upload misses the round: it is left out of aggregation. PFLlib compares
 the running mean of measured times instead, so its outcome depends on the machine's speed. ``-tth``
 defaults to PFLlib's 10000 s, i.e. nobody is ever late. Client drop-out (``-cdr``) is separate
-(``Server.active_clients``): dropped clients neither train nor upload.
+(``Server._active_clients``): dropped clients neither train nor upload.
 """
 from __future__ import annotations
 

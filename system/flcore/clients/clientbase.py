@@ -206,44 +206,52 @@ class Client:
         self.run_epochs(self.cfg.local_epochs)
 
     def run_epochs(self, epochs: int, batch_size: int | None = None, *, optimizer=None, objective=None,
-                   generator: torch.Generator | None = None) -> float:
+                   generator: torch.Generator | None = None, step=None) -> float:
         """SGD on ``self.loss`` for ``epochs`` passes; returns the mean batch loss. A non-finite loss stops
         the run with a clear error (checked once at the end, so the hot loop never synchronises).
 
         ``optimizer`` / ``objective(x, y)`` train another model with the same loop (Ditto's personal
         model, a fine-tuned copy); ``after_backward`` then does not run, as it corrects ``self.model``.
-        ``generator`` draws the batches from another stream (see ``batches``)."""
-        own = optimizer is None
-        optimizer = self.optimizer if own else optimizer
-        objective = self.loss if objective is None else objective
+        ``generator`` draws the batches from another stream (see ``batches``). ``step(x, y) -> loss``
+        replaces the whole update of one batch (pFedMe's inner problem, Per-FedAvg's private meta-step);
+        the batches, the loss bookkeeping and the divergence check stay this loop's."""
+        if step is None:
+            own = optimizer is None
+            optimizer = self.optimizer if own else optimizer
+            objective = self.loss if objective is None else objective
+            step = lambda x, y: self._sgd_step(x, y, optimizer, objective, own)  # noqa: E731
         total, steps = torch.zeros((), device=self.device), 0
         for idx in self.batches(epochs, batch_size, generator):
-            x, y = self.x_train[idx], self.y_train[idx]
-            optimizer.zero_grad(set_to_none=True)
-            if self.dp is None:
-                with autocast(self.cfg, self.device):
-                    loss = objective(x, y)
-                if self.scaler is None:
-                    loss.backward()
-                else:  # --amp fp16 (main.py rejects it with -dp)
-                    self.scaler.scale(loss).backward()
-                    self.scaler.unscale_(optimizer)  # after_backward sees true gradients
-            else:  # -dp: clipped, noised per-sample gradients of the same objective
-                loss = self.dp.backward(self, objective, optimizer, x, y)
-            if own:
-                self.after_backward()
-            if self.scaler is None:
-                optimizer.step()
-            else:  # skips the step when the fp16 gradients overflowed, then adapts the scale
-                self.scaler.step(optimizer)
-                self.scaler.update()
-            total += loss.detach()
+            total += step(self.x_train[idx], self.y_train[idx]).detach()
             steps += 1
         mean = float(total) / max(steps, 1)
         if not torch.isfinite(total):
             raise Diverged(f"client {self.id}: training loss became {mean}; lower -lr (now "
                           f"{self.cfg.local_learning_rate}) or check the data")
         return mean
+
+    def _sgd_step(self, x: torch.Tensor, y: torch.Tensor, optimizer, objective, own: bool) -> torch.Tensor:
+        """One optimizer step on ``objective(x, y)`` (DP-SGD with ``-dp``, loss-scaled with ``--amp fp16``);
+        ``after_backward`` runs when ``own`` (the client's model and optimizer). Returns the batch loss."""
+        optimizer.zero_grad(set_to_none=True)
+        if self.dp is None:
+            with autocast(self.cfg, self.device):
+                loss = objective(x, y)
+            if self.scaler is None:
+                loss.backward()
+            else:  # --amp fp16 (main.py rejects it with -dp)
+                self.scaler.scale(loss).backward()
+                self.scaler.unscale_(optimizer)  # after_backward sees true gradients
+        else:  # -dp: clipped, noised per-sample gradients of the same objective
+            loss = self.dp.backward(self, objective, optimizer, x, y)
+        if own:
+            self.after_backward()
+        if self.scaler is None:
+            optimizer.step()
+        else:  # skips the step when the fp16 gradients overflowed, then adapts the scale
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        return loss
 
     # ---- evaluation --------------------------------------------------------------------------------
     @torch.no_grad()

@@ -7,7 +7,6 @@ from torch.func import functional_call
 
 from flcore.clients.clientbase import Client
 from flcore.clients.finetune import FineTunedEval
-from utils.errors import Diverged
 
 
 def halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,34 +49,28 @@ class PerFedAvgClient(FineTunedEval, Client):
         if self.dp is None:
             self.run_epochs(self.cfg.local_epochs, 2 * self.cfg.batch_size, objective=self.meta_loss)
         else:
-            self.dp_meta_steps()
+            self.run_epochs(self.cfg.local_epochs, 2 * self.cfg.batch_size, step=self.dp_meta_step)
 
-    def dp_meta_steps(self) -> None:
-        """``-dp``: the same FO-MAML steps, each of its two gradients a DP-SGD release on its own half
-        of the batch (two accountant steps per meta-step, each at the rate of a ``-lbs`` batch): the
-        inner step w' = w - α g̃(w; D), then w ← w - β g̃(w'; D'). ``meta_loss`` cannot be privatised per
-        sample, as its inner gradient mixes the samples of D."""
+    def dp_meta_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``-dp``: the same FO-MAML step, each of its two gradients a DP-SGD release on its own half of the
+        batch (two accountant steps per meta-step, each at the rate of a ``-lbs`` batch): the inner step
+        w' = w - α g̃(w; D), then w ← w - β g̃(w'; D'). ``meta_loss`` cannot be privatised per sample, as
+        its inner gradient mixes the samples of D."""
         params = list(self.model.parameters())
-        total, steps = torch.zeros((), device=self.device), 0
-        for idx in self.batches(self.cfg.local_epochs, 2 * self.cfg.batch_size):
-            first, second = halves(idx)
-            start = [p.detach().clone() for p in params]
-            self.optimizer.zero_grad(set_to_none=True)
-            self.dp.backward(self, self.loss, self.optimizer, self.x_train[first], self.y_train[first])
-            with torch.no_grad():
-                for p in params:
-                    p.sub_(self.alpha * p.grad)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss = self.dp.backward(self, self.loss, self.optimizer, self.x_train[second], self.y_train[second])
-            with torch.no_grad():
-                for p, w in zip(params, start):
-                    p.copy_(w)
-            self.optimizer.step()
-            total += loss.detach()
-            steps += 1
-        if not torch.isfinite(total):
-            raise Diverged(f"client {self.id}: Per-FedAvg loss became {float(total) / max(steps, 1)}; lower -lr "
-                           f"({self.cfg.local_learning_rate}) or -bt")
+        (x1, x2), (y1, y2) = halves(x), halves(y)
+        start = [p.detach().clone() for p in params]
+        self.optimizer.zero_grad(set_to_none=True)
+        self.dp.backward(self, self.loss, self.optimizer, x1, y1)
+        with torch.no_grad():
+            for p in params:
+                p.sub_(self.alpha * p.grad)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.dp.backward(self, self.loss, self.optimizer, x2, y2)
+        with torch.no_grad():
+            for p, w in zip(params, start):
+                p.copy_(w)
+        self.optimizer.step()
+        return loss
 
     def steps_per_round(self) -> int:
         """Each step takes a batch of 2 x ``-lbs`` samples."""

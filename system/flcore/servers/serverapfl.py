@@ -60,5 +60,5 @@ class APFLServer(Server):
             raise FLError(f"-al must be in [0, 1] (got {cfg.alpha})")
 
     def extra_metrics(self) -> dict:
-        alphas = np.array(self.executor.map(self.clients, "mixing_weight"), dtype=np.float64)
+        alphas = np.array(self.call_clients(self.clients, "mixing_weight"), dtype=np.float64)
         return {"alpha_mean": float(alphas.mean()), "alpha_std": float(alphas.std())}

@@ -1,10 +1,12 @@
 """Server: the one round loop, client selection, aggregation, evaluation and result files.
 
 Round t (0-based, ``-gr`` rounds in all), ``run_round(t)``:
-    select_clients -> send_models (``broadcast(client)`` decides each client's payload, by default the
-    global model; ``client.receive(payload, participating)`` runs its local initialisation, e.g. ALA)
-    -> evaluate (every ``-eg`` rounds, on the models just initialised, as PFLlib does) -> train_clients
-    -> receive_models (each active client's ``upload()``, an ``Upload``) -> aggregate -> after_round.
+    select_clients -> _send_models (``prepare_broadcast``, then ``broadcast(client)`` decides each client's
+    payload, by default the global model; ``client.receive(payload, participating)`` runs its local
+    initialisation, e.g. ALA) -> evaluate (every ``-eg`` rounds, on the models just initialised, as PFLlib
+    does) -> _train_clients -> _receive_models (each active client's ``upload()``, an ``Upload``)
+    -> aggregate -> after_round. The loop's own steps are private (``_``): an algorithm changes a round
+    through the hooks only.
 After the last round the final global model is sent once more (to a selection drawn as for a round) and
 evaluated, so a run of R rounds has evaluations at rounds 0 (initial model), eg, 2eg, ... and R, all by
 one rule: every client receives the broadcast; the selected ones run their local initialisation (ALA, with
@@ -15,13 +17,15 @@ uploads by the clipped, noised mean update before ``aggregate`` (client-level DP
 know. An algorithm that cannot take client-level DP sets ``dp_client_refusal`` (one line saying why).
 
 A new algorithm subclasses ``Server`` (setting ``client_class``) and overrides only the hooks it changes:
-``broadcast`` / ``prepare_broadcast`` (what goes down), ``aggregate`` (what the uploads become),
-``select_clients``, ``extra_metrics``, ``after_round``.
+``add_args`` / ``check_config`` (its flags), ``build_model``, ``select_clients``, ``prepare_broadcast`` /
+``broadcast`` (what goes down), ``aggregate`` (what the uploads become; ``load_aggregate`` loads a state),
+``extra_metrics``, ``after_round`` (README's hooks table is the whole surface).
 
 Clients live where the executor puts them (runtime/executors.py): in this process, in forked worker
 processes (the CPU default) or in Ray workers, where ``self.clients`` holds ``ClientHandle`` proxies. A
-server therefore talks to its clients through method calls only (``self.executor.map(clients, "m")``, or
-``c.m(...)`` for one client); reading an attribute gives a copy, and writing one is refused. Fault
+server therefore talks to its clients through method calls only (``self.call_clients(clients, "m", *args)``,
+``self.call_each("m", [(c, args), ...])``, or ``c.m(...)`` for one client); reading an attribute gives a
+copy, and writing one is refused. Fault
 tolerance, checkpoints and resume: runtime/checkpoint.py; simulated slow clients: runtime/faults.py.
 """
 from __future__ import annotations
@@ -92,7 +96,7 @@ class Server:
         self.drop_rng = np_rng(cfg.seed, run, "drop")
         # -tsr: each client's own step count (one call to every client, so only when someone is slow)
         steps = ([0] * len(self.clients) if cfg.train_slow_rate == 0
-                 else self.executor.map(self.clients, "steps_per_round"))
+                 else self.call_clients(self.clients, "steps_per_round"))
         self.slow = SlowClients(cfg, run, steps)
         self.late: list[int] = []  # clients whose upload missed the last round (-tth)
         self.recorder = recorder
@@ -104,7 +108,7 @@ class Server:
             print(f"ALA adapts {len(names)} tensor(s) ({count}): {', '.join(names)}")
         self.selected: list[Client] = []
         self.round_idx = 0
-        self.bytes_down = self.bytes_up = 0  # of the current round: what send_models / receive_models moved
+        self.bytes_down = self.bytes_up = 0  # of the current round: what _send_models / _receive_models moved
 
     def build_model(self) -> torch.nn.Module:
         return build_model(self.cfg.model, self.data.input_shape, self.data.num_classes,
@@ -115,6 +119,18 @@ class Server:
         global_model, run)`` under its own seeded stream. Construction-time logic belongs in the client's
         ``__init__``; set-up calls a server makes on its clients after construction are fine too."""
         return ClientFactory(self.client_class, self.cfg, self.run, self.global_model)
+
+    # ---- calling clients ---------------------------------------------------------------------------
+    def call_clients(self, clients: list[Client], method: str, *args) -> list:
+        """``c.method(*args)`` for each of ``clients``, wherever the executor holds them (one after the
+        other, or in parallel in workers); the results in order. How a server asks its clients anything
+        (APFL's mixing weights, FedDBE's initial means)."""
+        return self.executor.map(clients, method, *args)
+
+    def call_each(self, method: str, calls: list[tuple[Client, tuple]]) -> list:
+        """``c.method(*args)`` for each ``(c, args)`` of ``calls``: ``call_clients`` with per-client
+        arguments (FedFomo's neighbour requests)."""
+        return self.executor.call_each(method, calls)
 
     # ---- hooks -------------------------------------------------------------------------------------
     def select_clients(self) -> list[Client]:
@@ -132,7 +148,7 @@ class Server:
         serialised once per worker."""
         return self.global_model
 
-    def send_models(self, participants: list[Client]) -> None:
+    def _send_models(self, participants: list[Client]) -> None:
         """Every client receives its payload; ``participants`` (the round's selection) are told they train."""
         self.prepare_broadcast(participants)
         chosen = {c.id for c in participants}
@@ -146,9 +162,9 @@ class Server:
                 self.bytes_down += sizes[id(payload)]
         if self.privacy is not None:  # --dp_level client releases one model: refuse per-client payloads
             self.privacy.check_broadcast([args[0] for _, args in calls])
-        self.executor.call_each("receive", calls)
+        self.call_each("receive", calls)
 
-    def active_clients(self, participants: list[Client]) -> list[Client]:
+    def _active_clients(self, participants: list[Client]) -> list[Client]:
         """Participants that do not drop out this round (``-cdr``): each drops independently with that
         probability, drawn from the drop stream; dropped clients neither train nor upload."""
         if self.cfg.client_drop_rate <= 0:
@@ -156,15 +172,15 @@ class Server:
         keep = self.drop_rng.random(len(participants)) >= self.cfg.client_drop_rate
         return [c for c, k in zip(participants, keep) if k]
 
-    def train_clients(self, clients: list[Client]) -> None:
+    def _train_clients(self, clients: list[Client]) -> None:
         """The single dispatch point of local training (one after the other, or in parallel in workers)."""
-        self.executor.map(clients, "train", self.round_idx)
+        self.call_clients(clients, "train", self.round_idx)
 
-    def receive_models(self, clients: list[Client]) -> list[Upload]:
+    def _receive_models(self, clients: list[Client]) -> list[Upload]:
         """Uploads of the clients that finish within ``-tth`` (simulated slow clients, runtime/faults.py)."""
         late = self.slow.late([c.id for c in clients], self.round_idx)
         self.late = sorted(late)
-        uploads = self.executor.map([c for c in clients if c.id not in late], "upload")
+        uploads = self.call_clients([c for c in clients if c.id not in late], "upload")
         self.bytes_up += sum(payload_bytes(u) for u in uploads)
         return uploads
 
@@ -193,8 +209,8 @@ class Server:
     # ---- evaluation --------------------------------------------------------------------------------
     def evaluate(self) -> dict:
         train_loss = self.cfg.train_loss_eval != "off"
-        tests = self.executor.map(self.clients, "test_metrics")
-        trains = self.executor.map(self.clients, "train_metrics") if train_loss else None
+        tests = self.call_clients(self.clients, "test_metrics")
+        trains = self.call_clients(self.clients, "train_metrics") if train_loss else None
         tests = np.array(tests, dtype=np.float64)
         trains = np.array(trains, dtype=np.float64) if train_loss else np.zeros((len(self.clients), 2))
         summary = summarize(tests[:, 0], tests[:, 1], tests[:, 2], trains[:, 0], trains[:, 1])
@@ -207,7 +223,7 @@ class Server:
         """Further per-evaluation series an algorithm records (e.g. Ditto's global-model accuracy)."""
         return {}
 
-    def record(self, summary: dict) -> None:
+    def _record(self, summary: dict) -> None:
         dp = f" | DP epsilon max {summary['dp_epsilon_max']:.3f}" if "dp_epsilon_max" in summary else ""
         loss = "" if self.cfg.train_loss_eval == "off" else f" | train loss {summary['train_loss']:.4f}"
         tqdm.write(f"round {self.round_idx:4d} | acc {summary['test_acc']:.4f} "
@@ -217,7 +233,7 @@ class Server:
             self.recorder.add(self.round_idx, summary)
             self.recorder.save()
 
-    def should_stop(self) -> bool:
+    def _should_stop(self) -> bool:
         """``-ab``: stop once the best accuracy is more than ``-tc`` evaluations old."""
         if not self.cfg.auto_break or self.recorder is None:
             return False
@@ -253,7 +269,7 @@ class Server:
         first = checkpoint.begin(self)
         for restarts in itertools.count():
             try:
-                return self.run_rounds(first)
+                return self._run_rounds(first)
             except WorkerLost as e:
                 if restarts >= self.cfg.max_restarts:
                     raise FLError(f"{e}, {restarts + 1} time(s) in this run (--max_restarts "
@@ -261,18 +277,18 @@ class Server:
                                   f"continue from the last checkpoint") from None
                 first = checkpoint.recover(self, e)
 
-    def run_rounds(self, first: int) -> None:
+    def _run_rounds(self, first: int) -> None:
         """Rounds ``first`` .. ``-gr``-1, then the final evaluation (of round ``-gr``, or of the round
         ``-ab`` stopped before; ``-gr 0`` evaluates the initial model as round 0)."""
         cfg = self.cfg
         done = first
         for t in tqdm(range(first, cfg.global_rounds), desc=f"{cfg.algorithm} run {self.run}", leave=False,
                       disable=not cfg.progress, initial=first, total=cfg.global_rounds):
-            if self.should_stop():  # checked before a round, so a resumed run stops where it stopped
+            if self._should_stop():  # checked before a round, so a resumed run stops where it stopped
                 break
             self.run_round(t)
             done = t + 1
-        self.final_evaluation(done)
+        self._final_evaluation(done)
 
     def run_round(self, t: int) -> None:
         """Round ``t``: broadcast, evaluation every ``-eg`` rounds, local training, upload, aggregation,
@@ -282,14 +298,14 @@ class Server:
         start = time.perf_counter()
         self.bytes_down = self.bytes_up = 0
         self.selected = self.select_clients()
-        self.send_models(self.selected)
+        self._send_models(self.selected)
         if t % cfg.eval_gap == 0:
-            self.record(self.evaluate())
-        active = self.active_clients(self.selected)
+            self._record(self.evaluate())
+        active = self._active_clients(self.selected)
         if self.privacy is not None:  # -dlg: keep the models the attacked clients start from
             self.privacy.before_training(t, active)
-        self.train_clients(active)
-        uploads = self.receive_models(active)
+        self._train_clients(active)
+        uploads = self._receive_models(active)
         if self.privacy is not None:  # -dlg: attack what they upload, before aggregation
             self.privacy.after_upload(t, active, uploads)
             # --dp_level client: every upload becomes the clipped, noised mean update (utils/privacy.py)
@@ -303,12 +319,12 @@ class Server:
         if cfg.checkpoint_every and ((t + 1) % cfg.checkpoint_every == 0 or t + 1 == cfg.global_rounds):
             checkpoint.save(self, t)
 
-    def final_evaluation(self, round_idx: int) -> None:
+    def _final_evaluation(self, round_idx: int) -> None:
         """After the last round, the final global model is evaluated by the rule of every other evaluation:
         as the first half of one more round (selection, broadcast, evaluation), without training. With
         ``-jr`` < 1 the selected clients initialise from it (ALA) and the others are evaluated on their own
         current model, as in every round (``--ala_clients all``: every client runs ALA, as in PFLlib)."""
         self.round_idx = round_idx
         self.selected = self.select_clients()
-        self.send_models(self.selected)
-        self.record(self.evaluate())
+        self._send_models(self.selected)
+        self._record(self.evaluate())

@@ -70,7 +70,7 @@ class FedDBEServer(PartSharingServer):
 
     def initialization_period(self) -> torch.Tensor:
         """z̄^g: the sample-weighted mean of every client's running mean after its initial training."""
-        results = self.executor.map(self.clients, "initial_mean")
+        results = self.call_clients(self.clients, "initial_mean")
         self.bytes_up += payload_bytes([m for _, m in results])
         total = sum(w for w, _ in results)
         return sum(w * m.to(self.device) for w, m in results) / total

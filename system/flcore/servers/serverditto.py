@@ -44,5 +44,5 @@ class DittoServer(Server):
             raise FLError(f"Ditto needs -mu >= 0 and -pls >= 1 (got {cfg.mu}, {cfg.plocal_epochs})")
 
     def extra_metrics(self) -> dict:
-        counts = np.array(self.executor.map(self.clients, "received_test_metrics"), dtype=np.float64)
+        counts = np.array(self.call_clients(self.clients, "received_test_metrics"), dtype=np.float64)
         return {"global_test_acc": float(counts[:, 0].sum() / max(counts[:, 1].sum(), 1))}

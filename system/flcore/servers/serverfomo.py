@@ -64,7 +64,7 @@ class FedFomoServer(Server):
 
     def prepare_broadcast(self, participants) -> None:
         """Each participant names the neighbours it wants (its own ε-greedy choice)."""
-        asked = self.executor.call_each("choose_neighbours", [
+        asked = self.call_each("choose_neighbours", [
             (c, (self.round_idx, [j for j in self.client_states if j != c.id])) for c in participants])
         self.asked = {c.id: ids for c, ids in zip(participants, asked)}
 

@@ -73,13 +73,15 @@ class FedKDServer(Server):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.pending: dict = {}  # the compressed global update not yet sent (empty before round 1)
+        self.outgoing: dict = {"update": {}}  # the payload of the broadcast under way
+
+    def prepare_broadcast(self, participants) -> None:
+        """The pending update goes out with this broadcast (every client applies it to its global mentee),
+        so the next broadcast starts from an empty one."""
+        self.outgoing, self.pending = {"update": self.pending}, {}
 
     def broadcast(self, client) -> dict:
-        return {"update": self.pending}
-
-    def send_models(self, participants) -> None:
-        super().send_models(participants)
-        self.pending = {}  # every client has applied it to its global mentee
+        return self.outgoing
 
     def aggregate(self, uploads) -> None:
         if not uploads:

@@ -95,5 +95,5 @@ class PartialFedServer(Server):
     def extra_metrics(self) -> dict:
         """The clients' current choices: the mean share of layers loaded from the global model, overall
         and per layer (bottom to top)."""
-        choices = np.array(self.executor.map(self.clients, "from_global"), dtype=np.float64)
+        choices = np.array(self.call_clients(self.clients, "from_global"), dtype=np.float64)
         return {"global_layer_share": float(choices.mean()), "global_layer_share_by_layer": choices.mean(0)}
