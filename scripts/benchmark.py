@@ -109,17 +109,17 @@ def instrumented(server_cls: type, cfg, train_flops: float, reference=None) -> t
             return out
 
         def _send_models(self, participants):
-            return self.timed("send", super().send_models, participants)
+            return self.timed("send", super()._send_models, participants)
 
         def evaluate(self):
             return self.timed("evaluate", super().evaluate)
 
         def _train_clients(self, clients):
             self.bench_log["samples"] = sum(c.train_samples for c in clients) * cfg.local_epochs
-            return self.timed("train", super().train_clients, clients)
+            return self.timed("train", super()._train_clients, clients)
 
         def _receive_models(self, clients):
-            return self.timed("aggregate", super().receive_models, clients)
+            return self.timed("aggregate", super()._receive_models, clients)
 
         def aggregate(self, uploads):
             return self.timed("aggregate", super().aggregate, uploads)

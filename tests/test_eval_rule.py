@@ -27,7 +27,7 @@ def test_every_evaluation_runs_ala_by_one_rule(who, digits_root, monkeypatch):
 
     monkeypatch.setattr(ALA, "adaptive_local_aggregation", spy)
     seen, trained = [], set()
-    evaluate, train = server.evaluate, server.train_clients
+    evaluate, train = server.evaluate, server._train_clients
 
     def check_then_evaluate():
         chosen = {c.id for c in server.selected}

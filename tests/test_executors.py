@@ -220,7 +220,7 @@ def kill_worker_at(monkeypatch, round_idx: int, worker: int, every_time: bool = 
     worker's process by SIGKILL, a Ray actor by ray.kill): once, or ``every_time`` the round is run.
     Returns the list of rounds in which a worker was killed."""
     killed: list = []
-    train = Server.train_clients
+    train = Server._train_clients
 
     def kill_then_train(self, clients):
         if self.round_idx == round_idx and (every_time or not killed):
@@ -358,7 +358,7 @@ def test_personal_keys_are_declared():
 @pytest.mark.parametrize("algo", ALGOS)
 def test_personal_entries_never_reach_the_server(algo, digits_tiny_root, monkeypatch):
     server = build(digits_tiny_root, algo)
-    receive = server.receive_models
+    receive = server._receive_models
     seen = []
 
     def receive_and_keep(clients):

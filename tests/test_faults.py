@@ -1,4 +1,4 @@
-"""Simulated client faults (runtime/faults.py, ``Server.active_clients``): drop-outs (``-cdr``) and slow
+"""Simulated client faults (runtime/faults.py, ``Server._active_clients``): drop-outs (``-cdr``) and slow
 clients (``-tsr`` / ``-ssr`` / ``-tth``), checked against seeded re-draws and hand-computable bounds.
 
 A slow trainer waits 0.1·U(0, 1) s per local step, a slow sender 0.1·U(0, 1) s per transfer (two per
@@ -33,7 +33,7 @@ def test_drop_rate_half_trains_the_seeded_half(digits_root, monkeypatch):
     server = make_server(digits_root, "-cdr", "0.5", "-gr", "3", "-lr", "0.05", "-lbs", "20",
                          "--train_loss_eval", "off")
     trained, uploaded = [], []
-    train, receive = Server.train_clients, Server.receive_models
+    train, receive = Server._train_clients, Server._receive_models
     monkeypatch.setattr(Server, "_train_clients", lambda s, cs: (trained.append([c.id for c in cs]), train(s, cs)))
     monkeypatch.setattr(Server, "_receive_models", lambda s, cs: uploaded.append(len(cs)) or receive(s, cs))
     server.train()

@@ -117,8 +117,8 @@ def test_each_round_uploads_the_logits_of_that_round_only(digits_tiny_root):
 def test_no_weights_cross_the_wire(digits_tiny_root):
     server = build(digits_tiny_root)
     seen = []
-    receive = server.receive_models
-    server.receive_models = lambda clients: seen.extend(receive(clients)) or seen[-len(clients):]
+    receive = server._receive_models
+    server._receive_models = lambda clients: seen.extend(receive(clients)) or seen[-len(clients):]
     for t in range(2):
         server.run_round(t)
     c = server.data.num_classes

@@ -52,7 +52,7 @@ def test_bodies_are_averaged_with_the_fisher_traces_as_weights(digits_tiny_root,
 
     monkeypatch.setattr(clientas, "fisher_trace", recording)
     seen = []
-    receive = server.receive_models
+    receive = server._receive_models
     monkeypatch.setattr(server, "_receive_models", lambda clients: seen.extend(receive(clients)) or seen)
     server.run_round(0)
     assert sorted(u.id for u in seen) == [0, 1, 2] and len(traced) == 3

@@ -55,7 +55,7 @@ def test_overlap_rates_and_collaborators_on_hand_made_masks():
 def test_server_composes_each_uploaders_model_by_hand(digits_tiny_root, monkeypatch):
     server = make_server(digits_tiny_root, "-lr", "0.1", "-bt", "3")
     seen = []
-    receive = server.receive_models
+    receive = server._receive_models
     monkeypatch.setattr(server, "_receive_models", lambda cs: seen.append(receive(cs)) or seen[-1])
     server.run_round(0)
     uploads = seen[0]

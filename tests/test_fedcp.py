@@ -71,7 +71,7 @@ def test_round_wiring(digits_noniid_root, monkeypatch):
     server._send_models(server.clients)
     pheads = {}
     seen = []
-    receive = server.receive_models
+    receive = server._receive_models
 
     def keep(cs):
         uploads = receive(cs)

@@ -60,7 +60,7 @@ def test_local_softmax_over_own_classes(digits_noniid_root):
 def test_round_uploads_own_rows_and_receives_them_corrected(digits_noniid_root, monkeypatch):
     server = make_server(digits_noniid_root, "-lam", "2.0", "-lr", "0.05")
     seen = []
-    receive = server.receive_models
+    receive = server._receive_models
     monkeypatch.setattr(server, "_receive_models", lambda cs: seen.extend(receive(cs)) or seen)
     server.run_round(0)
     assert sorted(u.id for u in seen) == [0, 1, 2]

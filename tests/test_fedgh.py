@@ -25,10 +25,10 @@ def state(module):
 
 def uploads_of_round(server, t=0):
     seen = []
-    receive = server.receive_models
-    server.receive_models = lambda clients: seen.extend(receive(clients)) or seen
+    receive = server._receive_models
+    server._receive_models = lambda clients: seen.extend(receive(clients)) or seen
     server.run_round(t)
-    server.receive_models = receive
+    server._receive_models = receive
     return seen
 
 

@@ -76,8 +76,8 @@ def test_feature_statistics_by_hand():
 def test_a_round_combines_heads_averages_bodies_and_centroids(digits_tiny_root):
     server = make_server(digits_tiny_root)
     seen = []
-    receive = server.receive_models
-    server.receive_models = lambda clients: seen.append(receive(clients)) or seen[-1]
+    receive = server._receive_models
+    server._receive_models = lambda clients: seen.append(receive(clients)) or seen[-1]
     server.run_round(0)
     uploads = seen[0]
     states = [{k: t.detach().clone() for k, t in u.state.items()} for u in uploads]  # live tensors: keep them

@@ -55,8 +55,8 @@ def test_contrastive_loss_by_hand():
 def test_rounds_upload_normalised_prototypes_only_and_pad_with_the_global_ones(digits_tiny_root):
     server = make_server(digits_tiny_root)
     seen = []
-    receive = server.receive_models
-    server.receive_models = lambda clients: seen.append(receive(clients)) or seen[-1]
+    receive = server._receive_models
+    server._receive_models = lambda clients: seen.append(receive(clients)) or seen[-1]
     before = {k: v.clone() for k, v in server.clients[0].model.state_dict().items()}
     server.run_round(0)
     c = server.clients[0]

@@ -38,8 +38,8 @@ def test_server_aggregation_by_hand():
 def test_uploads_are_the_class_means_of_the_trained_body_and_carry_no_weights(digits_tiny_root):
     server = make_server(digits_tiny_root)
     seen = []
-    receive = server.receive_models
-    server.receive_models = lambda clients: seen.append(receive(clients)) or seen[-1]
+    receive = server._receive_models
+    server._receive_models = lambda clients: seen.append(receive(clients)) or seen[-1]
     before = [{k: t.clone() for k, t in c.model.base.state_dict().items()} for c in server.clients]
     server.run_round(0)
     uploads = seen[0]

@@ -72,7 +72,7 @@ def test_conditional_inputs_and_mu_gradient(digits_noniid_root):
 def test_upload_keeps_head_and_cond_p(digits_noniid_root, monkeypatch):
     server = make_server(digits_noniid_root)
     seen = []
-    receive = server.receive_models
+    receive = server._receive_models
     monkeypatch.setattr(server, "_receive_models", lambda cs: seen.extend(receive(cs)) or seen)
     server.run_round(0)
     assert len(seen) == 3

@@ -62,7 +62,7 @@ def test_each_phase_moves_only_its_parts(digits_tiny_root, monkeypatch):
 def test_only_the_global_head_is_uploaded_and_averaged(digits_tiny_root, monkeypatch):
     server = make_server(digits_tiny_root, "-lr", "0.1")
     seen = []
-    receive = server.receive_models
+    receive = server._receive_models
     monkeypatch.setattr(server, "_receive_models", lambda cs: seen.append(receive(cs)) or seen[-1])
     start = snapshot(server.global_model)
     server.run_round(0)
