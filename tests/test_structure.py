@@ -168,3 +168,31 @@ def test_the_loop_check_reports_the_executor_and_private_members():
               "    def prepare_broadcast(self, p):\n        self.executor.map(p, 'x')\n")
     assert reaches_into_the_loop(source, private) == ["line 2: def _send_models", "line 3: ._send_models",
                                                       "line 5: .executor"]
+
+
+def readme_hooks() -> set[str]:
+    """The names in the hook column of README's "Adding an algorithm" table."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme[readme.index("| side | hook | default |"):]
+    table = table[:table.index("\n\n")]
+    return {name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)", row.split("|")[2])}
+
+
+def test_algorithms_override_only_the_hooks_the_readme_lists():
+    from flcore.clients.clientbase import Client
+    from flcore.servers.serverbase import Server
+
+    hooks = readme_hooks()
+    assert {"broadcast", "aggregate", "receive", "local_update", "pfllib_defaults"} <= hooks
+    assert hooks <= set(vars(Server)) | set(vars(Client)), hooks - set(vars(Server)) - set(vars(Client))
+    outside = set()
+    for name in ALGORITHMS:
+        server = get_server_class(name)
+        for cls, base in ((server, Server), (server.client_class, Client)):
+            for c in cls.__mro__[:cls.__mro__.index(base)]:
+                outside |= {f"{c.__name__}.{m}" for m in vars(c)
+                            if m in vars(base) and not m.startswith("__") and m not in hooks}
+    assert outside == set()
