@@ -310,8 +310,8 @@ def test_a_server_round_with_dropped_clients_releases_the_formula_over_the_selec
     server = get_server_class("FedAvg")(cfg.replace(num_classes=data.num_classes), data, 0, None)
     start = {k: v.clone() for k, v in server.global_model.state_dict().items()}
     raw = []
-    receive = server.receive_models
-    monkeypatch.setattr(server, "receive_models", lambda cs: raw.extend(receive(cs)) or raw[-len(cs):])
+    receive = server._receive_models
+    monkeypatch.setattr(server, "_receive_models", lambda cs: raw.extend(receive(cs)) or raw[-len(cs):])
     server.run_round(0)
     assert len(server.selected) == 5 and 0 < len(raw) < 5, (len(server.selected), len(raw))
     deltas = [{k: u.state[k].detach() - start[k] for k in start} for u in raw]

@@ -110,7 +110,7 @@ def test_ala_runs(digits_tiny_root, tmp_path, capsys):
 def test_loss_is_ce_of_the_gumbel_split_plus_lambda_mmd_to_the_received_extractor(digits_tiny_root):
     server = make_server(digits_tiny_root, "-lam", "0.7")
     c = server.clients[0]
-    server.send_models([c])
+    server._send_models([c])
     received = {k: v.clone() for k, v in c.model.base.state_dict().items()}
     with torch.no_grad():  # local training has moved the extractor away from the received one
         for p in c.model.base.parameters():

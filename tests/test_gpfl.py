@@ -91,7 +91,7 @@ def test_ala_runs(digits_tiny_root, tmp_path, capsys):
 
 def test_loss_terms_and_which_embeddings_each_guidance_term_trains(digits_noniid_root):
     server = make_server(digits_noniid_root, "-lam", "0.4", "-mu", "0")
-    server.send_models(server.clients)
+    server._send_models(server.clients)
     c = server.clients[0]
     m = c.model
     with torch.no_grad():  # after local steps the trainable GCE differs from the round's frozen copy

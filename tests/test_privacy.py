@@ -339,8 +339,8 @@ def test_update_target_of_a_round_of_several_steps(digits_tiny_root, monkeypatch
     attack = dlg.reconstruct
     monkeypatch.setattr(dlg, "reconstruct", lambda model, target, *a, **k: targets.append(target) or
                         attack(model, target, *a, **k))
-    receive = server.receive_models
-    monkeypatch.setattr(server, "receive_models", lambda cs: uploads.extend(receive(cs)) or uploads[-len(cs):])
+    receive = server._receive_models
+    monkeypatch.setattr(server, "_receive_models", lambda cs: uploads.extend(receive(cs)) or uploads[-len(cs):])
     server.run_round(0)
     assert len(targets) == 1
     n = {c.id: c.train_samples for c in server.clients}
