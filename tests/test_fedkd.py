@@ -153,6 +153,7 @@ def test_server_applies_the_sample_weighted_mean_of_the_updates(digits_tiny_root
     for k, v in server.global_model.state_dict().items():  # (10 * 1 + 30 * 5) / 40 = 4, not (1 + 5) / 2
         torch.testing.assert_close(v, start[k] + 4.0, atol=2e-3, rtol=0)  # float32 SVD
     c = server.clients[0]
+    server.prepare_broadcast([c])  # as every broadcast: the pending update is handed over first
     c.receive(server.broadcast(c))
     for k, v in c.global_mentee.state_dict().items():
         torch.testing.assert_close(v, start[k] + 4.0, atol=2e-3, rtol=0)  # float32 SVD

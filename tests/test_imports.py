@@ -11,7 +11,7 @@ import pytest
 
 SYSTEM = Path(__file__).resolve().parents[1] / "system"
 PACKAGES = ("flcore", "runtime", "utils")
-SCRIPTS = ("main.py", "get_mean_std.py")
+SCRIPTS = ("main.py", "cli.py", "get_mean_std.py")
 
 
 def find_modules(root: Path, packages=PACKAGES, scripts=SCRIPTS) -> dict[str, tuple[Path, bool]]:
@@ -135,7 +135,7 @@ def test_reader_resolves_relative_lazy_and_submodule_imports(tmp_path):
 
 # ---- the project --------------------------------------------------------------------------------------
 def test_every_module_is_read(graph):
-    for name in ("main", "get_mean_std", "flcore.registry", "flcore.servers.serverbase",
+    for name in ("main", "cli", "get_mean_std", "flcore.registry", "flcore.servers.serverbase",
                  "flcore.clients.clientbase", "flcore.trainmodel.models", "runtime.executors", "runtime.faults",
                  "utils.seeding", "utils.ALA"):
         assert name in graph, name
