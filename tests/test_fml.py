@@ -110,7 +110,7 @@ def test_client_objective_weights_each_model_by_its_own_parameter(digits_tiny_ro
 def test_both_models_follow_the_learning_rate_schedule(digits_tiny_root):
     server = build(digits_tiny_root, "-ld", "-ldg", "0.5")
     c = server.clients[0]
-    server.send_models([c])
+    server._send_models([c])
     c.train(3)
     assert [g["lr"] for g in c.mutual_optimizer.param_groups] == [pytest.approx(0.1 * 0.5 ** 3)]
 
@@ -118,7 +118,7 @@ def test_both_models_follow_the_learning_rate_schedule(digits_tiny_root):
 def test_the_local_model_trains_in_training_mode_after_an_evaluation(digits_tiny_root):
     server = build(digits_tiny_root, "-m", "BNCNN")
     c = server.clients[0]
-    server.send_models([c])
+    server._send_models([c])
     c.local.eval()  # as an evaluation leaves it (the local model is the one evaluated)
     stats = {k: v.clone() for k, v in c.local.state_dict().items() if "running_mean" in k}
     assert stats
