@@ -8,13 +8,16 @@ allows), which imports them, so that happens only when a run is parsed, never fo
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
+from pathlib import Path
 
 from flcore.registry import ALGORITHMS, canonical_name, get_server_class
 from flcore.trainmodel.names import ALIASES, MODELS
 from utils.config import Config
 from utils.errors import FLError
-from utils.paths import DATASET_ROOT
+from utils.paths import DATASET_ROOT, RESULTS_DIR
 
 
 def canonical_model(name: str) -> str:
@@ -46,13 +49,26 @@ class BoolFlag(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def finite_float(text: str) -> float:
+    """A number flag's value: NaN and infinities are refused (no rate, weight or threshold means them)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got '{text}'")
+    return value
+
+
 class OneLineParser(argparse.ArgumentParser):
     """A bad flag is one line on stderr (exit code 2), not the whole usage text. Long flags are never
-    abbreviated, and ``store_true`` switches accept an explicit value (``BoolFlag``)."""
+    abbreviated, ``store_true`` switches accept an explicit value (``BoolFlag``), and every ``type=float``
+    flag (an algorithm's too) takes finite numbers only (``finite_float``)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, allow_abbrev=False, **kwargs)
         self.register("action", "store_true", BoolFlag)
+        self.register("type", float, finite_float)
 
     def error(self, message):
         self.exit(2, f"error: {message} (python system/main.py -h lists the flags)\n")
@@ -108,8 +124,8 @@ def base_parser() -> argparse.ArgumentParser:
     a("--train_loss_fraction", type=float, default=0.1,
       help="share of each client's training samples in the sampled train loss (drawn once per run)")
     a("-sfn", "--save_folder_name", default="",
-      help="if set, save the final global model's state there: a relative name is a folder under the results "
-           "folder (never the working directory), an absolute path is taken as is")
+      help="if set, save the final global model's state in this folder under the results folder (a relative "
+           "name without '..': a run writes nothing outside --results_dir)")
     a("-ab", "--auto_break", action="store_true", help="stop when the best accuracy is -tc evaluations old")
     a("-tc", "--top_cnt", type=int, default=100)
     a("--seed", type=int, default=0, help="run i uses seed + i for every random stream")
@@ -295,8 +311,9 @@ def parse_config(argv=None) -> Config:
         for k in unused:
             delattr(args, k)
     server_cls = get_server_class(args.algorithm)
-    cfg = Config(**vars(args))
+    cfg = split_data_path(Config(**vars(args)))
     validate(cfg)
+    check_paths(cfg)
     server_cls.check_config(cfg)
     from utils.privacy import check_client_level
 
@@ -307,6 +324,7 @@ def parse_config(argv=None) -> Config:
 def validate(cfg: Config) -> None:
     checks = [
         (cfg.num_clients is None or cfg.num_clients >= 1, f"-nc must be >= 1 (got {cfg.num_clients})"),
+        (cfg.seed >= 0, f"--seed must be >= 0 (got {cfg.seed})"),
         (cfg.global_rounds >= 0, "-gr must be >= 0"), (cfg.eval_batch_size >= 1, "--eval_batch_size must be >= 1"),
         (cfg.num_classes is None or cfg.num_classes >= 1, "-ncl must be >= 1"), (cfg.top_cnt >= 0, "-tc must be >= 0"), (cfg.local_epochs >= 1, "-ls must be >= 1"),
         (cfg.batch_size >= 1, "-lbs must be >= 1"), (cfg.local_learning_rate > 0, "-lr must be > 0"),
@@ -352,6 +370,42 @@ PFLLIB_DEFAULTS = {
     "dataset": "MNIST", "model": "CNN", "num_classes": 10, "num_clients": 20, "save_folder_name": "items",
     "layer_idx": 2, "dp_sigma": 0.0, "bn_stats": "local", "ala_clients": "all",
 }
+
+
+def split_data_path(cfg: Config) -> Config:
+    """``-data`` given as a path (``-data ../splits/Digits``, ``-data Digits/``) names the split folder: its
+    last part is the dataset, the rest is joined to ``--dataset_root``. Result names use the dataset only,
+    so results still go to ``--results_dir``."""
+    data = Path(cfg.dataset)
+    if data.name in ("", ".", ".."):
+        raise FLError(f"-data must name a split folder, such as Digits (got '{cfg.dataset}')")
+    if str(data) == data.name == cfg.dataset:
+        return cfg
+    return cfg.replace(dataset=data.name, dataset_root=str(Path(cfg.dataset_root) / data.parent))
+
+
+def results_folder(cfg: Config) -> Path:
+    """Where the run's files go: ``--results_dir``, else results/ in the repository."""
+    return Path(cfg.results_dir) if cfg.results_dir else RESULTS_DIR
+
+
+def check_paths(cfg: Config) -> None:
+    """Before any work: what a run writes stays under ``--results_dir`` (``-go`` is part of a file name,
+    ``-sfn`` a folder inside it), and that folder is, or can be made, a writable folder."""
+    if cfg.goal in ("", ".", "..") or any(c in cfg.goal for c in "/\\\0"):
+        raise FLError(f"-go is part of the result file names: it cannot be empty or hold / or \\ (got '{cfg.goal}')")
+    sfn = Path(cfg.save_folder_name)
+    if cfg.save_folder_name and (sfn.is_absolute() or ".." in sfn.parts):
+        raise FLError(f"-sfn must be a folder under --results_dir, a relative name without '..' "
+                      f"(got '{cfg.save_folder_name}')")
+    out = results_folder(cfg)
+    existing = out
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise FLError(f"--results_dir {out}: {existing} is not a folder; choose another --results_dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise FLError(f"--results_dir {out}: {existing} is not writable; choose another --results_dir")
 
 
 def print_config(cfg: Config) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Parsing lives in cli.py; its entry points stay importable from here.
-from cli import algorithm_arg, base_parser, parse_config, print_config, validate  # noqa: E402,F401
+from cli import algorithm_arg, base_parser, parse_config, print_config, results_folder, validate  # noqa: E402,F401
 from flcore.registry import get_server_class  # noqa: E402
 from utils.config import Config  # noqa: E402
 from utils.errors import Diverged, FLError, Interrupted  # noqa: E402
@@ -117,10 +117,11 @@ def run(cfg: Config, executor=None) -> list[Path]:
 def run_all(cfg: Config, data, executor) -> list[Path]:
     import torch
 
-    from utils.results import RESULTS_DIR, RunRecorder, mean_std_over_runs
+    from runtime.checkpoint import checkpoint_file
+    from utils.results import RunRecorder, atomic_write, mean_std_over_runs
 
     server_cls = get_server_class(cfg.algorithm)
-    out_dir = Path(cfg.results_dir) if cfg.results_dir else RESULTS_DIR
+    out_dir = results_folder(cfg)
     paths = []
     for r in range(cfg.prev, cfg.times):
         meta = {"config": cfg.to_dict(), "run": r, "seed": cfg.seed + r, "label": label(cfg),
@@ -129,9 +130,14 @@ def run_all(cfg: Config, data, executor) -> list[Path]:
         recorder = RunRecorder(result_stem(cfg, r), meta, out_dir)
         start = time.time()
         with recorder.lock():
-            if recorder.h5_path.exists() and not (cfg.overwrite or cfg.resume):
-                raise FLError(f"{recorder.h5_path} already exists; pass --overwrite to replace it, --resume to "
-                              f"continue it, or another -go to keep both")
+            if recorder.h5_path.exists() and not cfg.overwrite:
+                if not cfg.resume:
+                    raise FLError(f"{recorder.h5_path} already exists; pass --overwrite to replace it, --resume to "
+                                  f"continue it, or another -go to keep both")
+                if not checkpoint_file(recorder).exists():  # --resume would start over and replace it
+                    raise FLError(f"--resume: {recorder.h5_path} exists but has no checkpoint "
+                                  f"({checkpoint_file(recorder).name}) to continue from; pass --overwrite to run "
+                                  f"it again, or another -go to keep both")
             server = server_cls(cfg, data, r, recorder, executor=executor)
             recorder.meta.update(provenance(server))
             train_and_record(cfg, server, recorder)
@@ -139,9 +145,10 @@ def run_all(cfg: Config, data, executor) -> list[Path]:
         print(f"run {r}: best acc {best:.4f}, last acc {last:.4f}, {time.time() - start:.1f} s, "
               f"{recorder.h5_path} (+ {recorder.json_path.name})")
         if cfg.save_folder_name:
-            folder = out_dir / cfg.save_folder_name  # an absolute path replaces out_dir
+            folder = out_dir / cfg.save_folder_name  # relative, without '..' (cli.check_paths)
             folder.mkdir(parents=True, exist_ok=True)
-            torch.save(server.global_model.state_dict(), folder / f"{recorder.stem}_server.pt")
+            state = server.global_model.state_dict()
+            atomic_write([(folder / f"{recorder.stem}_server.pt", lambda tmp: torch.save(state, tmp))])
         paths.append(recorder.h5_path)
     if len(paths) > 1:
         s = mean_std_over_runs(paths)

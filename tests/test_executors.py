@@ -464,8 +464,10 @@ def test_parked_client_round_trips_exactly(digits_tiny_root):
     before = {k: v.clone() for k, v in c.model.state_dict().items()}
     weights = {k: v.clone() for k, v in c.ala.weights.items()}
     gen = c.batch_gen.get_state().clone()
-    store = ClientStore("disk", capacity=1)
+    store = ClientStore("disk", 1, server.executor.host.rebuild)
     store.park(c)
+    assert [p.name for p in store.folder.iterdir()] == ["1.pt"]
+    assert torch.load(store.folder / "1.pt", weights_only=True)["model"]  # tensors and plain values only
     assert "model" not in vars(c) and "ala" not in vars(c) and c.train_samples > 0  # identity stays
     assert all(torch.equal(v, before[k]) for k, v in c.model.state_dict().items())  # first use unparks
     assert all(torch.equal(v, weights[k]) for k, v in c.ala.weights.items())
@@ -498,29 +500,20 @@ def test_balance_places_the_largest_first_on_the_lightest_worker():
 
 
 def test_tensor_pool_holds_equal_tensors_once():
-    from runtime.checkpoint import TensorPool, pack_state, unpack_state
+    from runtime.parking import TensorPool
     from utils.seeding import torch_gen
-
-    class Holder:
-        pass
 
     pool = TensorPool(min_numel=16)
     w = torch.randn(8, 4, 3, 3, generator=torch_gen(0, 0, "test-pool"))
-    a, b, c = Holder(), Holder(), Holder()
-    a.w, a.small = w.clone(), torch.ones(3)
-    b.w = torch.nn.Parameter(w.clone())
-    c.w = w.clone().to(memory_format=torch.channels_last)  # same values, other layout: kept apart
-    blobs = []
-    for h in (a, b, c):
-        blobs.append((pack_state(h, {}, (), pool), pool.used))
-    assert [len(u) for _, u in blobs] == [1, 1, 1]  # the 3-element tensor stays in the blob
+    held = [w.clone(), w.clone(), w.clone().to(memory_format=torch.channels_last)]  # the last: other layout
+    assert pool.put(torch.ones(3)) is None  # small tensors stay where they are
+    ids = [pool.put(t) for t in held]
+    assert ids[0] == ids[1] != ids[2]
     assert len(pool.entries) == 2 and pool.nbytes() == 2 * w.numel() * 4
-    for h, (blob, used) in zip((a, b, c), blobs):
-        restored = Holder()
-        unpack_state(restored, blob, "cpu", {}, pool)
-        pool.release(used)
-        assert torch.equal(restored.w, w) and restored.w.stride() == h.w.stride()
-        assert type(restored.w) is type(h.w) and restored.w is not h.w
+    for t, i in zip(held, ids):
+        got = pool.get(i, "cpu")
+        assert torch.equal(got, w) and got.stride() == t.stride() and got is not t
+    pool.release(ids)
     assert pool.entries == {} and pool.index == {}
 
 
@@ -530,7 +523,7 @@ def test_parked_fedavg_clients_share_the_broadcast_model(digits_tiny_root):
     server.run_round(0)
     large = sum(p.numel() * 4 for p in server.global_model.parameters() if p.numel() >= 4096)
     store = server.executor.host.store
-    assert large > 0 and len(store.blobs) == 3 and store.pool.nbytes() == large  # 5 clients, 2 live
+    assert large > 0 and len(store.states) == 3 and store.pool.nbytes() == large  # 5 clients, 2 live
 
 
 # ---- thread counts -----------------------------------------------------------------------------------

@@ -125,9 +125,9 @@ def test_auto_break_stops_once_the_best_is_older_than_top_cnt(digits_noniid_root
 
 # ---- -sfn ------------------------------------------------------------------------------------------------
 def test_save_folder_holds_the_final_global_model(digits_root, tmp_path):
-    folder = tmp_path / "models"
+    folder = tmp_path / "res" / "models"  # -sfn is a folder under --results_dir
     flags = cli(digits_root, tmp_path / "res", *FAST, "-gr", "2", "-lr", "0.1", "--executor", "sequential",
-                "-sfn", str(folder))
+                "-sfn", "models")
     assert main.main(flags) == 0
     saved = torch.load(folder / "Digits_FedAvg_test_0_server.pt", weights_only=True)
     # a second identical run, built here, and its aggregated model

@@ -33,12 +33,12 @@ import dataclasses
 import functools
 import math
 import shutil
-import tempfile
 
 import torch
 from torch import nn
 
-from runtime.parking import ClientStore
+from runtime.parking import ClientStore, own_folder
+from utils.data_utils import ClientData
 from utils.errors import FLError
 from utils.seeding import torch_seeded
 
@@ -113,8 +113,7 @@ class Parking:
     worth), files under ``folder`` for disk."""
     mode: str
     capacity: int
-    folder: str | None = None
-    owns_folder: bool = False  # a temporary folder made for this run, removed by ``release``
+    folder: str | None = None  # this run's own folder (under --client_state_dir), removed by ``release``
 
     @classmethod
     def from_config(cls, cfg) -> "Parking | None":
@@ -122,17 +121,17 @@ class Parking:
 
         if cfg.client_state == "device":
             return None
-        folder, own = cfg.client_state_dir, False
-        if cfg.client_state == "disk" and folder is None:  # one folder for every worker
-            folder, own = tempfile.mkdtemp(prefix="fl-clients-"), True
-        return cls(cfg.client_state, join_count(cfg.join_ratio, cfg.num_clients or 1), folder, own)
+        # One folder for every worker of this run and no other run: runs sharing --client_state_dir
+        # never see each other's files.
+        folder = str(own_folder(cfg.client_state_dir)) if cfg.client_state == "disk" else None
+        return cls(cfg.client_state, join_count(cfg.join_ratio, cfg.num_clients or 1), folder)
 
-    def store(self, share: float) -> ClientStore:
-        """The store of a host holding ``share`` of all clients."""
-        return ClientStore(self.mode, max(1, math.ceil(self.capacity * share)), self.folder)
+    def store(self, share: float, rebuild) -> ClientStore:
+        """The store of a host holding ``share`` of all clients (``rebuild``: see ``ClientStore``)."""
+        return ClientStore(self.mode, max(1, math.ceil(self.capacity * share)), rebuild, self.folder)
 
     def release(self) -> None:
-        if self.owns_folder:
+        if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -142,12 +141,18 @@ class ClientHost:
 
     def __init__(self, factory: ClientFactory, cids: list[int], datas: list, device=None,
                  parking: Parking | None = None, total: int | None = None):
-        self.store = parking.store(len(cids) / (total or len(cids))) if parking is not None else None
+        self.factory, self.device = factory, device
+        self.store = (parking.store(len(cids) / (total or len(cids)), self.rebuild) if parking is not None
+                      else None)
         self.clients: dict = {}
         for cid, d in zip(cids, datas):  # parked as they are built: peak memory stays bounded
             self.clients[cid] = factory(cid, d, device)
             if self.store is not None:
                 self.store.touch(self.clients[cid])
+
+    def rebuild(self, c):
+        """A fresh client of ``c``'s id on ``c``'s own data (what a parked state is loaded into)."""
+        return self.factory(c.id, ClientData(c.x_train, c.y_train, c.x_test, c.y_test), self.device)
 
     def run(self, cid: int, method: str, args=(), kwargs=None):
         c = self.clients[cid]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,9 +60,20 @@ def _bad_split(name: str, what: str) -> FLError:
     return FLError(f"split '{name}': {what}; regenerate it: {generator_command(name)}")
 
 
+# Normalisation constants: finite and within bounds that keep float32 pixels finite ((x - mean) / std).
+STD_MIN, NORM_MAX = 1e-6, 1e6
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) <= NORM_MAX
+
+
 def read_config(name: str, d: Path) -> tuple[dict, bytes]:
     """``config.json`` of a split, its schema checked: every key this library reads, with its type."""
-    raw = (d / "config.json").read_bytes()
+    try:
+        raw = (d / "config.json").read_bytes()
+    except OSError as e:  # a folder, a symlink loop, no permission
+        raise _bad_split(name, f"config.json cannot be read ({e.strerror or e})") from None
     try:
         config = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
@@ -102,9 +114,12 @@ def read_config(name: str, d: Path) -> tuple[dict, bytes]:
     if config.get("normalize") is not None:
         c = config["input_shape"][0]
         need("normalize", lambda v: isinstance(v, dict) and all(
-            isinstance(v.get(k), list) and len(v[k]) in (1, c) and all(isinstance(e, (int, float)) for e in v[k])
-            for k in ("mean", "std")) and all(e > 0 for e in v["std"]),
-             f"{{'mean': [...], 'std': [...]}} with 1 or {c} entries each, std > 0")
+            isinstance(v.get(k), list) and len(v[k]) in (1, c) and all(_number(e) for e in v[k])
+            for k in ("mean", "std")) and all(STD_MIN <= e for e in v["std"]),
+             f"{{'mean': [...], 'std': [...]}} with 1 or {c} finite entries each (|mean| <= {NORM_MAX:g}, "
+             f"{STD_MIN:g} <= std <= {NORM_MAX:g})")
+    if "x_dtype" in config:
+        need("x_dtype", lambda v: isinstance(v, str), "a numpy dtype name such as uint8")
     return config, raw
 
 
@@ -131,6 +146,10 @@ def _read_npz(name: str, path: Path, config: dict, part: str, i: int) -> tuple[n
         raise bad(f"holds x of dtype {x.dtype}; expected uint8 pixels or float vectors")
     if x.shape[1:] != shape:
         raise bad(f"holds x of shape {x.shape}; the config's input_shape is {list(shape)}")
+    if config.get("modality") != "text" and config.get("x_dtype", x.dtype.name) != x.dtype.name:
+        raise bad(f"holds x of dtype {x.dtype}; the config's x_dtype is {config['x_dtype']}")
+    if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+        raise bad("holds NaN or infinite values in x")
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
         raise bad(f"holds y of shape {y.shape} and dtype {y.dtype}; expected a 1-d integer array")
     if len(x) != len(y):
@@ -186,4 +205,6 @@ def load_split(name: str, root: Path | str = DATASET_ROOT, num_clients: int | No
         xte, yte = _read_npz(name, d / "test" / f"{i}.npz", config, "test", i)
         clients.append(ClientData(_to_tensor(xtr, norm, device), torch.from_numpy(ytr).long().to(device),
                                   _to_tensor(xte, norm, device), torch.from_numpy(yte).long().to(device)))
+    if not any(len(c.y_test) for c in clients):
+        raise _bad_split(name, f"every test split of its {n} client(s) is empty: there is nothing to evaluate")
     return FederatedData(name, config, hashlib.sha256(raw).hexdigest()[:16], clients)

@@ -5,15 +5,15 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import secrets
 import time
 from pathlib import Path
 
 import numpy as np
 
-from utils.paths import REPO_ROOT
+from utils.paths import RESULTS_DIR
 from utils.errors import FLError
 
-RESULTS_DIR = REPO_ROOT / "results"
 __version__ = "0.1.0"
 
 
@@ -33,14 +33,17 @@ def atomic_write(writes: list[tuple[Path, object]]) -> None:
     """Write each (path, write(tmp_path)) to a temporary file first, then rename them all into place: a
     failed write (a full disk) leaves every previous complete file as it was and no temporary file behind,
     and the files of one save (an h5 and its sidecar) are replaced together. A signal that arrives
-    meanwhile takes effect once the files are in place."""
-    tmps = [path.with_name(path.name + ".tmp") for path, _ in writes]
+    meanwhile takes effect once the files are in place. Each temporary file is created anew, exclusively,
+    under a random name beside its target (``exclusive_tmp``): a path planted there (a symlink to another
+    file) is never followed or overwritten."""
     outer = _writing["now"]
     _writing["now"] = True
+    tmps: list[Path] = []
     try:
         try:
-            for tmp, (_, write) in zip(tmps, writes):
-                write(tmp)
+            for path, write in writes:
+                tmps.append(exclusive_tmp(path))
+                write(tmps[-1])
         except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
             for tmp in tmps:
                 tmp.unlink(missing_ok=True)
@@ -53,6 +56,19 @@ def atomic_write(writes: list[tuple[Path, object]]) -> None:
     if not outer and _writing["interrupted"]:
         _writing["interrupted"] = False
         raise KeyboardInterrupt
+
+
+def exclusive_tmp(path: Path) -> Path:
+    """A new empty file ``<name>.<random>.tmp`` beside ``path``, created exclusively (``O_EXCL``: never an
+    existing file or a symlink's target), for a write that is then renamed onto ``path``."""
+    for _ in range(100):
+        tmp = path.with_name(f"{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -93,11 +109,11 @@ class RunRecorder:
     def lock(self):
         """Hold ``<stem>.lock`` while the run writes: a second run writing the same result name at the same
         time is refused with one line instead of overwriting it (a lock left by a killed run is taken over)."""
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         path = self.out_dir / f"{self.stem}.lock"
         for _ in range(2):
             try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
                 break
             except FileExistsError:
                 try:
@@ -108,6 +124,9 @@ class RunRecorder:
                     raise FLError(f"another run (pid {pid}) is writing {self.h5_path} now; wait for it or "
                                   f"choose another -go") from None
                 path.unlink(missing_ok=True)  # stale: its run is gone
+            except OSError as e:  # read-only, full, or not a folder
+                raise FLError(f"cannot write in {self.out_dir} ({e.strerror or e}); choose another "
+                              f"--results_dir") from None
         else:
             raise FLError(f"could not take the lock {path}; remove it if no run is writing there")
         os.write(fd, str(os.getpid()).encode())
@@ -120,7 +139,23 @@ class RunRecorder:
     def finish(self, status: str, reason: str | None = None) -> None:
         """Record how the run ended in the sidecar (and write the files once more)."""
         self.status, self.status_reason = status, reason
-        self.save()
+        try:
+            self.save()
+        except FLError:  # a full disk: the previous complete files stay, their sidecar at least says so
+            self._mark_previous()
+            raise
+
+    def _mark_previous(self) -> None:
+        """Write the status into the sidecar of the previous complete save (a small file: a full disk may
+        still take it). When even that fails, the error being raised already says what happened."""
+        import ujson
+
+        try:
+            meta = ujson.loads(self.json_path.read_text())
+            meta.update(status=self.status, status_reason=self.status_reason)
+            atomic_write([(self.json_path, lambda tmp: tmp.write_text(ujson.dumps(meta, indent=1)))])
+        except (OSError, ValueError, FLError):
+            pass
 
     @property
     def h5_path(self) -> Path:

@@ -76,9 +76,7 @@ class APPLEClient(Client):
         self.lam = apple_lambda(round_idx, self.cfg.global_rounds, self.cfg.L, self.cfg.lambda_schedule)
         self.stack_others()
         self.p.requires_grad_(True)
-        self.optimizer = self.round_optimizer(round_idx)
-        super().local_update(round_idx)
-        self.optimizer.state.clear()  # momentum buffers: the next round starts a new optimizer anyway
+        self.run_epochs(self.cfg.local_epochs, optimizer=self.round_optimizer(round_idx))  # not kept
         self.p.requires_grad_(False)
         self.p.grad = None
         self.cores, self.stacks = [], {}

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from flcore.trainmodel.parts import HEAD, ala_names, batch_dependent, head_of
-from runtime.checkpoint import pack_state, unpack_state
+from runtime import state
 from utils.amp import autocast, make_scaler
 from utils.batching import batch_bounds, batches_of, has_batch_norm
 from utils.data_utils import ClientData
@@ -154,21 +154,30 @@ class Client:
         """The client's personalised model, the one evaluated on its own test split."""
         return self.model
 
-    # ---- checkpoints (runtime/checkpoint.py) ----------------------------------------------------
+    # ---- state (checkpoints and parking: runtime/state.py) ------------------------------------------
     checkpoint_skip = ()  # attributes a checkpoint leaves out (state an algorithm rebuilds by itself)
 
     def checkpoint_links(self) -> dict:
-        """Objects a checkpoint refers to rather than saves: the config and the data, rebuilt from the flags
-        and the split."""
+        """Objects a saved state refers to rather than holds: the config and the data, rebuilt from the
+        flags and the split."""
         return {"cfg": self.cfg, "x_train": self.x_train, "y_train": self.y_train, "x_test": self.x_test,
                 "y_test": self.y_test}
 
-    def checkpoint_state(self) -> bytes:
-        """This client's full object state (model, optimizer, streams, ALA, an algorithm's extras)."""
-        return pack_state(self, self.checkpoint_links(), self.checkpoint_skip)
+    def state_dict(self, skip=()) -> dict:
+        """This client's state as tensors and plain values (runtime/state.py): by default every attribute
+        but ``checkpoint_skip`` and ``skip`` (model, optimizer, streams, ALA, an algorithm's extras)."""
+        links = {id(v): k for k, v in self.checkpoint_links().items()}
+        return state.encode_attrs(self, links, (*self.checkpoint_skip, *skip), f"client {self.id}")
 
-    def load_checkpoint_state(self, blob: bytes) -> None:
-        unpack_state(self, blob, self.device, self.checkpoint_links())
+    def load_state_dict(self, saved: dict) -> None:
+        """Put a ``state_dict`` back onto this client, as built by its constructor."""
+        state.decode_attrs(self, saved, self.checkpoint_links(), self.device, f"client {self.id}", self.new_module)
+
+    def new_module(self, name: str) -> nn.Module:
+        """A module for attribute ``name`` of a saved state that the constructor does not build (a copy
+        made later, such as a fine-tuned or a previous model): by default a copy of ``self.model``, into
+        which the saved entries are loaded (strictly, so another structure is refused)."""
+        return copy.deepcopy(self.model)
 
     # ---- training ----------------------------------------------------------------------------------
     def learning_rate(self, round_idx: int) -> float:

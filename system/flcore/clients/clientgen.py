@@ -26,6 +26,16 @@ class Generator(nn.Module):
                                   nn.ReLU())
         self.out = nn.Linear(hidden_dim, feature_dim)
 
+    @classmethod
+    def for_model(cls, cfg, model: nn.Module, sample: torch.Tensor, num_classes: int) -> "Generator":
+        """A generator of ``model``'s classifier inputs (their size measured on one ``sample``)."""
+        base = model.base
+        was_training = base.training
+        with torch.no_grad():
+            feature_dim = base.eval()(sample.to(next(base.parameters()).device)).flatten(1).shape[1]
+        base.train(was_training)
+        return cls(cfg.noise_dim, num_classes, cfg.hidden_dim, feature_dim)
+
     def forward(self, eps: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.out(self.body(torch.cat([eps, F.one_hot(y, self.num_classes).to(eps.dtype)], 1)))
 
@@ -53,6 +63,11 @@ class FedGenClient(Client):
         self.alpha = 0.0
         if self.cfg.localize_feature_extractor:
             self.personal_keys = ("base.",)
+
+    def new_module(self, name: str) -> nn.Module:
+        if name != "generator":
+            return super().new_module(name)
+        return Generator.for_model(self.cfg, self.model, self.x_train[:1], self.num_classes).to(self.device)
 
     def receive(self, payload, participating: bool = True) -> None:
         if self.cfg.localize_feature_extractor:  # only the classifier is shared

@@ -30,6 +30,7 @@ tolerance, checkpoints and resume: runtime/checkpoint.py; simulated slow clients
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import time
 
@@ -39,7 +40,7 @@ from tqdm import tqdm
 
 from flcore.clients.clientbase import Client, Upload
 from flcore.trainmodel.models import build_model, set_device_layout
-from runtime import checkpoint
+from runtime import checkpoint, state
 from runtime.choose import make_executor
 from runtime.executors import ClientFactory, WorkerLost
 from runtime.faults import SlowClients
@@ -80,7 +81,7 @@ class Server:
     def check_config(cls, cfg) -> None:
         """Reject flag combinations this algorithm cannot honour (raise FLError with one clear line)."""
 
-    checkpoint_skip = ("restart_point",)  # attributes a checkpoint leaves out
+    checkpoint_skip = ("checkpoints",)  # attributes a checkpoint leaves out
 
     def __init__(self, cfg, data: FederatedData, run: int = 0, recorder: RunRecorder | None = None,
                  executor=None):
@@ -100,6 +101,7 @@ class Server:
         self.slow = SlowClients(cfg, run, steps)
         self.late: list[int] = []  # clients whose upload missed the last round (-tth)
         self.recorder = recorder
+        self.checkpoints = checkpoint.Checkpoints(recorder)  # the run's file and restart point
         self.privacy = PrivacyMonitor.from_config(cfg, run, data, recorder, type(self))  # None unless -dlg or -dp
         if self.clients and self.clients[0].ala is not None:
             names = self.clients[0].ala.names
@@ -242,20 +244,28 @@ class Server:
             return False
         return len(acc) - 1 - int(np.argmax(acc)) > self.cfg.top_cnt
 
-    # ---- checkpoints -------------------------------------------------------------------------------
+    # ---- state (checkpoints: runtime/checkpoint.py, runtime/state.py) --------------------------------
     def checkpoint_links(self) -> dict:
-        """Objects a checkpoint refers to rather than saves (wherever they occur in the server's
+        """Objects a saved state refers to rather than holds (wherever they occur in the server's
         attributes): they are rebuilt from the flags and the split, or live elsewhere."""
         return {"cfg": self.cfg, "data": self.data, "recorder": self.recorder, "executor": self.executor,
                 **{f"client:{c.id}": c for c in self.clients}}
 
-    def server_state(self) -> bytes:
-        """Every attribute of this server except ``checkpoint_skip`` (global model, streams, an
-        algorithm's own state such as stored client models)."""
-        return checkpoint.pack_state(self, self.checkpoint_links(), self.checkpoint_skip)
+    def state_dict(self) -> dict:
+        """This server's state as tensors and plain values (runtime/state.py): by default every attribute
+        but ``checkpoint_skip`` (global model, streams, an algorithm's own state such as stored client
+        models)."""
+        links = {id(v): k for k, v in self.checkpoint_links().items() if v is not None}
+        return state.encode_attrs(self, links, self.checkpoint_skip, "server")
 
-    def load_server_state(self, blob: bytes) -> None:
-        checkpoint.unpack_state(self, blob, self.device, self.checkpoint_links())
+    def load_state_dict(self, saved: dict) -> None:
+        """Put a ``state_dict`` back onto this server, as built by its constructor."""
+        state.decode_attrs(self, saved, self.checkpoint_links(), self.device, "server", self.new_module)
+
+    def new_module(self, name: str) -> torch.nn.Module:
+        """A module for attribute ``name`` of a saved state that the constructor does not build: by default
+        a copy of the global model, into which the saved entries are loaded (strictly)."""
+        return copy.deepcopy(self.global_model)
 
     def close(self) -> None:
         """Release the executor's workers (main.py closes the executor it shares between runs)."""
@@ -266,7 +276,7 @@ class Server:
         """Run every round. ``--resume`` continues from the run's checkpoint. A lost worker sends the run
         back to its last checkpoint (round 0 without ``--checkpoint_every``) and the rounds are replayed:
         every draw is seeded, so the numbers are those of an undisturbed run."""
-        first = checkpoint.begin(self)
+        first = self.checkpoints.begin(self)
         for restarts in itertools.count():
             try:
                 return self._run_rounds(first)
@@ -275,7 +285,8 @@ class Server:
                     raise FLError(f"{e}, {restarts + 1} time(s) in this run (--max_restarts "
                                   f"{self.cfg.max_restarts}); results so far are kept; rerun with --resume to "
                                   f"continue from the last checkpoint") from None
-                first = checkpoint.recover(self, e)
+                self.clients = self.executor.reset()
+                first = self.checkpoints.recover(self, e)
 
     def _run_rounds(self, first: int) -> None:
         """Rounds ``first`` .. ``-gr``-1, then the final evaluation (of round ``-gr``, or of the round
@@ -317,7 +328,7 @@ class Server:
             self.recorder.round_bytes["up"].append(self.bytes_up)
             self.recorder.round_bytes["down"].append(self.bytes_down)
         if cfg.checkpoint_every and ((t + 1) % cfg.checkpoint_every == 0 or t + 1 == cfg.global_rounds):
-            checkpoint.save(self, t)
+            self.checkpoints.save(self, t)
 
     def _final_evaluation(self, round_idx: int) -> None:
         """After the last round, the final global model is evaluated by the rule of every other evaluation:

@@ -121,14 +121,9 @@ class FedGenServer(Server):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         cfg = self.cfg
-        sample = self.data.clients[0].x_train[:1].to(self.device)
-        base = self.global_model.base
-        was_training = base.training
-        with torch.no_grad():
-            feature_dim = base.eval()(sample).flatten(1).shape[1]  # the classifier's input size
-        base.train(was_training)
         with torch_seeded(cfg.seed, self.run, "fedgen-generator"):
-            self.generator = Generator(cfg.noise_dim, self.data.num_classes, cfg.hidden_dim, feature_dim)
+            self.generator = Generator.for_model(cfg, self.global_model, self.data.clients[0].x_train[:1],
+                                                 self.data.num_classes)
         self.generator.to(self.device)
         self.gen_optimizer = torch.optim.Adam(self.generator.parameters(), lr=cfg.generator_learning_rate,
                                               weight_decay=GEN_WEIGHT_DECAY)
