@@ -145,3 +145,8 @@ def test_lambda_zero_is_local_and_lambda_changes_it(digits_tiny_root, tmp_path):
 def test_ala_is_refused(digits_tiny_root):
     with pytest.raises(FLError, match="-ala"):
         main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FD", "-ala"))
+
+
+def test_a_negative_lambda_is_refused(digits_tiny_root):
+    with pytest.raises(FLError, match="-lam >= 0"):
+        main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FD", "-lam", "-0.5"))
