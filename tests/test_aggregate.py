@@ -44,3 +44,10 @@ def test_integer_entries_round_rather_than_truncate_and_keys_restrict():
     assert torch.allclose(out["w"], torch.tensor([3.0]))
     with pytest.raises(ValueError):
         weighted_average([a, b], [-1, 2])
+
+
+def test_one_state_is_its_own_average_and_none_is_an_error():
+    only = {"w": torch.tensor([2.0, -1.0])}
+    assert torch.equal(weighted_average([only], [7])["w"], only["w"])
+    with pytest.raises(ValueError, match="at least one state"):
+        weighted_average([], [])
