@@ -51,3 +51,10 @@ def test_one_state_is_its_own_average_and_none_is_an_error():
     assert torch.equal(weighted_average([only], [7])["w"], only["w"])
     with pytest.raises(ValueError, match="at least one state"):
         weighted_average([], [])
+
+
+def test_the_average_of_live_parameters_holds_no_autograd_graph():
+    a, b = nn.Linear(2, 1), nn.Linear(2, 1)  # parameters require grad, as uploads of a model's own tensors do
+    out = weighted_average([dict(a.named_parameters()), dict(b.named_parameters())], [1, 3])
+    assert not any(t.requires_grad for t in out.values())
+    torch.testing.assert_close(out["weight"], (a.weight + 3 * b.weight).detach() / 4)
