@@ -58,3 +58,9 @@ def test_the_average_of_live_parameters_holds_no_autograd_graph():
     out = weighted_average([dict(a.named_parameters()), dict(b.named_parameters())], [1, 3])
     assert not any(t.requires_grad for t in out.values())
     torch.testing.assert_close(out["weight"], (a.weight + 3 * b.weight).detach() / 4)
+
+
+def test_zero_and_fractional_weights_are_accepted():
+    a, b = {"w": torch.tensor([4.0])}, {"w": torch.tensor([8.0])}
+    assert torch.equal(weighted_average([a, b], [0, 2])["w"], torch.tensor([8.0]))  # a zero weight drops a state
+    assert torch.equal(weighted_average([a, b], [0.25, 0.75])["w"], torch.tensor([7.0]))  # weights already summing to 1
