@@ -109,14 +109,14 @@ def sequential_run(digits_tiny_root, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ray_pool(digits_tiny_root):
-    import ray
-    from runtime.raypool import RayExecutor, init_ray
+    pytest.importorskip("ray")
+    from runtime.raypool import RayExecutor, init_ray, shutdown_ray
 
     init_ray(num_cpus=2)
     pool = RayExecutor(main.parse_config(cli(digits_tiny_root, digits_tiny_root, *RAY)))
     yield pool
     pool.close()
-    ray.shutdown()
+    shutdown_ray()
 
 
 def pool_for(executor: str, request):

@@ -200,3 +200,49 @@ def test_an_existing_result_is_not_overwritten_silently(digits_tiny_root, tmp_pa
     assert (tmp_path / f"{STEM}.h5").read_bytes() == before
     assert main.main(plain("-lr", "0.1", "--overwrite")) == 0
     assert sidecar(tmp_path)["config"]["local_learning_rate"] == 0.1
+
+
+# ---- Ray stays local and dies with the run ----------------------------------------------------------
+DASHBOARD_PORT = 8265  # Ray's dashboard (web UI and job API) listens here when it runs
+
+
+def listening_ports() -> set[int]:
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.read().splitlines()[1:]:
+                local, state = row.split()[1], row.split()[3]
+                if state == "0A":  # LISTEN
+                    ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
+@needs_proc
+@pytest.mark.optional_deps("ray")
+def test_no_ray_process_survives_a_killed_run(digits_tiny_root, tmp_path):
+    pytest.importorskip("ray")
+    from runtime.reaper import _ray_descendants
+
+    proc = start(digits_tiny_root, tmp_path, "-gr", "500", "--executor", "ray", "--workers", "1", "--no-progress")
+    wait_for_round(proc, 1)
+    ray_procs = _ray_descendants(proc.pid)
+    cmds = [open(f"/proc/{p}/cmdline").read() for p in ray_procs]
+    assert any("raylet" in c for c in cmds), cmds
+    assert DASHBOARD_PORT not in listening_ports()  # no dashboard unless asked for
+    proc.kill()  # kill -9: no atexit, no ray.shutdown
+    proc.wait()
+    deadline = time.time() + 15
+    while any(alive(p) for p in ray_procs) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not [c for p, c in zip(ray_procs, cmds) if alive(p)]
+
+
+@pytest.mark.optional_deps("ray")
+@pytest.mark.parametrize("address,expected", [("127.0.0.1:1", "nothing answers at 127.0.0.1:1"),
+                                              ("ray://127.0.0.1:1", "127.0.0.1:1")])
+def test_a_bad_ray_address_is_one_line_quickly(digits_tiny_root, tmp_path, capsys, address, expected):
+    pytest.importorskip("ray")
+    began = time.time()
+    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", "--executor", "ray", "--ray_address", address)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0] and time.time() - began < 30, err

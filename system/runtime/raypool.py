@@ -47,33 +47,80 @@ def import_ray():
     return ray
 
 
+CONNECT_TIMEOUT_S = 10  # how long --ray_address may take to answer before the run stops with one line
+_watcher: list = []  # the reaper watching the local cluster this process started (runtime/reaper.py)
+
+
+def check_address(address: str) -> None:
+    """Fail fast, with one line, on a ``--ray_address`` Ray would wait minutes for: a ``ray://`` address
+    without Ray's client extra, or a host:port that does not answer within ``CONNECT_TIMEOUT_S``."""
+    import importlib.util
+    import socket
+
+    if address == "auto":
+        return
+    client = address.startswith("ray://")
+    if client and importlib.util.find_spec("grpc") is None:
+        raise FLError(f"--ray_address {address} needs Ray's client: pip install 'ray[client]' (same version)")
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        host, port = address.removeprefix("ray://"), "10001" if client else "6379"
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise FLError(f"--ray_address {address}: nothing answers at {host}:{port} ({e.strerror or e}); start the "
+                      f"cluster (ray start --head) or fix the address") from None
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None, device_ids: list[str] | None = None,
              **kwargs) -> bool:
     """Start a local Ray cluster, or join ``address``, with this library importable on every worker (its
     packages travel with the job as ``py_modules``, so machines without a checkout work too).
-    ``device_ids`` limits a local cluster to those GPUs. Returns False when Ray was already running (then
-    nothing is changed; start it through this function so the workers find the library)."""
+    A local cluster announces itself on 127.0.0.1, starts no dashboard (``include_dashboard=True`` in
+    ``kwargs`` asks for one) and its processes end with this one, even when it is killed (a watcher,
+    runtime/reaper.py; ``shutdown_ray`` ends it normally). ``device_ids`` limits a local cluster to those
+    GPUs. Returns False when Ray was already running (then nothing is changed; start it through this
+    function so the workers find the library)."""
     ray = import_ray()
     if ray.is_initialized():
         return False
     opts = dict(include_dashboard=False, runtime_env={"py_modules": [str(SYSTEM_DIR / p) for p in PACKAGES]})
     if address:
+        check_address(address)
         opts["address"] = address
-    elif num_cpus is not None:
-        opts["num_cpus"] = num_cpus
+    else:
+        opts["_node_ip_address"] = "127.0.0.1"
+        if num_cpus is not None:
+            opts["num_cpus"] = num_cpus
+        from runtime import reaper
+
+        _watcher.append(reaper.watch())
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
         if not address and device_ids and torch.cuda.is_available():
             # The raylet started here inherits this environment; this process's own view is restored below.
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(device_ids)
             opts["num_gpus"] = len(device_ids)
-        ray.init(**{**opts, **kwargs})
+        try:
+            ray.init(**{**opts, **kwargs})
+        except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+            raise FLError(f"Ray did not start{f' at {address}' if address else ''} ({str(e).strip().splitlines()[0]})"
+                          ) from None
     finally:
         if visible is None:
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         else:
             os.environ["CUDA_VISIBLE_DEVICES"] = visible
     return True
+
+
+def shutdown_ray() -> None:
+    """``ray.shutdown``, then the watcher of a local cluster ends whatever Ray left running."""
+    from runtime import reaper
+
+    import_ray().shutdown()
+    while _watcher:
+        reaper.stop(_watcher.pop())
 
 
 class RayExecutor(PoolExecutor):
@@ -147,6 +194,6 @@ class RayExecutor(PoolExecutor):
             self.ray.kill(a)
         self.actors = []
         if self.started_ray:
-            self.ray.shutdown()
+            shutdown_ray()
         if self.parking is not None:
             self.parking.release()
