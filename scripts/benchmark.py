@@ -11,8 +11,9 @@ the wall time of each phase: send (the broadcast, with ALA or another local init
 train, aggregate (upload + aggregate), and the training throughput in samples/s and GFLOP/s (FLOPs counted
 once by ``torch.utils.flop_counter`` on one batch). The reference, measured in this process before each
 executor's run and after every round (outside the round's time: a shared machine's speed drifts), is one
-model trained on batches of 200 for ``--ref_seconds`` in the faster weight layout: the throughput
-small-batch federated training is compared with. At the end: each executor's mean round time from round
+model trained on batches of ``--ref_batch`` (200) for ``--ref_seconds`` in the faster weight layout: the
+throughput small-batch federated training is compared with (with ``--ref_batch 10`` and ``NAME@1``, the
+same batch-10 steps in one tight loop on one core, which each training process's share is compared with). At the end: each executor's mean round time from round
 ``--steady_from`` on (FedALA's start phase is its round 1), its ratio to the first executor's, whether the
 accuracy and loss curves are identical, and the peak resident memory of the worker processes. Figures:
 docs/performance.md.
@@ -160,10 +161,10 @@ def peak_rss_mb(pid: int | str = "self") -> float:
     return float("nan")
 
 
-def run_one(cfg, data, model, x, y, train_flops: float, ref_seconds: float) -> dict:
+def run_one(cfg, data, model, x, y, train_flops: float, ref_seconds: float, ref_batch: int = 200) -> dict:
     """One executor's run, instrumented; its figures."""
     def reference():
-        return reference_throughput(model, x, y, cfg, ref_seconds)
+        return reference_throughput(model, x, y, cfg, ref_seconds, ref_batch)
 
     ref_before = reference()
     executor = make_executor(cfg)
@@ -203,6 +204,9 @@ def main_benchmark(argv=None) -> dict:
     p.add_argument("--steady_from", type=int, default=1,
                    help="first round in the steady mean (FedALA's start phase is round 1: use 2)")
     p.add_argument("--ref_seconds", type=float, default=3.0, help="length of each reference measurement")
+    p.add_argument("--ref_batch", type=int, default=200,
+                   help="the reference's batch size (200: the compute limit; -lbs, e.g. 10, with NAME@1: the same "
+                        "steps in one tight loop on one core, which each fork worker's share is compared with)")
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     ours, rest = p.parse_known_args(argv)
     cfg = main.resolve_device(main.parse_config(rest + ["--no-progress"]))
@@ -220,7 +224,8 @@ def main_benchmark(argv=None) -> dict:
         before = torch.get_num_threads()
         torch.set_num_threads(int(threads or before))
         try:
-            runs.append(run_one(cfg.replace(executor=kind), data, model, x, y, train_flops, ours.ref_seconds))
+            runs.append(run_one(cfg.replace(executor=kind), data, model, x, y, train_flops, ours.ref_seconds,
+                                ours.ref_batch))
         finally:
             torch.set_num_threads(before)
         runs[-1].update(executor=spec, threads=int(threads or before))
@@ -229,10 +234,13 @@ def main_benchmark(argv=None) -> dict:
         r["vs_first"] = r["steady_round_s"] / runs[0]["steady_round_s"]
         r["same_curve_as_first"] = r["curve"] == runs[0]["curve"]
         r["same_curve_as"] = [o["executor"] for o in runs if o is not r and o["curve"] == r["curve"]]
+        # training throughput per process that trains (the workers, or this one) against the reference
+        r["train_vs_reference_per_process"] = (sum(r["train_vs_reference_per_round"]) / len(r["rounds"])
+                                               / max(r["workers"], 1)) if r["rounds"] else float("nan")
     out = {"config": {k: getattr(cfg, k) for k in ("dataset", "algorithm", "model", "num_clients", "join_ratio",
                                                     "batch_size", "local_epochs", "amp", "train_loss_eval",
                                                     "eval_batch_size", "device", "workers")},
-           "threads": torch.get_num_threads(), "train_mflop_per_sample": train_flops / 1e6,
+           "threads": torch.get_num_threads(), "reference_batch": ours.ref_batch, "train_mflop_per_sample": train_flops / 1e6,
            "eval_mflop_per_sample": eval_flops / 1e6, "steady_from": ours.steady_from, "runs": runs,
            "peak_rss_mb": peak_rss_mb()}
     print(f"{cfg.algorithm} on {cfg.dataset}, {len(data.clients)} clients:")
@@ -241,7 +249,7 @@ def main_benchmark(argv=None) -> dict:
               f"{ours.steady_from} ({r['vs_first']:.2f}x {runs[0]['executor']}); training "
               f"{r['train_samples_per_s']:.0f} samples/s ({r['train_gflops']:.1f} GFLOP/s, "
               f"{', '.join(f'{100 * v:.0f}' for v in r['train_vs_reference_per_round'])} % of the reference round "
-              f"by round); curve identical (bit for bit) to: {', '.join(r['same_curve_as']) or 'none'}; workers' peak "
+              f"by round; {100 * r['train_vs_reference_per_process']:.0f} % per training process); curve identical (bit for bit) to: {', '.join(r['same_curve_as']) or 'none'}; workers' peak "
               f"RSS {', '.join(f'{m:.0f}' for m in r['peak_rss_workers_mb']) or '-'} MB")
     print(f"  peak RSS of this process {out['peak_rss_mb']:.0f} MB")
     if ours.json:
