@@ -70,8 +70,10 @@ def test_each_round_starts_a_fresh_running_mean(digits_tiny_root, monkeypatch):
 
 
 def test_initialization_period_gives_the_weighted_mean_once(digits_tiny_root):
-    server = make_server(digits_tiny_root, "-mo", "0.3")
-    ref = make_server(digits_tiny_root, "-mo", "0.3")  # a reference loop over a second, identical federation
+    # -ld: the initialization period trains at round 0's rate; seed 3 != run 0, so the stream's key order shows
+    flags = ("-mo", "0.3", "-ld", "-ldg", "0.5", "--seed", "3")
+    server = make_server(digits_tiny_root, *flags)
+    ref = make_server(digits_tiny_root, *flags)  # a reference loop over a second, identical federation
     results = [c.initial_mean() for c in ref.clients]
     # client 0's initialization period by hand: plain CE on a copy (no PRBM, no MR), batches from its own
     # "dbe-init" stream, r ← (1 − μ) r + μ mean φ(x) after each batch
@@ -97,7 +99,7 @@ def test_initialization_period_gives_the_weighted_mean_once(digits_tiny_root):
     assert server.payload["mean"] is None  # sent once
     # round 0 started from the initial model (the initialization period's copies were dropped): one more
     # identical federation that skips the initialization period ends round 0 where this one did
-    twin = make_server(digits_tiny_root, "-mo", "0.3")
+    twin = make_server(digits_tiny_root, *flags)
     twin.global_mean = want.clone()
     twin.payload = None
     twin.prepare_broadcast = lambda p: setattr(twin, "payload", {"model": twin.global_model, "mean": want})
