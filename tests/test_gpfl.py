@@ -107,3 +107,11 @@ def test_loss_terms_and_which_embeddings_each_guidance_term_trains(digits_noniid
     # the GCE learns from the angle-level term only (the magnitude term's embeddings are the frozen copy)
     grad = torch.autograd.grad(got, m.gce.weight)[0]
     torch.testing.assert_close(grad, torch.autograd.grad(angle, m.gce.weight)[0])
+
+
+def test_conditional_inputs_and_frozen_embeddings_hold_no_graph_to_the_received_model(digits_noniid_root):
+    server = make_server(digits_noniid_root)
+    c = server.clients[0]
+    assert not c.gce_frozen.requires_grad and not c.cond_g.requires_grad  # before any broadcast too
+    server._send_models(server.clients)
+    assert not c.gce_frozen.requires_grad and not c.cond_g.requires_grad and not c.model.cond_p.requires_grad
