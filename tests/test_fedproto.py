@@ -126,3 +126,11 @@ def test_ala_and_dp_are_refused(flag, digits_tiny_root, capsys):
     assert main.main(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedProto", "-gr", "1", flag)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and flag in err and "FedProto" in err, err
+
+
+def test_lambda_zero_is_accepted_and_a_negative_one_refused(digits_tiny_root):
+    from utils.errors import FLError
+
+    assert main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedProto", "-lam", "0")).lamda == 0
+    with pytest.raises(FLError, match="-lam >= 0"):
+        main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedProto", "-lam", "-0.5"))
