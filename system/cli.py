@@ -314,10 +314,10 @@ def parse_config(argv=None) -> Config:
     cfg = split_data_path(Config(**vars(args)))
     validate(cfg)
     check_paths(cfg)
-    server_cls.check_config(cfg)
-    from utils.privacy import check_client_level
+    from utils.privacy import check_support
 
-    check_client_level(cfg, server_cls)
+    check_support(cfg, server_cls)  # the algorithm's privacy declaration
+    server_cls.check_config(cfg)
     return cfg
 
 

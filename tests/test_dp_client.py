@@ -159,10 +159,17 @@ def test_epsilon_without_subsampling_matches_a_hand_computation():
 
 @pytest.mark.optional_deps("opacus")
 def test_a_declared_refusal_is_one_line_at_start_up(monkeypatch):
-    monkeypatch.setattr(get_server_class("FedAvg"), "dp_client_refusal", "it aggregates per client", raising=False)
+    from utils.privacy import DPSupport
+
+    fedavg = get_server_class("FedAvg")
+    monkeypatch.setattr(fedavg, "dp_support", DPSupport(client_refusal="it aggregates per client"))
     with pytest.raises(FLError, match="^--dp_level client: FedAvg is refused: it aggregates per client; use"):
         main.parse_config(["-algo", "FedAvg", "-dp", "--dp_level", "client"])
     main.parse_config(["-algo", "FedAvg", "-dp"])  # sample-level DP is not affected
+    monkeypatch.setattr(fedavg, "dp_support", DPSupport(refusal="it uploads its data"))  # every level
+    for level in ("sample", "client"):
+        with pytest.raises(FLError, match="^-dp: FedAvg is refused: it uploads its data; drop -dp$"):
+            main.parse_config(["-algo", "FedAvg", "-dp", "--dp_level", level])
 
 
 def test_flags_are_checked():

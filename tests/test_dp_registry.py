@@ -145,12 +145,36 @@ def test_dp_is_refused_or_counted_and_applied(algo, digits_tiny_root, monkeypatc
     assert moved(after_one, run.start) > 1e-3  # without it, one round does move them
 
 
+def test_docs_table_is_the_declarations():
+    """docs/privacy.md's per-algorithm table is generated from the servers' ``dp_support``
+    (scripts/dp_coverage.py)."""
+    from scripts import dp_coverage
+
+    _, table, _ = dp_coverage.split_doc(DOC.read_text())
+    assert table == dp_coverage.expected_table(), "run python scripts/dp_coverage.py"
+    assert "| FedProto | refused: " in table and "| FedAvg |" not in table
+
+
+@pytest.mark.optional_deps("opacus")
+def test_a_declared_refusal_is_what_refuses():
+    """Every algorithm refuses exactly the -dp levels its ``dp_support`` names, with that reason."""
+    for algo in ALGORITHMS:
+        support = get_server_class(algo).dp_support
+        for level, reason in (("sample", support.refusal), ("client", support.refusal or support.client_refusal)):
+            argv = ["-algo", algo, "-gr", "1", "-dp", "--dp_level", level]
+            if reason:
+                with pytest.raises(FLError, match=re.escape(reason)):
+                    main.parse_config(argv)
+            else:
+                main.parse_config(argv)
+
+
 @pytest.mark.optional_deps("opacus")
 def test_each_uncovered_step_is_in_docs_and_warned(digits_tiny_root, capsys):
-    """The per-algorithm list (``dp_uncovered`` on the servers, ALA with -ala) is the table in
-    docs/privacy.md, and a -dp run prints it as one warning line at start-up."""
+    """What each algorithm's epsilon leaves out (``dp_support.uncovered``, ALA with -ala) is in docs/privacy.md's
+    table, and a -dp run prints it as one warning line at start-up."""
     doc = DOC.read_text()
-    table = {m.group(1): m.group(2) for m in re.finditer(r"^\| (\S+) \| (.+?) \|$", doc, re.M)}
+    table = {m.group(1): m.group(2) for m in re.finditer(r"^\| (\S+) \| (.+?) \| .+? \|$", doc, re.M)}
     for algo in sorted(ALGORITHMS):
         if refused(algo, digits_tiny_root):
             assert table.get(algo, "").startswith("refused"), algo
@@ -168,7 +192,7 @@ def test_each_uncovered_step_is_in_docs_and_warned(digits_tiny_root, capsys):
     assert main.main(flags("FedFomo", digits_tiny_root, "-gr", "1", "--results_dir",
                            str(digits_tiny_root / "warn"))) == 0
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: -dp")]
-    assert err == [f"warning: -dp: FedFomo's epsilon does not cover: {get_server_class('FedFomo').dp_uncovered} "
+    assert err == [f"warning: -dp: FedFomo's epsilon does not cover: {get_server_class('FedFomo').dp_support.uncovered} "
                    f"(see docs/privacy.md)"]
 
 

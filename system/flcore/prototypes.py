@@ -101,11 +101,8 @@ def aggregate_prototypes(protos: list[dict], counts: list[dict]) -> dict[int, to
     return {c: (sums[c] / totals[c]).float() for c in sorted(sums)}
 
 
-def refuse_ala_dp(cfg, name: str) -> None:
-    """The prototype family has no global model and uploads means of private features."""
+def refuse_ala(cfg, name: str) -> None:
+    """The prototype family has no global model for -ala to initialise from."""
     if cfg.ala:
         raise FLError(f"{name} has no global model for -ala to initialise from (clients share prototypes only); "
                       f"drop -ala")
-    if cfg.privacy:
-        raise FLError(f"-dp privatises gradient steps only; {name} uploads per-class means of the private "
-                      f"training features, which it would leave unprotected, so drop -dp")

@@ -16,10 +16,11 @@ no cap on the start phase (see utils/ALA.py for the full list).
 """
 from flcore.clients.clientala import FedALAClient
 from flcore.servers.serverbase import Server
-from utils.privacy import ALA_UNCOVERED
+from utils.privacy import ALA_UNCOVERED, DPSupport
 
 
 class FedALAServer(Server):
     client_class = FedALAClient
-    # -dp: what the reported epsilon does not cover (utils/privacy.py uncovered_steps, docs/privacy.md)
-    dp_uncovered = ALA_UNCOVERED
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        uncovered=ALA_UNCOVERED,
+    )

@@ -54,6 +54,7 @@ from flcore.clients.clientamp import FedAMPClient
 from flcore.servers.serverbase import Server
 from utils.errors import FLError
 from utils.personal_aggregation import amp_attention, attentive_message, flat, pairwise_sq_dists
+from utils.privacy import DPSupport
 
 KERNELS = ("heur", "euclid")
 SIGMA = {"heur": 1000.0, "euclid": 0.1}  # -sg default of each kernel
@@ -84,8 +85,9 @@ def heur_attention(cos: torch.Tensor, xi_ii: float, sigma: float) -> torch.Tenso
 class FedAMPServer(Server):
     client_class = FedAMPClient
     pfllib_defaults = {"alphaK": 1.0, "lamda": 1.0, "sigma": 1.0}
-    # --dp_level client is refused (utils/privacy.py): why
-    dp_client_refusal = "each client receives its own attention-weighted model, not one mean of updates"
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        client_refusal="each client receives its own attention-weighted model, not one mean of updates",
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

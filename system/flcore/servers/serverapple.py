@@ -50,11 +50,15 @@ import torch
 from flcore.clients.clientapple import APPLEClient
 from flcore.servers.serverbase import Server
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 class APPLEServer(Server):
     client_class = APPLEClient
     pfllib_defaults = {"dr_learning_rate": 0.0, "mu": 0.0, "L": 1.0}
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        refusal="its relationship vector p is trained on client data outside the DP path",
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -78,9 +82,6 @@ class APPLEServer(Server):
         if cfg.ala:
             raise FLError("-ala needs a received global model; APPLE's personalised model is a learned mix of "
                           "the clients' core models, so drop -ala")
-        if cfg.privacy:
-            raise FLError("-dp privatises model gradients only; APPLE also trains its relationship vector p on "
-                          "the client's data, which DP-SGD would leave unprotected, so drop -dp")
         if (cfg.dr_learning_rate < 0 or cfg.mu < 0 or not 0 <= cfg.L <= 1 or cfg.core_lr_scale <= 0
                 or not 0 <= cfg.sgd_momentum < 1):
             raise FLError("APPLE needs -dlr >= 0, -mu >= 0, 0 <= -L <= 1, --core_lr_scale > 0 and "

@@ -42,11 +42,16 @@ clients (FedAvg 0.90), 0.95 on 6 clients with 2 classes each (FedAvg 0.62).
 from flcore.clients.clientas import FedASClient
 from flcore.servers.partsharing import PartSharingServer
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 class FedASServer(PartSharingServer):
     """The family's weighted average of the uploaded bodies, the weight being each one's Fisher trace."""
     client_class = FedASClient
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        refusal=("its parameter alignment and the Fisher trace sent as aggregation weight use client data outside "
+                 "the DP mechanism"),
+    )
     checkpoint_skip = PartSharingServer.checkpoint_skip + ("receivers",)  # rebuilt by every broadcast
 
     @classmethod
@@ -62,9 +67,6 @@ class FedASServer(PartSharingServer):
     def check_config(cls, cfg) -> None:
         if cfg.align_lr <= 0 or cfg.align_epochs < 0 or cfg.align_batch_size < 1:
             raise FLError("FedAS needs --align_lr > 0, --align_epochs >= 0 and --align_batch_size >= 1")
-        if cfg.privacy:
-            raise FLError("-dp cannot cover FedAS: its parameter alignment and the Fisher trace it sends as "
-                          "aggregation weight use the client's data outside what -dp privatises, so drop -dp")
 
     def prepare_broadcast(self, participants) -> None:
         super().prepare_broadcast(participants)  # only the body goes down ...

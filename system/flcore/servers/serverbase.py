@@ -14,7 +14,7 @@ one rule: every client receives the broadcast; the selected ones run their local
 (utils/privacy.py) snapshots the attacked clients' start models before training, attacks their uploads
 before aggregation and adds DP epsilon to each evaluation; with ``-dp --dp_level client`` it replaces the
 uploads by the clipped, noised mean update before ``aggregate`` (client-level DP); the algorithms need not
-know. An algorithm that cannot take client-level DP sets ``dp_client_refusal`` (one line saying why).
+know. What an algorithm cannot take, and what its epsilon leaves out, is its ``dp_support`` declaration.
 
 A new algorithm subclasses ``Server`` (setting ``client_class``) and overrides only the hooks it changes:
 ``add_args`` / ``check_config`` (its flags), ``build_model``, ``select_clients``, ``prepare_broadcast`` /
@@ -49,7 +49,7 @@ from utils.comm import payload_bytes
 from utils.data_utils import FederatedData
 from utils.errors import FLError
 from utils.metrics import summarize
-from utils.privacy import PrivacyMonitor
+from utils.privacy import DPSupport, PrivacyMonitor
 from utils.results import RunRecorder
 from utils.seeding import np_rng, torch_seeded
 from utils.selection import select
@@ -60,9 +60,9 @@ class Server:
     # False for traditional FL, whose clients are evaluated on the global model; the behaviour tests expect
     # every personalised algorithm to beat FedAvg on a pathological split (tests/test_behaviour.py).
     personalized = True
-    # -dp --dp_level client: why this algorithm cannot take client-level DP (refused at start-up), "" if it can
-    # (utils/privacy.py ClientLevelDP: it needs one model update per client, averaged into one global model).
-    dp_client_refusal = ""
+    # -dp: the one privacy declaration (utils/privacy.py DPSupport): why it refuses DP-SGD or client-level DP,
+    # and what its epsilon does not cover; checked at start-up, docs/privacy.md's table is made from it.
+    dp_support = DPSupport()
 
     # PFLlib's defaults (its main.py) of the flags this class adds, where PFLlib has them: the start-up print
     # marks run values that differ (cli.print_config).

@@ -29,17 +29,14 @@ from flcore.servers.serverbase import Server
 from flcore.trainmodel.models import build_model, resolve
 from utils.aggregate import weighted_average
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 class FedBNServer(Server):
     client_class = FedBNClient
-
-    @classmethod
-    def check_config(cls, cfg) -> None:
-        super().check_config(cfg)
-        if cfg.privacy:
-            raise FLError("-dp needs per-sample gradients, which FedBN's BatchNorm layers do not have; drop -dp "
-                          "(or use a DP-compatible algorithm on -m CNN)")
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        refusal="its BatchNorm layers have no per-sample gradients",
+    )
 
     def build_model(self):
         shape, config = self.data.input_shape, self.data.config

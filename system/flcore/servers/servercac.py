@@ -33,6 +33,7 @@ import torch
 from flcore.clients.clientcac import FedCACClient
 from flcore.servers.serverbase import Server
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 def overlap_rates(masks: torch.Tensor) -> torch.Tensor:
@@ -57,9 +58,10 @@ def collaborators(overlap: torch.Tensor, progress: float) -> list[list[int]]:
 class FedCACServer(Server):
     client_class = FedCACClient
     pfllib_defaults = {"tau": 1.0, "beta": 0.0}
-    # --dp_level client is refused (utils/privacy.py): why
-    dp_client_refusal = ("its clients also upload their critical-parameter masks, and each client receives its "
-                         "own composed model")
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        client_refusal=("its clients also upload their critical-parameter masks, and each client receives its own "
+                        "composed model"),
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

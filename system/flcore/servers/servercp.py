@@ -36,11 +36,15 @@ from torch import nn
 from flcore.clients.clientcp import CPModel, FedCPClient
 from flcore.servers.partsharing import PartSharingServer
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 class FedCPServer(PartSharingServer):
     client_class = FedCPClient
     pfllib_defaults = {"lamda": 1.0}
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        refusal="its MMD term couples the samples of a batch, so per-sample gradients are undefined",
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -53,9 +57,6 @@ class FedCPServer(PartSharingServer):
         super().check_config(cfg)
         if cfg.lamda < 0:
             raise FLError(f"FedCP needs -lam >= 0 (got {cfg.lamda})")
-        if cfg.privacy:
-            raise FLError("FedCP refuses -dp: its MMD term couples the samples of a batch, so DP-SGD's "
-                          "per-sample gradients are undefined")
 
     def build_model(self):
         split = super().build_model()

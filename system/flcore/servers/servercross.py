@@ -56,6 +56,7 @@ from flcore.servers.serverbase import Server
 from utils.aggregate import weighted_average
 from utils.errors import FLError
 from utils.personal_aggregation import flat
+from utils.privacy import DPSupport
 from utils.seeding import np_rng
 from utils.selection import join_count
 
@@ -91,8 +92,9 @@ def cross_aggregate(states, partners, alpha: float) -> list[dict]:
 class FedCrossServer(Server):
     client_class = FedCrossClient
     pfllib_defaults = {"first_stage_bound": 0, "fedcross_alpha": 0.99, "collaborative_model_select_strategy": 1}
-    # --dp_level client is refused (utils/privacy.py): why
-    dp_client_refusal = "each client receives a different middleware model, not one mean of updates"
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        client_refusal="each client receives a different middleware model, not one mean of updates",
+    )
     personalized = False
 
     @classmethod

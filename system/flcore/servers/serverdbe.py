@@ -38,11 +38,16 @@ from flcore.clients.clientdbe import DBEModel, FedDBEClient
 from flcore.servers.partsharing import PartSharingServer
 from utils.comm import payload_bytes
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 class FedDBEServer(PartSharingServer):
     client_class = FedDBEClient
     pfllib_defaults = {"momentum": 0.1, "kl_weight": 0.0}
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        refusal=("its mean regularisation uses each batch's mean feature and a running mean across batches, so "
+                 "per-sample gradients are undefined"),
+    )
     checkpoint_skip = PartSharingServer.checkpoint_skip + ("payload",)
 
     @classmethod
@@ -54,9 +59,6 @@ class FedDBEServer(PartSharingServer):
 
     @classmethod
     def check_config(cls, cfg) -> None:
-        if cfg.privacy:
-            raise FLError("-dp needs per-sample gradients, but FedDBE's mean regularization uses each batch's mean "
-                          "feature (and a running mean across batches), so drop -dp")
         if not 0 < cfg.momentum <= 1 or cfg.kl_weight < 0:
             raise FLError(f"FedDBE needs 0 < -mo <= 1 and -klw >= 0 (got -mo {cfg.momentum}, -klw {cfg.kl_weight})")
 

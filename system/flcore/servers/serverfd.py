@@ -38,11 +38,15 @@ import torch
 from flcore.clients.clientfd import FDClient
 from flcore.servers.serverbase import Server
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 class FDServer(Server):
     client_class = FDClient
     pfllib_defaults = {"lamda": 1.0}
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        refusal="it uploads per-label mean logits computed from the private data, with no noise",
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -54,9 +58,6 @@ class FDServer(Server):
         if cfg.ala:
             raise FLError("-ala initialises a local model from the global model; FD has no global model "
                           "(clients exchange logits only), so drop -ala")
-        if cfg.privacy:
-            raise FLError("-dp privatises gradient steps only; FD uploads per-label mean logits of the private "
-                          "data without noise, so drop -dp")
         if cfg.lamda < 0:
             raise FLError(f"FD needs -lam >= 0 (got {cfg.lamda})")
 

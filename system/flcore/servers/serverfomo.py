@@ -13,7 +13,7 @@ by n's unclipped score s_n = (L_i(θ_i) - L_i(θ_n)) / ||θ_n - θ_i|| over |Σ_
 update), so a neighbour that raises the loss loses affinity instead of only gaining none. When no
 neighbour helps, θ_i is kept. With ``-ala`` the FedFomo aggregate plays the global model's part: ALA
 initialises θ_i from it. With ``-dp`` local training is DP-SGD (at q = -lbs / the samples left for training), but the validation
-scoring is not privatised (``dp_uncovered``: a warning at start-up).
+scoring is not privatised (``dp_support.uncovered``: a warning at start-up).
 
 Flags: ``-M`` models each participant downloads = 5 (PFLlib's default; the official code's default is 8),
 ``--val_ratio`` 0.2 (official code: 20 % of the local data), ``--epsilon`` 0.3 and ``--epsilon_decay``
@@ -29,17 +29,18 @@ normalising them (their scale drifts with the losses and the model distances) an
 from flcore.clients.clientfomo import FedFomoClient
 from flcore.servers.serverbase import Server
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 class FedFomoServer(Server):
     client_class = FedFomoClient
     pfllib_defaults = {"M": 5}
-    # --dp_level client is refused (utils/privacy.py): why
-    dp_client_refusal = ("each client builds its own weighted model from the models it downloads, not one mean "
-                         "of updates")
-    # -dp: what the reported epsilon does not cover (utils/privacy.py uncovered_steps, docs/privacy.md)
-    dp_uncovered = ("FedFomo's scoring of the neighbours' models on the validation split (--val_ratio of the "
-                    "training data, never passed through DP-SGD)")
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        client_refusal=("each client builds its own weighted model from the models it downloads, not one mean of "
+                        "updates"),
+        uncovered=("FedFomo's scoring of the neighbours' models on the validation split (--val_ratio of the "
+                   "training data, never passed through DP-SGD)"),
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -38,6 +38,7 @@ from torch import nn
 from flcore.clients.clientgc import FedGCClient, GCModel
 from flcore.servers.partsharing import PartSharingServer
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 def gc_regulariser(embeddings: list[torch.Tensor], classes: list[torch.Tensor]) -> torch.Tensor:
@@ -66,6 +67,10 @@ def corrected(embeddings: list[torch.Tensor], classes: list[torch.Tensor], step:
 class FedGCServer(PartSharingServer):
     client_class = FedGCClient
     pfllib_defaults = {"lamda": 1.0}
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        refusal=("each client uploads the class embeddings of exactly the labels in its data, which reveals its "
+                 "label set"),
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -78,9 +83,6 @@ class FedGCServer(PartSharingServer):
         super().check_config(cfg)
         if cfg.lamda < 0:
             raise FLError(f"FedGC needs -lam >= 0 (got {cfg.lamda})")
-        if cfg.privacy:
-            raise FLError("FedGC refuses -dp: each client uploads the class embeddings of exactly the labels in "
-                          "its data, which reveals its label set (not privatised by DP-SGD)")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

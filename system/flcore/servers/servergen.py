@@ -59,6 +59,7 @@ from flcore.servers.serverbase import Server
 from flcore.trainmodel.parts import split_head
 from utils.aggregate import weighted_average
 from utils.errors import FLError
+from utils.privacy import DPSupport
 from utils.seeding import torch_gen, torch_seeded
 
 GEN_WEIGHT_DECAY, GEN_LR_DECAY = 1e-2, 0.98  # the official code's generator optimizer (Adam) and schedule
@@ -83,6 +84,9 @@ class FedGenServer(Server):
     client_class = FedGenClient
     pfllib_defaults = {"noise_dim": 512, "generator_learning_rate": 0.005, "hidden_dim": 512, "server_epochs": 1000}
     personalized = False
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        refusal="it uploads each client's label counts",
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -107,9 +111,6 @@ class FedGenServer(Server):
     @classmethod
     def check_config(cls, cfg) -> None:
         super().check_config(cfg)
-        if cfg.privacy:
-            raise FLError("-dp privatises model gradients only; FedGen also uploads each client's label counts, "
-                          "which DP-SGD leaves unprotected, so drop -dp")
         if cfg.ala and cfg.localize_feature_extractor:
             raise FLError("-ala initialises a whole local model from the global one; with -lf only the head is "
                           "global, so drop -ala or -lf")

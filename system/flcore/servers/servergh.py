@@ -39,6 +39,7 @@ from torch import nn
 from flcore.clients.clientgh import FedGHClient
 from flcore.servers.partsharing import PartSharingServer
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 def train_header(head: nn.Module, reps: torch.Tensor, labels: torch.Tensor, lr: float) -> None:
@@ -56,6 +57,10 @@ def train_header(head: nn.Module, reps: torch.Tensor, labels: torch.Tensor, lr: 
 class FedGHServer(PartSharingServer):
     client_class = FedGHClient
     pfllib_defaults = {"server_learning_rate": 1.0}
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        refusal=("it uploads per-class mean representations of client data, not model steps or updates that -dp "
+                 "privatises"),
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -66,9 +71,6 @@ class FedGHServer(PartSharingServer):
     def check_config(cls, cfg) -> None:
         if cfg.server_learning_rate <= 0:
             raise FLError(f"-slr must be > 0 (got {cfg.server_learning_rate})")
-        if cfg.privacy:
-            raise FLError("-dp cannot cover FedGH: it uploads per-class mean representations of the client's data, "
-                          "not the model steps or updates that -dp privatises, so drop -dp")
 
     def aggregate(self, uploads) -> None:
         """The header's SGD steps on every uploaded (class mean, label) pair."""

@@ -28,7 +28,7 @@ Flags: ``-lam`` λ = 0.01 and ``-mu`` μ = 0.1, the official scripts' values for
 (their ResNet-18 / fastText runs use λ = 1e-4, μ = 0; PFLlib's defaults are -lam 1.0, -mu 0.0).
 ``-ala``: the received extractor, GCE and CoV are initialised by ALA under the client's head (the top
 ``-p`` tensors: CoV's last ones by default). ``-dp``: the whole objective is the DP-SGD objective; p_i
-reads the client's label distribution, which is not privatised (``dp_uncovered``).
+reads the client's label distribution, which is not privatised (``dp_support.uncovered``).
 """
 from __future__ import annotations
 
@@ -37,14 +37,16 @@ from torch import nn
 from flcore.clients.clientgpfl import GPFLClient, GPFLModel
 from flcore.servers.partsharing import PartSharingServer
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 class GPFLServer(PartSharingServer):
     client_class = GPFLClient
     pfllib_defaults = {"lamda": 1.0, "mu": 0.0}
-    # -dp: what the reported epsilon does not cover (utils/privacy.py uncovered_steps, docs/privacy.md)
-    dp_uncovered = ("GPFL's personalized conditional input, the category embeddings weighted by the client's "
-                    "label distribution (a statistic of all its data)")
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        uncovered=("GPFL's personalized conditional input, the category embeddings weighted by the client's label "
+                   "distribution (a statistic of all its data)"),
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -46,12 +46,14 @@ from flcore.clients.clientkd import FedKDClient, apply_update, compress_state, d
 from flcore.servers.serverbase import Server
 from utils.aggregate import weighted_average
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 class FedKDServer(Server):
     client_class = FedKDClient
-    # --dp_level client is refused (utils/privacy.py): why
-    dp_client_refusal = "its clients upload SVD factors of the update, not the model entries the release clips"
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        client_refusal="its clients upload SVD factors of the update, not the model entries the release clips",
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -25,7 +25,7 @@ Flags: ``-tau`` τ = 1.0 (PFLlib's and FL-bench's default; the paper treats τ a
 
 ``-dp``: the calibrated loss is the DP-SGD objective (per-sample gradients clipped and noised); the label
 counts in the calibration are a statistic of the client's whole training set that enters every sample's
-loss, treated as public and not covered by the reported epsilon (``dp_uncovered``: a warning at start-up,
+loss, treated as public and not covered by the reported epsilon (``dp_support.uncovered``: a warning at start-up,
 the same rule as FedRoD's balanced softmax).
 
 Verified (tests/test_fedlc.py): calibrated logits and the loss against hand values (a missing class
@@ -38,14 +38,17 @@ from __future__ import annotations
 from flcore.clients.clientlc import FedLCClient
 from flcore.servers.serverbase import Server
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 class FedLCServer(Server):
     client_class = FedLCClient
     pfllib_defaults = {"tau": 1.0}
     personalized = False
-    # -dp: what the reported epsilon does not cover (utils/privacy.py uncovered_steps, docs/privacy.md)
-    dp_uncovered = "FedLC's calibration, which reads the client's label counts (a statistic of all its data) in every sample's loss"
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        uncovered=("FedLC's calibration, which reads the client's label counts (a statistic of all its data) in "
+                   "every sample's loss"),
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

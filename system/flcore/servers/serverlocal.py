@@ -7,12 +7,14 @@ never sends nor averages anything. No flags of its own. ``-ala`` is rejected (th
 from flcore.clients.clientlocal import LocalClient
 from flcore.servers.serverbase import Server
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 class LocalServer(Server):
     client_class = LocalClient
-    # --dp_level client is refused (utils/privacy.py): why
-    dp_client_refusal = "its clients upload no model update"
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        client_refusal="its clients upload no model update",
+    )
 
     @classmethod
     def check_config(cls, cfg) -> None:

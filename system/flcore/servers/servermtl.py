@@ -45,13 +45,15 @@ from flcore.clients.clientmtl import FedMTLClient
 from flcore.servers.serverbase import Server
 from utils.aggregate import weighted_average
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 class FedMTLServer(Server):
     client_class = FedMTLClient
     pfllib_defaults = {"lamda": 1.0, "itk": 4000}
-    # --dp_level client is refused (utils/privacy.py): why
-    dp_client_refusal = "each client keeps and receives its own model, not one mean of updates"
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        client_refusal="each client keeps and receives its own model, not one mean of updates",
+    )
     checkpoint_skip = Server.checkpoint_skip + ("couplings",)
 
     @classmethod

@@ -57,6 +57,7 @@ from flcore.servers.serverbase import Server
 from flcore.trainmodel.parts import split_head
 from utils.aggregate import weighted_average
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 def combination_weights(v: torch.Tensor, hs: torch.Tensor, i: int) -> np.ndarray:
@@ -80,6 +81,10 @@ def combination_weights(v: torch.Tensor, hs: torch.Tensor, i: int) -> np.ndarray
 class FedPACServer(Server):
     client_class = FedPACClient
     pfllib_defaults = {"lamda": 1.0, "plocal_epochs": 1}
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        refusal=("it uploads class centroids and feature statistics (means of the private training "
+                 "representations), neither noised nor accounted"),
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -90,9 +95,6 @@ class FedPACServer(Server):
 
     @classmethod
     def check_config(cls, cfg) -> None:
-        if cfg.privacy:
-            raise FLError("-dp privatises gradient steps only; FedPAC uploads class centroids and feature "
-                          "statistics of the private training data, which it would leave unprotected, so drop -dp")
         if cfg.lamda < 0 or cfg.plocal_epochs < 0:
             raise FLError(f"FedPAC needs -lam >= 0 and -pls >= 0 (got {cfg.lamda}, {cfg.plocal_epochs})")
 

@@ -66,13 +66,15 @@ import numpy as np
 from flcore.clients.clientpartial import PartialFedClient
 from flcore.servers.serverbase import Server
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 class PartialFedServer(Server):
     client_class = PartialFedClient
     pfllib_defaults = {"tau": 1.0}
-    # -dp: what the reported epsilon does not cover (utils/privacy.py uncovered_steps, docs/privacy.md)
-    dp_uncovered = "PartialFed's strategy step (per-layer choice learned on the held-out slice without noise)"
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        uncovered="PartialFed's strategy step (per-layer choice learned on the held-out slice without noise)",
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -33,15 +33,20 @@ import torch
 from torch import nn
 
 from flcore.clients.clientpcl import FedPCLClient
-from flcore.prototypes import aggregate_prototypes, refuse_ala_dp
+from flcore.prototypes import aggregate_prototypes, refuse_ala
 from flcore.servers.serverbase import Server
 from flcore.trainmodel.parts import split_head
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 class FedPCLServer(Server):
     client_class = FedPCLClient
     pfllib_defaults = {"tau": 1.0}
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        refusal=("it uploads per-class means of the private training representations (prototypes), neither noised "
+                 "nor accounted"),
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -50,7 +55,7 @@ class FedPCLServer(Server):
 
     @classmethod
     def check_config(cls, cfg) -> None:
-        refuse_ala_dp(cfg, "FedPCL")
+        refuse_ala(cfg, "FedPCL")
         if cfg.tau <= 0:
             raise FLError(f"FedPCL needs -tau > 0 (got {cfg.tau})")
 

@@ -33,15 +33,20 @@ from __future__ import annotations
 import torch
 
 from flcore.clients.clientproto import FedProtoClient
-from flcore.prototypes import aggregate_prototypes, refuse_ala_dp
+from flcore.prototypes import aggregate_prototypes, refuse_ala
 from flcore.servers.serverbase import Server
 from flcore.trainmodel.parts import split_head
 from utils.errors import FLError
+from utils.privacy import DPSupport
 
 
 class FedProtoServer(Server):
     client_class = FedProtoClient
     pfllib_defaults = {"lamda": 1.0}
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        refusal=("it uploads per-class means of the private training representations (prototypes), neither noised "
+                 "nor accounted"),
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -50,7 +55,7 @@ class FedProtoServer(Server):
 
     @classmethod
     def check_config(cls, cfg) -> None:
-        refuse_ala_dp(cfg, "FedProto")
+        refuse_ala(cfg, "FedProto")
         if cfg.lamda < 0:
             raise FLError(f"FedProto needs -lam >= 0 (got {cfg.lamda})")
 

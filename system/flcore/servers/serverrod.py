@@ -21,17 +21,19 @@ No flags of its own (the personal head uses ``-lr``). ``-ala``: the received bod
 initialised by ALA under the client's own personal head (the top ``-p`` layers of body + generic head
 are adapted, the loss that of the personalized prediction). ``-dp``: the summed loss is the DP-SGD
 objective, per-sample gradients of all three parts clipped together; the label counts in the generic
-head's balanced softmax are not privatised (``dp_uncovered``: a warning at start-up).
+head's balanced softmax are not privatised (``dp_support.uncovered``: a warning at start-up).
 """
 from flcore.clients.clientrod import FedRoDClient, RoDModel
 from flcore.servers.partsharing import PartSharingServer
+from utils.privacy import DPSupport
 
 
 class FedRoDServer(PartSharingServer):
     client_class = FedRoDClient
-    # -dp: what the reported epsilon does not cover (utils/privacy.py uncovered_steps, docs/privacy.md)
-    dp_uncovered = ("FedRoD's balanced-softmax loss, which reads the client's label counts (a statistic of all "
-                    "its data) in every sample's loss")
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        uncovered=("FedRoD's balanced-softmax loss, which reads the client's label counts (a statistic of all its "
+                   "data) in every sample's loss"),
+    )
 
     def build_model(self):
         return RoDModel(super().build_model())  # phead: never updated on the server

@@ -17,14 +17,16 @@ from flcore.clients.clientscaffold import SCAFFOLDClient
 from flcore.servers.serverbase import Server
 from utils.aggregate import weighted_average
 from utils.personal_aggregation import lerp_state
+from utils.privacy import DPSupport
 
 
 class SCAFFOLDServer(Server):
     client_class = SCAFFOLDClient
     pfllib_defaults = {"server_learning_rate": 1.0}
-    # --dp_level client is refused (utils/privacy.py): why
-    dp_client_refusal = ("its clients also upload control-variate updates, which the clipped model update does "
-                         "not bound")
+    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+        client_refusal=("its clients also upload control-variate updates, which the clipped model update does not "
+                        "bound"),
+    )
     personalized = False
 
     @classmethod
