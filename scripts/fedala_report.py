@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "system"))
 DOC = REPO / "docs" / "fedala_reproduction.md"
 IMG = REPO / "docs" / "img"
 ROWS = ["FedAvg", "FedProx", "FedALA", "FedProx+ALA", "Local"]
@@ -25,9 +26,11 @@ def load(out: Path, stems: list[str], rounds: int) -> dict | None:
         h5, meta = out / f"{stem}.h5", out / f"{stem}.json"
         if not (h5.exists() and meta.exists()) or json.loads(meta.read_text())["evaluations"] != rounds + 1:
             continue
-        with h5py.File(h5, "r") as f:
-            runs.append({"acc": f["rs_test_acc"][()], "round": f["rs_round"][()],
-                         "time": f["rs_round_time"][()], "meta": json.loads(meta.read_text())})
+        from utils.results import read_h5
+
+        series = read_h5(h5)
+        runs.append({"acc": series["rs_test_acc"], "round": series["rs_round"], "time": series["rs_round_time"],
+                     "meta": json.loads(meta.read_text())})
     return runs or None
 
 

@@ -102,7 +102,8 @@ def guess_floor(split: str, flags: list[str], round_idx: int) -> tuple[float, fl
 
 def cmd_report(args) -> None:
     """Markdown rows per attacked round: scores, the grey-guess floor, accuracy, epsilon, wall time."""
-    import h5py
+    sys.path.insert(0, str(REPO / "system"))
+    from utils.results import read_h5
 
     out = REPO / args.results
     print("| split | algorithm | attack / target | round | PSNR dB (max) | grey guess dB | SSIM (guess) | labels "
@@ -112,8 +113,7 @@ def cmd_report(args) -> None:
         s = stem(split, flags, goal)
         if not (out / f"{s}.log").exists():
             continue
-        with h5py.File(out / f"{s}.h5", "r") as f:
-            h = {k: f[k][()] for k in f}
+        h = read_h5(out / f"{s}.h5")
         meta = json.loads((out / f"{s}.json").read_text())
         algo = flags[flags.index("-algo") + 1]
         eps = f"{h['rs_dp_epsilon_max'][-1]:.2f}" if "rs_dp_epsilon_max" in h else "-"

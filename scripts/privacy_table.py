@@ -58,7 +58,8 @@ def make_split() -> None:
 
 
 def table(out: Path) -> str:
-    import h5py
+    sys.path.insert(0, str(REPO / "system"))
+    from utils.results import read_h5
 
     # DP first: docs/privacy.md's per-algorithm table is read as the rows that start with an algorithm's name
     rows = ["| DP | algorithm | attack | PSNR dB, round 0 / 5 (max) | SSIM, round 0 / 5 | labels | grey guess dB | "
@@ -67,8 +68,7 @@ def table(out: Path) -> str:
         s = stem(algo, setting, attack)
         if not (out / f"{s}.log").exists() or not (out / f"{s}.h5").exists():
             continue
-        with h5py.File(out / f"{s}.h5", "r") as f:
-            h = {k: f[k][()] for k in f}
+        h = read_h5(out / f"{s}.h5")
         meta = json.loads((out / f"{s}.json").read_text())
         psnr, ssim = h["rs_dlg_psnr"], h["rs_dlg_ssim"]
         eps = f"{h['rs_dp_epsilon_max'][-1]:.3g}" if "rs_dp_epsilon_max" in h else "—"

@@ -264,11 +264,10 @@ def is_complete(job: Job) -> bool:
     would diverge again: every draw is seeded)."""
     if not job.h5.exists():
         return False
-    try:
-        import h5py
+    from utils.results import read_h5
 
-        with h5py.File(job.h5, "r") as f:
-            rounds = f["rs_round"][()] if "rs_round" in f else []
+    try:
+        rounds = read_h5(job.h5).get("rs_round", [])
     except OSError:
         return False
     return (len(rounds) > 0 and int(rounds[-1]) == job.gr) or sidecar_status(job) in ("finished", "diverged")

@@ -117,10 +117,9 @@ def find_files(inputs: list[str]) -> list[Path]:
 
 
 def read_run(path: Path) -> Run:
-    import h5py
+    from utils.results import read_h5
 
-    with h5py.File(path, "r") as f:
-        series = {k: f[k][()] for k in f.keys()}
+    series = read_h5(path)
     meta = json.loads(path.with_suffix(".json").read_text())
     return Run(path, meta, series)
 

@@ -220,6 +220,7 @@ class RunRecorder:
 
 
 def read_h5(path: Path | str) -> dict[str, np.ndarray]:
+    """Every series of a result file, by name (the one reader of result files: main.py, scripts/)."""
     import h5py
 
     with h5py.File(path, "r") as f:
