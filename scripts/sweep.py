@@ -145,17 +145,12 @@ def expand_values(flag: str, values) -> list[str]:
 def job_parser(argv: list[str]):
     """system/main.py's parser for the algorithm that ``argv`` selects (its own flags included)."""
     import cli
-    from flcore.registry import ALGORITHMS, get_server_class
 
-    parser = cli.base_parser()
-    name = cli.algorithm_arg(argv)
-    if name in ALGORITHMS:
-        get_server_class(name).add_args(parser.add_argument_group(name))
-    return parser
+    return cli.parser_for(cli.algorithm_arg(argv))
 
 
 def flag_takes_value(argv: list[str], flag: str) -> bool:
-    action = job_parser(argv)._option_string_actions.get(flag)
+    action = next((a for a in job_parser(argv).flags if flag in a.option_strings), None)
     if action is None:
         import cli
 
@@ -232,7 +227,7 @@ def build_jobs(base: list[str], grids: list[dict], seeds: list[int], tag: str, o
             if error:
                 invalid.append((flags, error))
                 continue
-            defaults = {a.dest: a.default for a in job_parser(flags)._actions if a.option_strings}
+            defaults = {a.dest: a.default for a in job_parser(flags).flags if a.option_strings}
             goal = f"{tag}-{config_hash(cfg.to_dict(), defaults)}"
             for i in seeds:
                 argv = [*flags, "-go", goal, "-pv", str(i), "-t", str(i + 1), "--results_dir", str(out),

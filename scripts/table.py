@@ -207,9 +207,9 @@ def aggregate(runs: list[Run], group_keys: list[str], target: float | None = Non
 def base_config_keys() -> set[str] | None:
     """The common flags of system/main.py (every algorithm has them), or None when it cannot be imported."""
     try:
-        import main
+        import cli
 
-        return {a.dest for a in main.base_parser()._actions if a.option_strings}
+        return {a.dest for a in cli.base_parser().flags if a.option_strings}
     except Exception:  # noqa: BLE001 - only narrows the comparison below
         return None
 
@@ -368,15 +368,11 @@ def run_index_flags(runs: list[int]) -> list[str]:
 def reproduce_command(config: dict, runs: list[int]) -> str:
     """The ``system/main.py`` command that reruns these runs: every flag whose value differs from its
     default (the dataset, algorithm and rounds always), with the run indices as ``-pv``/``-t``."""
-    import main
-    from flcore.registry import ALGORITHMS, get_server_class
+    import cli
 
-    parser = main.base_parser()
-    algo = config.get("algorithm")
-    if algo in ALGORITHMS:
-        get_server_class(algo).add_args(parser.add_argument_group(algo))
+    parser = cli.parser_for(config.get("algorithm"))
     always = ["dataset", "algorithm", "global_rounds"]
-    actions = sorted(parser._actions, key=lambda a: always.index(a.dest) if a.dest in always else len(always))
+    actions = sorted(parser.flags, key=lambda a: always.index(a.dest) if a.dest in always else len(always))
     argv: list[str] = []
     for action in actions:
         dest = action.dest

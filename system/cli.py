@@ -63,18 +63,53 @@ def finite_float(text: str) -> float:
 class OneLineParser(argparse.ArgumentParser):
     """A bad flag is one line on stderr (exit code 2), not the whole usage text. Long flags are never
     abbreviated, ``store_true`` switches accept an explicit value (``BoolFlag``), and every ``type=float``
-    flag (an algorithm's too) takes finite numbers only (``finite_float``)."""
+    flag (an algorithm's too) takes finite numbers only (``finite_float``). ``flags`` lists every flag added
+    through ``add_argument`` or a ``flag_group``: what scripts read about the flags (names, defaults, whether
+    a value follows; scripts/sweep.py, scripts/table.py)."""
 
     def __init__(self, *args, **kwargs):
+        self.flags: list[argparse.Action] = []
         super().__init__(*args, allow_abbrev=False, **kwargs)
         self.register("action", "store_true", BoolFlag)
         self.register("type", float, finite_float)
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.flags.append(action)
+        return action
+
+    def flag_group(self, title: str) -> "FlagGroup":
+        """An argument group (its own heading in -h) whose flags join ``flags``."""
+        return FlagGroup(self.add_argument_group(title), self.flags)
 
     def error(self, message):
         self.exit(2, f"error: {message} (python system/main.py -h lists the flags)\n")
 
 
-def base_parser() -> argparse.ArgumentParser:
+class FlagGroup:
+    """An argument group that records the flags added to it (``OneLineParser.flag_group``)."""
+
+    def __init__(self, group, flags: list):
+        self.group, self.flags = group, flags
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        action = self.group.add_argument(*args, **kwargs)
+        self.flags.append(action)
+        return action
+
+    def set_defaults(self, **kwargs) -> None:
+        self.group.set_defaults(**kwargs)
+
+
+def parser_for(name: str | None) -> OneLineParser:
+    """``base_parser`` plus the own flags of algorithm ``name`` (none for an unknown name or None)."""
+    parser = base_parser()
+    if name in ALGORITHMS:
+        get_server_class(name).add_args(parser.flag_group(f"{name} flags"))
+    return parser
+
+
+def base_parser() -> OneLineParser:
     p = OneLineParser(description="Personalized federated learning experiments.",
                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
@@ -135,7 +170,7 @@ def base_parser() -> argparse.ArgumentParser:
     a("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm progress bar")
     a("--print_config", action=argparse.BooleanOptionalAction, default=True,
       help="print every setting at start-up, marking values that differ from PFLlib's defaults")
-    g = p.add_argument_group("execution, faults and checkpoints (docs/distributed.md, docs/performance.md)")
+    g = p.flag_group("execution, faults and checkpoints (docs/distributed.md, docs/performance.md)")
     g.add_argument("--executor", default="auto", choices=["auto", "sequential", "fork", "ray"],
                    help="where clients live: this process; single-thread worker processes forked from it "
                         "(CPU); Ray workers on several devices/machines. Same numbers on each. auto = fork "
@@ -168,7 +203,7 @@ def base_parser() -> argparse.ArgumentParser:
                    help="continue each run from its checkpoint (same flags); runs without one start over")
     g.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"],
                    help="mixed precision for forward passes (bf16: CPU or CUDA; fp16: CUDA, loss-scaled)")
-    g = p.add_argument_group("ALA (adaptive local aggregation, pluggable into any algorithm)")
+    g = p.flag_group("ALA (adaptive local aggregation, pluggable into any algorithm)")
     g.add_argument("-ala", "--ala", action="store_true", help="initialise local models with ALA")
     g.add_argument("-et", "--eta", type=float, default=1.0, help="ALA weight learning rate η (paper: 1.0)")
     g.add_argument("-s", "--rand_percent", type=int, default=80, help="s: %% of local data for ALA (paper: 80)")
@@ -186,7 +221,7 @@ def base_parser() -> argparse.ArgumentParser:
                    help="who runs ALA on each broadcast: the round's selected clients (the others are evaluated "
                         "on their own last model) or every client, before every evaluation (PFLlib; with -jr < 1 "
                         "ALA then costs N clients per round instead of jr*N)")
-    g = p.add_argument_group("privacy (any algorithm): DLG/iDLG evaluation and DP-SGD, see utils/privacy.py")
+    g = p.flag_group("privacy (any algorithm): DLG/iDLG evaluation and DP-SGD, see utils/privacy.py")
     g.add_argument("-dlg", "--dlg_eval", action="store_true",
                    help="attack a few clients every -dlgg rounds by gradient inversion (PFLlib's flag)")
     g.add_argument("-dlgg", "--dlg_gap", type=int, default=100, help="attack every N rounds (PFLlib: 100)")
@@ -296,7 +331,7 @@ def parse_config(argv=None) -> Config:
         parser.epilog = "python system/main.py -algo NAME -h adds that algorithm's own flags."
     elif (name or "FedAvg") in ALGORITHMS:  # otherwise parse_args below fails, listing the valid names
         name = name or "FedAvg"
-        get_server_class(name).add_args(parser.add_argument_group(f"{name} flags"))
+        get_server_class(name).add_args(parser.flag_group(f"{name} flags"))
         if not helping:
             others = add_other_algorithms_flags(parser, name)
     for arg in argv:

@@ -196,3 +196,14 @@ def test_algorithms_override_only_the_hooks_the_readme_lists():
                 outside |= {f"{c.__name__}.{m}" for m in vars(c)
                             if m in vars(base) and not m.startswith("__") and m not in hooks}
     assert outside == set()
+
+
+def test_the_parser_records_every_flag_scripts_read():
+    """``parser.flags`` (what scripts/sweep.py and scripts/table.py read instead of argparse's internals) is
+    the parser's whole list of flags, in order, with an algorithm's own flags too."""
+    import cli
+
+    for name in (None, "FedProx", "FedBABU"):
+        parser = cli.parser_for(name)
+        assert parser.flags == parser._actions, name
+    assert any("-mu" in a.option_strings for a in cli.parser_for("FedProx").flags)
