@@ -456,6 +456,7 @@ def test_ala_head_inputs_equal_the_full_forward():
 # ---- client state off the device -------------------------------------------------------------------------
 def test_parked_client_round_trips_exactly(digits_tiny_root):
     from runtime.parking import ClientStore
+    from runtime.state import read_file
 
     server = build(digits_tiny_root, "FedALA", "--ala_max_epochs", "2")
     server.run_round(0)
@@ -467,7 +468,7 @@ def test_parked_client_round_trips_exactly(digits_tiny_root):
     store = ClientStore("disk", 1, server.executor.host.rebuild)
     store.park(c)
     assert [p.name for p in store.folder.iterdir()] == ["1.pt"]
-    assert torch.load(store.folder / "1.pt", weights_only=True)["model"]  # tensors and plain values only
+    assert read_file(store.folder / "1.pt")["model"]  # tensors and plain values only (weights_only)
     assert "model" not in vars(c) and "ala" not in vars(c) and c.train_samples > 0  # identity stays
     assert all(torch.equal(v, before[k]) for k, v in c.model.state_dict().items())  # first use unparks
     assert all(torch.equal(v, weights[k]) for k, v in c.ala.weights.items())

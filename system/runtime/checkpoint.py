@@ -16,7 +16,6 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
-import torch
 
 from runtime import state
 from utils.errors import FLError
@@ -76,7 +75,7 @@ class Checkpoints:
         if self.path is None:
             self.restart_point = ckpt
             return
-        atomic_write([(self.path, lambda tmp: torch.save(ckpt, tmp))])
+        atomic_write([(self.path, lambda tmp: state.write_file(ckpt, tmp))])
         self.restart_point = self.path
 
     def recover(self, server, error: Exception) -> int:
@@ -92,7 +91,9 @@ def load(path: Path, server) -> dict:
     """Read a checkpoint (tensors and plain values only) and check that it belongs to this configuration
     and split."""
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = state.read_file(path, map_location="cpu")
+    except state.StateError as e:
+        raise FLError(f"checkpoint {path} is damaged ({e}); delete it to start over") from None
     except pickle.UnpicklingError:
         raise FLError(f"checkpoint {path} holds objects other than tensors and plain values (made by an older "
                       f"version, or crafted to run code); it was not loaded; delete it to start over") from None

@@ -99,7 +99,7 @@ class ClientStore:
         for k in [k for k in vars(c) if k not in keep]:
             del vars(c)[k]
         if self.folder is not None:
-            atomic_write([(self.path(c), lambda tmp: torch.save(saved, tmp))])
+            atomic_write([(self.path(c), lambda tmp: state.write_file(saved, tmp))])
         else:
             self.states[c.id] = saved
         vars(c)["parked_in"] = self
@@ -132,8 +132,8 @@ class ClientStore:
     def _read(self, c) -> dict:
         path = self.path(c)
         try:
-            return torch.load(path, map_location=c.device, weights_only=True)
-        except state.UNREADABLE as e:
+            return state.read_file(path, map_location=c.device)
+        except (state.StateError, *state.UNREADABLE) as e:
             raise FLError(f"parked client file {path} cannot be read ({state.first_line(e)}); it was changed "
                           f"outside this run: start the run again") from None
 

@@ -21,8 +21,11 @@ Anything else (a function, an open file) is refused when saving, with the attrib
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import pickle
 import zipfile
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -295,3 +298,25 @@ def map_tensors(tree, fn):
     if type(tree) in (list, tuple):
         return type(tree)(map_tensors(v, fn) for v in tree)
     return tree
+
+
+def write_file(tree, path: Path) -> None:
+    """Save an encoded state: a SHA-256 line, then ``torch.save``'s bytes (the checksum catches a changed
+    byte anywhere, which torch's format itself would load as different numbers)."""
+    buf = io.BytesIO()
+    torch.save(tree, buf)
+    blob = buf.getvalue()
+    with open(path, "wb") as f:
+        f.write(hashlib.sha256(blob).hexdigest().encode() + b"\n")
+        f.write(blob)
+
+
+def read_file(path: Path, map_location=None):
+    """Load what ``write_file`` saved, tensors and plain values only (``weights_only=True``: nothing in
+    the file can run code). A changed, cut or foreign file raises ``StateError`` (its checksum) or one of
+    ``UNREADABLE`` (torch.load; ``pickle.UnpicklingError`` for anything but tensors and plain values)."""
+    data = Path(path).read_bytes()
+    digest, blob = data[:64], data[65:]
+    if data[64:65] != b"\n" or hashlib.sha256(blob).hexdigest().encode() != digest:
+        raise StateError("its checksum does not match: the file was changed or cut short")
+    return torch.load(io.BytesIO(blob), map_location=map_location, weights_only=True)

@@ -139,6 +139,8 @@ class RunRecorder:
     def finish(self, status: str, reason: str | None = None) -> None:
         """Record how the run ended in the sidecar (and write the files once more)."""
         self.status, self.status_reason = status, reason
+        if not self.series and self.h5_path.exists():  # ended before measuring anything (a refused checkpoint):
+            return  # the files of an earlier run stay as they were
         try:
             self.save()
         except FLError:  # a full disk: the previous complete files stay, their sidecar at least says so

@@ -1,0 +1,169 @@
+"""Files are data, writes stay in the run's folder (docs/security.md): a crafted checkpoint or parked-client
+file runs no code (the pickle's marker file is never created) and is refused with one line, as is a damaged
+one; a symlink planted where a temporary file goes is never followed; nothing is written outside
+--results_dir; runs sharing --client_state_dir do not see each other's files; --resume never replaces a
+finished result it cannot continue."""
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import main
+from conftest import REPO, cli
+from runtime.state import read_file, write_file
+from utils.results import read_h5
+
+STEM = "Digits_FedAvg_test_0"
+SEQ = ("--executor", "sequential")
+
+
+class Plant:
+    """A pickle that, when loaded by plain pickle, creates ``path`` (what a malicious file would do)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+@pytest.fixture
+def checkpointed(digits_tiny_root, tmp_path):
+    """A run of 2 rounds with its checkpoint (the files --resume continues)."""
+    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "2", "--checkpoint_every", "1", *SEQ)) == 0
+    return tmp_path / f"{STEM}.ckpt"
+
+
+def resume(root, out):
+    return main.main(cli(root, out, "-gr", "3", "--checkpoint_every", "1", "--resume", *SEQ))
+
+
+def test_a_crafted_checkpoint_runs_no_code(digits_tiny_root, tmp_path, checkpointed, capsys):
+    marker = tmp_path / "pwned"
+    write_file({"format": 2, "server": Plant(marker)}, checkpointed)  # with a valid checksum line
+    assert not marker.exists()
+    capsys.readouterr()
+    assert resume(digits_tiny_root, tmp_path) == 2
+    assert "holds objects other than tensors and plain values" in one_line(capsys)
+    assert not marker.exists()
+    with open(checkpointed, "wb") as f:  # a plain pickle, not torch's format
+        pickle.dump(Plant(marker), f)
+    assert resume(digits_tiny_root, tmp_path) == 2
+    one_line(capsys)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "missing_keys", "fewer_clients", "wrong_shape",
+                                    "unknown_kind"])
+def test_a_damaged_checkpoint_is_one_line(digits_tiny_root, tmp_path, checkpointed, capsys, damage):
+    before = read_h5(tmp_path / f"{STEM}.h5")["rs_test_acc"]
+    blob = bytearray(checkpointed.read_bytes())
+    if damage in ("flip", "truncate"):
+        if damage == "flip":
+            for i in range(len(blob) // 3, len(blob) // 3 + 64):
+                blob[i] ^= 0xA5
+        else:
+            del blob[len(blob) // 2:]
+        checkpointed.write_bytes(bytes(blob))
+    else:
+        ckpt = read_file(checkpointed)
+        if damage == "missing_keys":
+            del ckpt["server"], ckpt["recorder"]
+        elif damage == "fewer_clients":
+            ckpt["clients"] = ckpt["clients"][:-1]
+        elif damage == "wrong_shape":
+            ckpt["clients"][0]["model"]["state"]["fc.weight"] = torch.zeros(3, 3)
+        else:
+            ckpt["clients"][0]["model"]["__state__"] = "code"
+        write_file(ckpt, checkpointed)
+    capsys.readouterr()
+    assert resume(digits_tiny_root, tmp_path) == 2
+    line = one_line(capsys)
+    assert str(checkpointed) in line and "delete it" in line, line
+    assert list(read_h5(tmp_path / f"{STEM}.h5")["rs_test_acc"]) == list(before)  # nothing measured is lost
+
+
+def test_a_crafted_parked_client_file_runs_no_code(digits_tiny_root, tmp_path, monkeypatch, capsys):
+    from runtime import parking
+
+    marker = tmp_path / "pwned"
+    park = parking.ClientStore.park
+
+    def park_then_replace(self, c):  # someone rewrites the file between parking and unparking
+        park(self, c)
+        write_file({"model": Plant(marker)}, self.path(c))
+
+    monkeypatch.setattr(parking.ClientStore, "park", park_then_replace)
+    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", "-jr", "0.4", "--client_state", "disk", *SEQ)) == 2
+    assert "parked client file" in one_line(capsys)
+    assert not marker.exists()
+
+
+def test_a_planted_symlink_is_not_followed(digits_tiny_root, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in (f"{STEM}.json.tmp", f"{STEM}.h5.tmp", f"{STEM}.ckpt.tmp"):
+        (out / name).symlink_to(victim)
+    assert main.main(cli(digits_tiny_root, out, "-gr", "1", "--checkpoint_every", "1", *SEQ)) == 0
+    assert victim.read_text() == "keep me"
+    assert sorted(p.name for p in out.iterdir() if not p.is_symlink()) == [f"{STEM}.ckpt", f"{STEM}.h5",
+                                                                           f"{STEM}.json"]
+
+
+@pytest.mark.parametrize("flags,expected", [(("-sfn", "../x"), "-sfn must be a folder under --results_dir"),
+                                            (("-sfn", "/tmp/x"), "-sfn must be a folder under --results_dir"),
+                                            (("-go", "../../x"), "-go is part of the result file names")])
+def test_names_that_would_escape_are_refused(digits_tiny_root, tmp_path, capsys, flags, expected):
+    out = tmp_path / "a" / "out"
+    assert main.main(cli(digits_tiny_root, out, "-gr", "1", *flags, *SEQ)) == 2
+    assert expected in one_line(capsys)
+    assert not (tmp_path / "a").exists() and sorted(os.listdir(tmp_path)) == ["a"] or not (tmp_path / "x").exists()
+
+
+def test_data_given_as_a_path_writes_results_to_the_results_dir(digits_tiny_root, tmp_path):
+    out = tmp_path / "out"
+    for data in (str(digits_tiny_root / "Digits"), "Digits/"):
+        argv = cli(digits_tiny_root, out, "-gr", "0", *SEQ)
+        argv[argv.index("-data") + 1] = data
+        assert main.main(argv) == 0
+        assert (out / f"{STEM}.h5").exists()
+    assert not list((digits_tiny_root).glob("*.h5")) and not list((digits_tiny_root / "Digits").glob("*.h5"))
+
+
+def test_runs_sharing_a_client_state_dir_do_not_see_each_other(digits_tiny_root, tmp_path):
+    shared = tmp_path / "parked"
+    flags = ("-jr", "0.4", "--client_state", "disk", "--client_state_dir", str(shared), *SEQ)
+    solo = {}
+    for lr in ("0.1", "0.05"):
+        assert main.main(cli(digits_tiny_root, tmp_path / f"solo{lr}", "-gr", "2", "-lr", lr, *flags)) == 0
+        solo[lr] = read_h5(tmp_path / f"solo{lr}" / f"{STEM}.h5")["rs_test_acc"]
+    runs = {lr: subprocess.Popen([sys.executable, str(REPO / "system" / "main.py"),  # at the same time
+                                  *cli(digits_tiny_root, tmp_path / f"both{lr}", "-gr", "2", "-lr", lr, *flags)],
+                                 stdout=subprocess.DEVNULL) for lr in solo}
+    codes = {lr: p.wait(timeout=300) for lr, p in runs.items()}
+    assert codes == {"0.1": 0, "0.05": 0}
+    for lr, acc in solo.items():
+        assert list(read_h5(tmp_path / f"both{lr}" / f"{STEM}.h5")["rs_test_acc"]) == list(acc)
+    assert list(shared.iterdir()) == []  # each run removed its own folder
+
+
+def test_resume_does_not_replace_a_finished_result_without_checkpoint(digits_tiny_root, tmp_path, capsys):
+    argv = cli(digits_tiny_root, tmp_path, "-gr", "2", *SEQ)
+    argv.remove("--overwrite")
+    assert main.main(argv) == 0
+    before = (tmp_path / f"{STEM}.h5").read_bytes()
+    capsys.readouterr()
+    assert main.main(argv + ["--resume"]) == 2
+    assert "has no checkpoint" in one_line(capsys)
+    assert (tmp_path / f"{STEM}.h5").read_bytes() == before
