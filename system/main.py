@@ -10,6 +10,7 @@ seed + i) and prints mean ± std of the best and last accuracy.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -42,8 +43,12 @@ def ensure_split(cfg: Config) -> None:
     """Generate a missing split with default settings when its data is offline: Digits, Synthetic, or a
     dataset with a generator and ``--source``."""
     root = Path(cfg.dataset_root)
-    if (root / cfg.dataset / "config.json").exists():
+    folder = root / cfg.dataset
+    if (folder / "config.json").exists():
         return
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise FLError(f"split folder {folder} is not a folder (a file, a broken symlink or a symlink loop); "
+                      f"remove it or choose another --dataset_root")
     if cfg.dataset in OFFLINE_GENERATORS:
         script, extra = DATASET_ROOT / OFFLINE_GENERATORS[cfg.dataset], []
     elif cfg.source and (DATASET_ROOT / f"generate_{cfg.dataset}.py").exists():
@@ -187,9 +192,12 @@ def train_and_record(cfg: Config, server, recorder) -> None:
 def main(argv=None) -> int:
     import signal
 
-    from utils.results import interrupt
+    from utils import results
 
-    # SIGTERM ends a run as Ctrl-C does; neither interrupts the writing of a result file.
+    # SIGTERM ends a run as Ctrl-C does; neither interrupts the writing of a result file. The exit code is
+    # 128 + the signal: 130 for Ctrl-C (SIGINT), 143 for SIGTERM.
+    results.reset_interrupt()
+    interrupt = results.interrupt
     previous = {}
     if threading.current_thread() is threading.main_thread():  # handlers can only be set there
         previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -198,10 +206,10 @@ def main(argv=None) -> int:
         run(cfg)
     except FLError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 130 if isinstance(e, Interrupted) else 2
+        return 128 + (results.stopped_by() or signal.SIGINT) if isinstance(e, Interrupted) else 2
     except KeyboardInterrupt:  # before any run started
         print("error: interrupted", file=sys.stderr)
-        return 130
+        return 128 + (results.stopped_by() or signal.SIGINT)
     except (RuntimeError, MemoryError) as e:
         if type(e).__name__ == "OutOfMemoryError":
             print(f"error: out of GPU memory ({str(e).splitlines()[0]}); try --client_state cpu (only a round's "

@@ -1,9 +1,12 @@
 """Fuzzing the inputs a user controls: a small valid split is damaged at random (files truncated, bytes
 flipped, dtypes, shapes and labels changed, config values replaced, files deleted) and flags get random
-values. Every outcome must be a normal run, or exit code 2 with exactly one line on stderr that starts with
-"error:"; never a traceback, never a half-written result file. Seeded (the cases are the same every time)
+values (non-finite numbers, negative seeds, escaping -go / -sfn among them). Every outcome must be a normal
+run, or exit code 2 with exactly one line on stderr that starts with "error:"; never a traceback, never a
+half-written result file, never a file outside the run's folder. Below, one case per class of bad input
+named in README's "When something goes wrong" (splits, paths, generators, archives). Seeded (the cases are the same every time)
 and bounded: about 60 one-round runs on 3 tiny clients, a few seconds in all."""
 import json
+import os
 import shutil
 
 import numpy as np
@@ -19,6 +22,8 @@ FLAG_VALUES = {
     "-nc": ["0", "-3", "2", "99", "two"], "-eg": ["0", "-1", "1"], "-cdr": ["1", "-0.5", "0.5"],
     "-s": ["0", "101", "50"], "-p": ["-1", "9", "0"], "-et": ["0", "1"], "-m": ["CNN", "DNN", "VGG", "cnn"],
     "-algo": ["FedAvg", "FedALA", "Nope"], "-ncl": ["3", "10", "-1"], "--eval_batch_size": ["0", "1"],
+    "-et": ["nan", "1"], "-ldg": ["nan", "-inf", "0.9"], "--seed": ["-1", "3"], "-go": ["x", "../x", "a/b"],
+    "-sfn": ["../x", "/tmp/fuzz_abs", "m"],
 }
 
 
@@ -62,6 +67,9 @@ def mutate_config(rng, root):
     key = rng.choice(["num_clients", "num_classes", "input_shape", "train_samples", "test_samples", "normalize",
                       "format_version"])
     junk = [None, "x", -1, 0, 2.5, [], [1, 2], {"a": 1}, 10 ** 9, True]
+    if key == "normalize":  # non-finite or degenerate constants (json.dumps writes NaN and Infinity)
+        junk += [{"mean": [v], "std": [0.5]} for v in (float("nan"), float("inf"))]
+        junk += [{"mean": [0.5], "std": [v]} for v in (1e-300, float("inf"), float("nan"))]
     if rng.random() < 0.2:
         cfg.pop(key, None)
     else:
@@ -113,5 +121,145 @@ def test_every_outcome_is_a_run_or_one_line(case, pristine, tmp_path, capsys):
     else:
         assert not [e for e in err if "Traceback" in e], context
     assert not list(out.glob("*.tmp")) if out.exists() else True
+    assert sorted(p.name for p in tmp_path.iterdir()) in (["data"], ["data", "out"]), context  # nothing elsewhere
+    assert not (tmp_path.parent / "x").exists() and not os.path.exists("/tmp/fuzz_abs"), context
     for side in out.glob("*.json") if out.exists() else []:  # every result written is complete
         assert (out / side.name.replace(".json", ".h5")).exists(), context
+
+
+# ---- one case per class of bad input -------------------------------------------------------------------
+def rewrite_clients(root, part, fn):
+    for path in sorted((root / "Digits" / part).glob("*.npz")):
+        with np.load(path) as f:
+            x, y = fn(f["x"], f["y"])
+        np.savez(path, x=x, y=y)
+
+
+def edit_config(root, **changes):
+    path = root / "Digits" / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg.update(changes)
+    path.write_text(json.dumps(cfg))
+
+
+def float_split(root, bad):
+    """The split as float32 vectors (no normalisation), one value replaced by ``bad``."""
+    edit_config(root, x_dtype="float32", normalize=None)
+    for part in ("train", "test"):
+        rewrite_clients(root, part, lambda x, y: (x.astype(np.float32) / 255, y))
+    path = root / "Digits" / "train" / "0.npz"
+    with np.load(path) as f:
+        x, y = f["x"].copy(), f["y"]
+    x.flat[5] = bad
+    np.savez(path, x=x, y=y)
+
+
+def symlink_loop(root):
+    shutil.rmtree(root / "Digits")
+    (root / "Digits").symlink_to(root / "Digits")
+
+
+def no_test_samples(root):
+    rewrite_clients(root, "test", lambda x, y: (x[:0], y[:0]))
+    edit_config(root, test_samples=[0] * json.loads((root / "Digits" / "config.json").read_text())["num_clients"])
+
+
+def config_folder(root):
+    (root / "Digits" / "config.json").unlink()
+    (root / "Digits" / "config.json").mkdir()
+
+
+BAD = {  # case -> (damage to the split or None, extra flags, what the one line says)
+    "nan pixels": (lambda r: float_split(r, np.nan), (), "NaN or infinite values"),
+    "inf pixels": (lambda r: float_split(r, np.inf), (), "NaN or infinite values"),
+    "float64 x, config uint8": (lambda r: rewrite_clients(r, "train", lambda x, y: (x.astype(np.float64), y)), (),
+                                "the config's x_dtype is uint8"),
+    "nan mean": (lambda r: edit_config(r, normalize={"mean": [float("nan")], "std": [0.5]}), (), "normalize"),
+    "inf std": (lambda r: edit_config(r, normalize={"mean": [0.5], "std": [float("inf")]}), (), "normalize"),
+    "std 1e-300": (lambda r: edit_config(r, normalize={"mean": [0.5], "std": [1e-300]}), (), "normalize"),
+    "config.json a folder": (config_folder, (), "config.json cannot be read"),
+    "symlink loop": (symlink_loop, (), "symlink loop"),
+    "every test split empty": (no_test_samples, (), "nothing to evaluate"),
+    "-et nan": (None, ("-algo", "FedALA", "-et", "nan"), "expected a finite number, got 'nan'"),
+    "-lr inf": (None, ("-lr", "inf"), "expected a finite number, got 'inf'"),
+    "-ldg nan": (None, ("-ld", "-ldg", "nan"), "expected a finite number, got 'nan'"),
+    "--seed -1": (None, ("--seed", "-1"), "--seed must be >= 0"),
+    "-go ../../x": (None, ("-go", "../../x"), "-go is part of the result file names"),
+    "-sfn ../x": (None, ("-sfn", "../x"), "-sfn must be a folder under --results_dir"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_each_bad_input_is_one_line_before_any_work(case, pristine, tmp_path, capsys):
+    damage, flags, expected = BAD[case]
+    root = tmp_path / "data"
+    shutil.copytree(pristine, root)
+    if damage is not None:
+        damage(root)
+    out = tmp_path / "out"
+    try:
+        code = main.main(cli(root, out, "-gr", "1", "--executor", "sequential", *flags))
+    except SystemExit as e:  # a flag argparse refuses
+        code = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
+    assert not out.exists()  # refused before any work: no result file, no lock, no folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "out"][:1 + out.exists()]
+
+
+def test_results_dir_that_is_a_file_or_not_writable(pristine, tmp_path, capsys, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for out in (blocker, blocker / "below"):
+        assert main.main(cli(pristine, out, "-gr", "1")) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is not a folder" in err[0], err
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # a read-only folder (root may write anyway)
+    assert main.main(cli(pristine, tmp_path / "ro", "-gr", "1")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not writable" in err[0], err
+
+
+def test_data_given_with_a_trailing_slash_runs(pristine, tmp_path):
+    argv = cli(pristine, tmp_path / "out", "-gr", "0", "--executor", "sequential")
+    argv[argv.index("-data") + 1] = "Digits/"
+    assert main.main(argv) == 0 and (tmp_path / "out" / "Digits_FedAvg_test_0.h5").exists()
+
+
+@pytest.mark.parametrize("argv,expected", [(["--bogus"], "unrecognized arguments: --bogus"),
+                                           (["--seed", "-1"], "--seed must be >= 0"),
+                                           (["--out", "../x"], "--out is a folder name under --root"),
+                                           (["--num-clients", "two"], "invalid int value")])
+def test_generator_flag_errors_are_one_line(tmp_path, capsys, argv, expected):
+    from dataset import generate_Digits
+
+    with pytest.raises(SystemExit) as e:
+        generate_Digits.main(["--root", str(tmp_path), *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_archives_cut_short_or_too_large_are_refused(tmp_path):
+    import zipfile
+
+    from dataset.utils import dataset_utils as du
+    from dataset.utils.readers import extract
+
+    bomb = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("zeros.bin", b"\0" * 3_000_000)  # 3 MB in about 3 KB
+    cut = tmp_path / "cut.zip"
+    cut.write_bytes(bomb.read_bytes()[: bomb.stat().st_size // 2])
+    with pytest.raises(du.DatasetError, match="not a complete zip archive"):
+        extract(cut, tmp_path / "cut")
+    with pytest.raises(du.DatasetError, match="times its size"):
+        extract(bomb, tmp_path / "bomb")
+    assert not (tmp_path / "bomb" / "zeros.bin").exists()
+    parser = du.common_parser("x")
+    du.check_common(parser, parser.parse_args(["--max-unpack-ratio", "5000"]))  # the flag raises the cap
+    try:
+        assert (extract(bomb, tmp_path / "bomb") / "zeros.bin").stat().st_size == 3_000_000
+    finally:
+        du.UNPACK_LIMIT["ratio"] = du.MAX_UNPACK_RATIO

@@ -88,19 +88,24 @@ needs_proc = pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="n
 
 
 @needs_proc
+@pytest.mark.parametrize("repeat", [1, 3])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_signal_keeps_the_rounds_done_and_says_how_to_resume(digits_tiny_root, tmp_path, sig):
+def test_signal_keeps_the_rounds_done_and_says_how_to_resume(digits_tiny_root, tmp_path, sig, repeat):
     flags = ("-gr", "200", "--executor", "fork", "--workers", "2", "--checkpoint_every", "1", "--no-progress")
     proc = start(digits_tiny_root, tmp_path, *flags)
     wait_for_round(proc, 3)  # the third evaluation printed: at least two are saved
     workers = children(proc.pid)
-    if sig == signal.SIGINT:  # Ctrl-C: the terminal signals the whole process group, workers included
-        os.killpg(proc.pid, sig)
-    else:  # kill PID: the server alone
-        proc.send_signal(sig)
+    for _ in range(repeat):  # an impatient user presses Ctrl-C again while the run saves and ends
+        if proc.poll() is not None:
+            break
+        if sig == signal.SIGINT:  # Ctrl-C: the terminal signals the whole process group, workers included
+            os.killpg(proc.pid, sig)
+        else:  # kill PID: the server alone
+            proc.send_signal(sig)
+        time.sleep(0.05)
     proc.wait(timeout=60)
     err = proc.stderr.read().strip().splitlines()
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + sig, err  # 130 for Ctrl-C, 143 for SIGTERM
     assert len(err) == 1 and "interrupted in round" in err[0] and "--resume" in err[0], err
     meta = sidecar(tmp_path)
     assert meta["status"] == "interrupted" and meta["evaluations"] >= 2
@@ -148,6 +153,7 @@ def test_full_disk_keeps_the_previous_complete_files(digits_tiny_root, tmp_path,
     monkeypatch.setattr(h5py, "File", real)
     h5, meta = read_h5(tmp_path / f"{STEM}.h5"), sidecar(tmp_path)
     assert len(h5["rs_test_acc"]) == meta["evaluations"] == 1  # the first save, h5 and sidecar together
+    assert meta["status"] == "failed" and "No space left" in meta["status_reason"]  # not left "running"
     assert np.isfinite(h5["rs_test_acc"]).all()
 
 

@@ -63,6 +63,19 @@ def run_cli(main, argv=None):
         raise SystemExit(2) from None
 
 
+# Zip bombs: an archive whose members add up to more than this many times its own size is refused (image
+# and text archives unpack to 1-20 times theirs). check_common sets it from --max-unpack-ratio.
+MAX_UNPACK_RATIO = 200.0
+UNPACK_LIMIT = {"ratio": MAX_UNPACK_RATIO}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A bad flag is one line on stderr (exit code 2), not the usage text."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (-h lists the flags)\n")
+
+
 def common_parser(description, with_partition=True, with_source=True,
                   least_rule="int(min(10/(1-train_ratio), mean client size * 0.5))", num_clients=20,
                   source_help="local npz with arrays x, y (optional is_test) instead of downloading"):
@@ -72,7 +85,7 @@ def common_parser(description, with_partition=True, with_source=True,
     Named flags override it. Defaults are resolved later (``resolve_partition``)
     because some depend on the dataset; least_rule documents the least-samples default.
     """
-    parser = argparse.ArgumentParser(description=description)
+    parser = OneLineParser(description=description)
     if with_partition:
         parser.add_argument("niid", nargs="?", choices=["noniid", "iid"], help="PFLlib form: noniid or iid")
         parser.add_argument("balance_pos", nargs="?", choices=["balance", "-"], metavar="balance",
@@ -107,6 +120,9 @@ def common_parser(description, with_partition=True, with_source=True,
                                  "before partitioning; for small-scale experiments (default: all)")
     parser.add_argument("--root", help="folder that holds the split folders (default: the dataset/ folder)")
     parser.add_argument("--plot", action="store_true", help="save label_distribution.png next to the split")
+    parser.add_argument("--max-unpack-ratio", type=float, default=MAX_UNPACK_RATIO,
+                        help="refuse an archive that would unpack to more than this many times its own size "
+                             f"(a zip bomb; default {MAX_UNPACK_RATIO:g})")
     return parser
 
 
@@ -147,7 +163,14 @@ def resolve_partition(parser, args, num_classes, default_class_per_client):
 
 
 def check_common(parser, args):
-    """Reject out-of-range common flags with argparse's one-line error."""
+    """Reject out-of-range common flags with a one-line error; set the archive cap (``--max-unpack-ratio``)."""
+    if args.seed < 0:
+        parser.error(f"--seed must be >= 0, got {args.seed}")
+    if args.out is not None and (Path(args.out).name != args.out or args.out in ("", ".", "..")):
+        parser.error(f"--out is a folder name under --root (no / or ..), got {args.out!r}")
+    if not args.max_unpack_ratio > 0:
+        parser.error(f"--max-unpack-ratio must be > 0, got {args.max_unpack_ratio}")
+    UNPACK_LIMIT["ratio"] = args.max_unpack_ratio
     if args.num_clients is not None and args.num_clients < 1:
         parser.error(f"--num-clients must be >= 1, got {args.num_clients}")
     if not 0 < args.train_ratio < 1:

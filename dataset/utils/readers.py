@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dataset.utils.dataset_utils import DatasetError
+from dataset.utils.dataset_utils import UNPACK_LIMIT, DatasetError
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".gif", ".tif", ".tiff")
@@ -49,15 +49,29 @@ def extract(archive, dest):
             with zipfile.ZipFile(archive) as z:
                 names = z.namelist()
                 _check_members(archive, root, names)
+                _check_size(archive, sum(i.file_size for i in z.infolist()))
                 z.extractall(dest)
+        elif archive.name.lower().endswith(".zip"):
+            raise DatasetError(f"{archive.name} is not a complete zip archive; is the download complete?")
         else:
             with tarfile.open(archive) as t:
-                _check_members(archive, root, t.getnames())
+                members = t.getmembers()
+                _check_members(archive, root, [m.name for m in members])
+                _check_size(archive, sum(m.size for m in members))
                 t.extractall(dest, filter="data")
     except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError) as err:
-        raise DatasetError(f"could not unpack {archive.name} ({err}); is the download complete?") from None
+        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DatasetError(f"could not unpack {archive.name} ({why}); is the download complete?") from None
     marker.touch()
     return dest
+
+
+def _check_size(archive, unpacked):
+    limit = UNPACK_LIMIT["ratio"] * max(archive.stat().st_size, 1)
+    if unpacked > limit:
+        raise DatasetError(f"{archive.name} would unpack to {unpacked / 1e6:.1f} MB, over "
+                           f"{UNPACK_LIMIT['ratio']:g} times its size (a zip bomb?); refusing it (raise the cap "
+                           f"with --max-unpack-ratio if you trust it)")
 
 
 def _check_members(archive, root, names):

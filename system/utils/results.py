@@ -17,16 +17,31 @@ from utils.errors import FLError
 __version__ = "0.1.0"
 
 
-_writing = {"now": False, "interrupted": False}
+_writing = {"now": False, "interrupted": False, "signal": None}
 
 
 def interrupt(signum, frame) -> None:
     """Signal handler for Ctrl-C and SIGTERM (main.py installs it): a KeyboardInterrupt, held back while
-    result files are being written so that a signal never leaves a half-written file open."""
+    result files are being written so that a signal never leaves a half-written file open. Only the first
+    signal counts (``stopped_by``): a repeated Ctrl-C or SIGTERM while the run saves its results and ends
+    its workers is ignored, so the run still ends with one line and exit code 128 + that signal."""
+    if _writing["signal"] is not None:
+        return
+    _writing["signal"] = signum
     if _writing["now"]:
         _writing["interrupted"] = True
     else:
         raise KeyboardInterrupt
+
+
+def reset_interrupt() -> None:
+    """Forget an earlier run's signal (main.py, before it installs ``interrupt``)."""
+    _writing["signal"] = None
+
+
+def stopped_by() -> int | None:
+    """The signal that stopped this run (SIGINT or SIGTERM), if one did; ``interrupt`` records it."""
+    return _writing["signal"]
 
 
 def atomic_write(writes: list[tuple[Path, object]]) -> None:
