@@ -184,7 +184,7 @@ def converged_markdown(data: dict, board: dict, split: str) -> tuple[str, dict]:
     for n in names:
         b, l = stats[n]
         runs = entries[n]["runs"]
-        cells = [f"{b.mean():.2f} ± {b.std():.2f}", f"{l.mean():.2f} ± {l.std():.2f}"]
+        cells = [f"{v.mean():.2f} ± {v.std():.2f}" if len(v) > 1 else f"{v.mean():.2f}" for v in (b, l)]
         cells = [f"**{c}**" if m == t else c for c, m, t in zip(cells, (b.mean(), l.mean()), (top_best, top_last))]
         pub = published.get(n)
         cells.append(f"{pub[0]:.2f} ± {pub[1]:.2f}" if pub else "-")
