@@ -88,6 +88,7 @@ def test_initialization_period_gives_the_weighted_mean_once(digits_tiny_root):
         F.cross_entropy(model.head(rep), c.y_train[idx]).backward()
         opt.step()
     assert torch.allclose(results[0][1], r, atol=1e-6)
+    assert not any(m.requires_grad for _, m in results)  # what goes up holds no graph of the local batches
     want = sum(w * m for w, m in results) / sum(w for w, _ in results)
     assert all(w == c.train_samples for (w, _), c in zip(results, ref.clients))
     start = {k: v.clone() for k, v in server.global_model.state_dict().items()}
