@@ -127,3 +127,19 @@ def test_ala_runs_on_the_received_model(digits_tiny_root):
     server.run_round(0)
     server.run_round(1)
     assert all(torch.isfinite(p).all() for c in server.clients for p in c.model.parameters())
+
+
+def test_the_evaluated_model_adds_the_prbm_and_receiving_loads_the_global_model(digits_tiny_root):
+    server = make_server(digits_tiny_root)
+    c = server.clients[0]
+    with torch.no_grad():
+        c.model.prbm.normal_()
+        for p in server.global_model.parameters():
+            p.add_(0.1)
+    x = c.x_train[:5]
+    with torch.no_grad():
+        torch.testing.assert_close(c.model(x), c.model.head(c.model.base(x) + c.model.prbm))
+    c.receive({"model": server.global_model, "mean": None})
+    for k, v in server.global_model.state_dict().items():
+        if not k.startswith("prbm"):
+            assert torch.equal(c.model.state_dict()[k], v), k
