@@ -130,6 +130,6 @@ def test_loss_is_ce_of_the_gumbel_split_plus_lambda_mmd_to_the_received_extracto
 def test_gumbel_noise_comes_from_the_clients_own_stream(digits_tiny_root):
     from utils.seeding import torch_gen
 
-    server = make_server(digits_tiny_root, "--seed", "2")  # seed != run, so the stream's key order shows
+    server = make_server(digits_tiny_root, "--seed", "2")
     for c in server.clients:
         assert torch.equal(c.gumbel_gen.get_state(), torch_gen(2, 0, "gumbel", c.id).get_state())

@@ -70,7 +70,7 @@ def test_each_round_starts_a_fresh_running_mean(digits_tiny_root, monkeypatch):
 
 
 def test_initialization_period_gives_the_weighted_mean_once(digits_tiny_root):
-    # -ld: the initialization period trains at round 0's rate; seed 3 != run 0, so the stream's key order shows
+    # -ld: the initialization period trains at round 0's rate (not round 1's); --seed 3: its own stream, not the default
     flags = ("-mo", "0.3", "-ld", "-ldg", "0.5", "--seed", "3")
     server = make_server(digits_tiny_root, *flags)
     ref = make_server(digits_tiny_root, *flags)  # a reference loop over a second, identical federation
