@@ -65,7 +65,7 @@ def test_one_round_of_pfllib_lines_runs(digits_root, tmp_path):
     ("-algo FedNope", "invalid choice: 'FedNope'"),
     ("-m VGG99", "invalid choice: 'VGG99'"),
     ("-ld maybe", "expected true/false/1/0, got 'maybe'"),
-    ("-algo FedAvg -mu abc", "invalid float value: 'abc'"),
+    ("-algo FedAvg -mu abc", "expected a number, got 'abc'"),
     ("-algo fedavg -ts True", "-ts/--time_select is not a flag here: PFLlib declares it and never reads it"),
 ])
 def test_bad_lines_fail_with_one_line(line, message, digits_root, tmp_path, capsys):
