@@ -27,6 +27,7 @@ from dataset.utils.dataset_utils import DatasetError, run_cli  # noqa: E402
 from dataset.utils.zoo import Loaded, ZooSpec, fetch_torchvision, generate  # noqa: E402
 
 SPLITS = {"digits": 10, "mnist": 10, "balanced": 47, "bymerge": 47, "byclass": 62, "letters": 26}
+DEFAULT_CLASSES = SPLITS["digits"]  # the default split's classes, as generate.py --list shows them
 SPEC = ZooSpec(name="EMNIST", scenario="label skew", modality="image", num_classes=62, input_shape=(1, 28, 28),
                default_model="CNN", clients="20 (partitioned)", raw_name="EMNIST",
                where="https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip (torchvision downloads it)",

@@ -3,6 +3,7 @@
     python scripts/plot.py curves results/sweep --out figures                    # accuracy and loss vs round
     python scripts/plot.py curves "results/*_bench-*.h5" --x time --metrics test_acc --group algorithm,dataset
     python scripts/plot.py clients results/sweep --out figures                   # final-round box plot
+    python scripts/plot.py spread results/sweep                                  # clients' spread vs round
     python scripts/plot.py split FMNIST_dir0.1_s2000 --out figures               # clients x classes heat map
 
 ``curves``: one figure per metric (``--metrics``, h5 series without the ``rs_`` prefix; default
@@ -11,9 +12,11 @@ seeds with a ±1 std band, against the evaluated round or (``--x time``) the mea
 each evaluation (the rounds' wall times from the sidecar; an evaluation at round r comes after r rounds).
 A metric no run recorded (e.g. ``train_loss`` with ``--train_loss_eval off``) is skipped with a note.
 ``clients``: the per-client test accuracy at the final evaluation (``rs_client_test_acc``), one box per
-group, every seed's clients pooled. ``split``: the label count of every client (train and test together,
+group, every seed's clients pooled. ``spread``: the distribution of the per-client test accuracy at every
+evaluation, one line and two bands per group (median; 10th-90th percentile; worst to best, the worst
+dotted), every seed's clients pooled. ``split``: the label count of every client (train and test together,
 ``--part`` for one of them) read from the split's files. Each figure is written as PNG and PDF
-(``<out>/<name>.png``, ``.pdf``); the paths are printed.
+(``<out>/<name>.png``, ``.pdf``; ``--out`` defaults to ``results/figures``); the paths are printed.
 """
 from __future__ import annotations
 
@@ -123,6 +126,45 @@ def plot_clients(inputs: list[str], group_keys: list[str], out: Path, incomplete
         return save(fig, out, "client_accuracy")
 
 
+QUANTILES = (0, 10, 50, 90, 100)  # worst, 10th percentile, median, 90th percentile, best client
+
+
+def client_quantiles(runs) -> tuple[np.ndarray, np.ndarray]:
+    """(rounds, quantiles) of one group's per-client test accuracy (%) at every evaluation all its runs
+    have: ``QUANTILES`` (numpy's linear interpolation) over the clients of every seed pooled, one row per
+    evaluation."""
+    n = min(len(r.series["rs_round"]) for r in runs)
+    pooled = np.concatenate([100 * np.asarray(r.series["rs_client_test_acc"], dtype=float)[:n] for r in runs], axis=1)
+    return np.asarray(runs[0].series["rs_round"][:n]), np.nanpercentile(pooled, QUANTILES, axis=1).T
+
+
+def plot_spread(inputs: list[str], group_keys: list[str], out: Path, incomplete: bool = False) -> list[Path]:
+    """Per group, the distribution of the clients' test accuracy over rounds: the median, the 10-90th
+    percentile band and the worst-to-best band."""
+    runs = load_runs(inputs, incomplete)
+    rows = [r for r in aggregate(runs, group_keys) if all("rs_client_test_acc" in run.series for run in r.runs)]
+    if not rows:
+        raise TableError("no run recorded rs_client_test_acc")
+    written = []
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots()
+        for i, row in enumerate(rows):
+            rounds, q = client_quantiles(row.runs)
+            color = f"C{i % 10}"
+            ax.fill_between(rounds, q[:, 0], q[:, 4], color=color, alpha=0.1, lw=0)
+            ax.fill_between(rounds, q[:, 1], q[:, 3], color=color, alpha=0.25, lw=0)
+            ax.plot(rounds, q[:, 2], color=color, label=row_name(row))
+            ax.plot(rounds, q[:, 0], color=color, lw=0.8, ls=":")
+        ax.set_xlabel("round")
+        ax.set_ylabel("client test accuracy (%)")
+        ax.set_title("median, 10-90th percentile (band), worst and best client (light band; worst dotted)",
+                     fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(fontsize=9)
+        written += save(fig, out, "client_spread_vs_round")
+    return written
+
+
 def label_counts(split: Path, part: str) -> np.ndarray:
     """Clients x classes label counts of a split folder (``config.json``, ``train/<i>.npz``, ``test/<i>.npz``)."""
     config = json.loads((split / "config.json").read_text())
@@ -168,15 +210,18 @@ def main(argv=None) -> int:
     c.add_argument("--x", default="round", choices=["round", "time"])
     b = sub.add_parser("clients", help="per-client final test accuracy, box per group")
     b.add_argument("inputs", nargs="+")
-    for q in (c, b):
+    d = sub.add_parser("spread", help="per-client test accuracy over rounds: median, percentile bands, worst")
+    d.add_argument("inputs", nargs="+")
+    for q in (c, b, d):
         q.add_argument("--group", default="algorithm", help="config keys that make a line/box (comma-separated)")
         q.add_argument("--incomplete", action="store_true", help="include runs that stopped before -gr")
     s = sub.add_parser("split", help="label distribution of a split (clients x classes)")
     s.add_argument("name", help="split folder name (under --dataset_root) or path")
     s.add_argument("--dataset_root", type=Path, default=REPO / "dataset")
     s.add_argument("--part", default="all", choices=["all", "train", "test"])
-    for q in (c, b, s):
-        q.add_argument("--out", type=Path, default=Path("figures"), help="folder for the PNG and PDF files")
+    for q in (c, b, d, s):
+        q.add_argument("--out", type=Path, default=REPO / "results" / "figures",
+                       help="folder for the PNG and PDF files (default: results/figures in the repository)")
     args = p.parse_args(argv)
     try:
         if args.what == "curves":
@@ -184,6 +229,8 @@ def main(argv=None) -> int:
             paths = plot_curves(args.inputs, args.group.split(","), metrics, args.x, args.out, args.incomplete)
         elif args.what == "clients":
             paths = plot_clients(args.inputs, args.group.split(","), args.out, args.incomplete)
+        elif args.what == "spread":
+            paths = plot_spread(args.inputs, args.group.split(","), args.out, args.incomplete)
         else:
             paths = plot_split(args.name, args.dataset_root, args.out, args.part)
     except TableError as e:

@@ -10,8 +10,12 @@ of the ``--group`` keys (any config key; ``algorithm`` is the run's label, with 
 as in the result names); each cell is the mean ± std over the group's runs (population std, as
 ``system/get_mean_std.py``), one run per seed. Columns (``--columns``):
 
-- ``best``: best test accuracy (%, sample-weighted over clients) over the evaluations; ``last``: at the
-  last evaluation; ``auc``: best test AUC (%);
+- ``best``: best test accuracy (%, sample-weighted over clients) over the evaluations, a round chosen on
+  the test data; ``last``: at the last evaluation; ``selected``: at the evaluation of best validation
+  accuracy (``--val_ratio``: the round chosen without the test data; the first of equal ones); ``auc``:
+  best test AUC (%); ``new``: the new clients' accuracy after their fine-tuning (``-nnc``);
+- ``worst``, ``p10``, ``spread`` (``--fairness``): the worst client's accuracy, the 10th percentile and
+  the std of the clients' accuracies, at the last evaluation;
 - ``target``: first evaluated round whose accuracy reaches ``--target`` (a fraction, or a percentage
   above 1); runs that never reach it are counted beside the mean ("(2/3)"), none reaching it shows "-";
 - ``time``: seconds per round (the mean of the sidecar's per-round wall times; the mean over seeds);
@@ -19,8 +23,9 @@ as in the result names); each cell is the mean ± std over the group's runs (pop
   shown by default only when the runs recorded them);
 - ``seeds``: how many runs the row averages.
 
-The best entry of each column is bold (markdown, LaTeX; the CSV names them in a ``best_in`` column):
-highest for accuracies and AUC, lowest for rounds and seconds. Warnings (stderr, one line each) when rows
+The best entry of each column, as shown, is bold (markdown, LaTeX; the CSV names them in a ``best_in``
+column): highest for accuracies and AUC, lowest for rounds, seconds and spread; a column where every row
+ties has none. Warnings (stderr, one line each) when rows
 average different numbers of seeds, when one seed appears twice in a row, when runs differ in config keys
 that are not grouped (seed, goal, paths and run-only settings aside), for diverged runs (counted with
 their evaluations until then) and for incomplete runs (interrupted, failed or still running: left out
@@ -51,9 +56,15 @@ IGNORED = {"seed", "goal", "prev", "times", "results_dir", "dataset_root", "save
            "max_restarts", "gpus_per_worker"}
 # Left out of reproduction commands: run-only settings and values the run resolves itself.
 NOT_IN_COMMAND = (IGNORED - {"goal"}) | {"device", "executor", "num_classes"}
-COLUMNS = {"best": "best acc (%)", "last": "last acc (%)", "auc": "best AUC (%)", "target": "rounds to {t}",
-           "time": "s/round", "comm": "MB/round", "seeds": "seeds"}
-HIGHER_IS_BETTER = {"best": True, "last": True, "auc": True, "target": False, "time": False, "comm": False}
+COLUMNS = {"best": "best acc (%)", "last": "last acc (%)", "selected": "acc at best val (%)", "auc": "best AUC (%)",
+           "new": "new-client acc (%)", "worst": "worst client (%)", "p10": "10th pct client (%)",
+           "spread": "std across clients (%)", "target": "rounds to {t}", "time": "s/round", "comm": "MB/round",
+           "seeds": "seeds"}
+HIGHER_IS_BETTER = {"best": True, "last": True, "selected": True, "auc": True, "new": True, "worst": True,
+                    "p10": True, "spread": False, "target": False, "time": False, "comm": False}
+FAIRNESS = ["worst", "p10", "spread"]
+# Columns from series only some runs record: shown by default only when a run has them.
+OPTIONAL_SERIES = {"selected": "rs_val_acc", "new": "rs_new_test_acc", "comm": "rs_bytes_up"}
 
 
 class TableError(Exception):
@@ -155,6 +166,13 @@ def run_metrics(run: Run, target: float | None) -> dict:
     never), mean seconds per round."""
     acc = np.asarray(run.series["rs_test_acc"], dtype=float)
     out = {"best": 100 * float(np.nanmax(acc)), "last": 100 * float(acc[-1])}
+    val = run.series.get("rs_val_acc")  # --val_ratio: the round chosen on validation data (the first best)
+    out["selected"] = 100 * float(acc[int(np.nanargmax(val))]) if val is not None and len(val) else math.nan
+    new = run.series.get("rs_new_test_acc")  # -nnc: the new clients' accuracy after fine-tuning
+    out["new"] = 100 * float(new[-1]) if new is not None and len(new) else math.nan
+    for col, key in (("worst", "rs_test_acc_min"), ("p10", "rs_test_acc_p10"), ("spread", "rs_test_acc_std")):
+        values = run.series.get(key)  # at the last evaluation, as "last"
+        out[col] = 100 * float(values[-1]) if values is not None and len(values) else math.nan
     auc = run.series.get("rs_test_auc")
     out["auc"] = 100 * float(np.nanmax(auc)) if auc is not None and len(auc) else math.nan
     times = run.meta.get("round_time_s") or list(run.series.get("rs_round_time", []))
@@ -196,7 +214,7 @@ def aggregate(runs: list[Run], group_keys: list[str], target: float | None = Non
     rows = [Row(g, rs) for g, rs in sorted(groups.items(), key=lambda kv: sort_key(group_keys, kv[0], order))]
     for row in rows:
         per_run = [run_metrics(r, target) for r in row.runs]
-        for col in ("best", "last", "auc", "time", "comm") + (("target",) if target is not None else ()):
+        for col in [c for c in HIGHER_IS_BETTER if c != "target"] + (["target"] if target is not None else []):
             vals = [m[col] for m in per_run if m[col] is not None and not math.isnan(m[col])]
             mean = float(np.mean(vals)) if vals else math.nan
             std = float(np.std(vals)) if vals else math.nan
@@ -267,12 +285,15 @@ def check_rows(rows: list[Row], group_keys: list[str]) -> list[str]:
 
 # ---- rendering ----------------------------------------------------------------------------------------
 def best_rows(rows: list[Row], col: str) -> set[int]:
-    means = [r.stats[col][0] for r in rows]
+    """The rows whose mean, as shown, is the column's best; none when every row shows it (a tie that
+    singles nothing out)."""
+    means = [round(r.stats[col][0], 1 if col == "target" else 2) for r in rows]
     ok = [m for m in means if not math.isnan(m)]
     if len(rows) < 2 or not ok:
         return set()
     best = max(ok) if HIGHER_IS_BETTER[col] else min(ok)
-    return {i for i, m in enumerate(means) if m == best}
+    marked = {i for i, m in enumerate(means) if m == best}
+    return set() if len(marked) == len(rows) else marked
 
 
 def cell(stats: tuple, col: str) -> str:
@@ -397,11 +418,13 @@ def reproduce_command(config: dict, runs: list[int]) -> str:
 def build_table(inputs: list[str], group_keys: list[str], columns: list[str], fmt: str = "md",
                 target: float | None = None, commands: bool = False, incomplete: bool = False,
                 warn=None, drop_unrecorded: bool = False) -> str:
-    """The table as text. ``drop_unrecorded``: leave out the ``comm`` column when no run recorded bytes."""
+    """The table as text. ``drop_unrecorded``: leave out the ``selected``, ``new`` and ``comm`` columns when
+    no run recorded their series (``OPTIONAL_SERIES``)."""
     warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
     runs = load_runs(inputs, incomplete, warn)
-    if drop_unrecorded and not any(len(r.series.get("rs_bytes_up", [])) for r in runs):
-        columns = [c for c in columns if c != "comm"]
+    if drop_unrecorded:
+        columns = [c for c in columns if c not in OPTIONAL_SERIES
+                   or any(len(r.series.get(OPTIONAL_SERIES[c], [])) for r in runs)]
     rows = aggregate(runs, group_keys, target)
     for w in check_rows(rows, group_keys):
         warn(w)
@@ -425,8 +448,11 @@ def main(argv=None) -> int:
     p.add_argument("inputs", nargs="+", help="result files (.h5/.json), globs, or folders")
     p.add_argument("--group", default="algorithm", help="config keys that make a row (comma-separated)")
     p.add_argument("--columns", default=None,
-                   help="comma-separated, of best,last,auc,target,time,comm,seeds (default: all; target with "
-                        "--target, comm where bytes were recorded)")
+                   help=f"comma-separated, of {','.join(COLUMNS)} (default: best,last,selected,auc,new,target,"
+                        "time,comm,seeds; selected, new and comm where a run recorded them, target with --target)")
+    p.add_argument("--fairness", action="store_true",
+                   help="add the worst client's accuracy, the 10th percentile and the std across clients (at the "
+                        "last evaluation)")
     p.add_argument("--target", type=float, default=None, help="accuracy for 'rounds to target' (0.8 or 80)")
     p.add_argument("--format", default="md", choices=["md", "latex", "csv"])
     p.add_argument("--commands", action="store_true", help="add the command that reproduces each row")
@@ -434,8 +460,11 @@ def main(argv=None) -> int:
     p.add_argument("-o", "--output", type=Path, default=None, help="write the table here instead of stdout")
     args = p.parse_args(argv)
     target = None if args.target is None else args.target / 100 if args.target > 1 else args.target
-    default_cols = ["best", "last", "auc"] + (["target"] if target is not None else []) + ["time", "comm", "seeds"]
+    default_cols = (["best", "last", "selected", "auc", "new"] + (["target"] if target is not None else [])
+                    + ["time", "comm", "seeds"])
     columns = default_cols if args.columns is None else [c.strip() for c in args.columns.split(",") if c.strip()]
+    if args.fairness:
+        columns = [*columns[:-1], *FAIRNESS, columns[-1]] if columns[-1] == "seeds" else [*columns, *FAIRNESS]
     group_keys = [k.strip() for k in args.group.split(",") if k.strip()]
     try:
         bad = [c for c in columns if c not in COLUMNS]

@@ -49,6 +49,17 @@ class BoolFlag(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+class OneDefaultFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``-h`` gives every flag exactly one default: ``(default: X)`` appended, unless the help states its
+    own ``(default: ...)`` (a value in words, such as "all in the split" for ``-nc``)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "(default: " in text or action.default is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
 def finite_float(text: str) -> float:
     """A number flag's value: NaN and infinities are refused (no rate, weight or threshold means them)."""
     try:
@@ -61,8 +72,8 @@ def finite_float(text: str) -> float:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """A bad flag is one line on stderr (exit code 2), not the whole usage text. Long flags are never
-    abbreviated, ``store_true`` switches accept an explicit value (``BoolFlag``), and every ``type=float``
+    """A bad flag is one line on stderr (exit code 2), not the whole usage text. No flag is reachable by a
+    prefix of its name, ``store_true`` switches accept an explicit value (``BoolFlag``), and every ``type=float``
     flag (an algorithm's too) takes finite numbers only (``finite_float``). ``flags`` lists every flag added
     through ``add_argument`` or a ``flag_group``: what scripts read about the flags (names, defaults, whether
     a value follows; scripts/sweep.py, scripts/table.py)."""
@@ -84,6 +95,11 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"error: {message} (python system/main.py -h lists the flags)\n")
+
+    def _get_option_tuples(self, option_string):
+        # argparse matches a single-dash flag by any prefix of its name even with allow_abbrev=False
+        # (-fs 3 read as -fsb 3): keep only a one-letter flag with its value attached (-s80).
+        return [t for t in super()._get_option_tuples(option_string) if t[1] == option_string[:2]]
 
 
 class FlagGroup:
@@ -111,7 +127,7 @@ def parser_for(name: str | None) -> OneLineParser:
 
 def base_parser() -> OneLineParser:
     p = OneLineParser(description="Personalized federated learning experiments.",
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                      formatter_class=OneDefaultFormatter)
     a = p.add_argument
     a("-go", "--goal", default="test", help="free tag, part of the result file name")
     a("-dev", "--device", default="auto", choices=["auto", "cpu", "cuda"],
@@ -120,9 +136,9 @@ def base_parser() -> OneLineParser:
       help="CUDA device index; with --executor ray a list (0,1,2,3) spreads clients over those GPUs")
     a("-data", "--dataset", default="Digits", help="split folder under the dataset root (see dataset/)")
     a("--dataset_root", default=str(DATASET_ROOT), help="folder holding the generated splits")
-    a("--source", default=None, help="local npz (x, y) to generate a missing split from with default settings")
+    a("--source", default=None, help="local npz (x, y) to generate a missing split from with the generator's settings (default: none)")
     a("-ncl", "-nb", "--num_classes", type=int, default=None,
-      help="checked against the split (taken from it); -nb is the FedALA repository's name")
+      help="checked against the split; -nb is the FedALA repository's name (default: taken from the split)")
     a("-m", "--model", default="auto", choices=["auto", *MODELS], type=canonical_model,
       help="a model, by PFLlib's name; auto = the split's default_model, else by its "
            "data: CNN for images, fastText for text, HARCNN for sensor series, DNN for vectors")
@@ -134,7 +150,7 @@ def base_parser() -> OneLineParser:
     a("-lbs", "--batch_size", type=int, default=10, help="local batch size")
     a("-lr", "--local_learning_rate", type=float, default=0.005, help="client SGD learning rate")
     a("-ld", "--learning_rate_decay", action="store_true", help="decay lr by -ldg every round")
-    a("-ldg", "--learning_rate_decay_gamma", type=float, default=0.99)
+    a("-ldg", "--learning_rate_decay_gamma", type=float, default=0.99, help="lr factor per round with -ld")
     a("-gr", "--global_rounds", type=int, default=2000, help="communication rounds")
     a("-ls", "--local_epochs", type=int, default=1, help="local epochs per round")
     a("-algo", "--algorithm", default="FedAvg", choices=list(ALGORITHMS), type=canonical_name,
@@ -162,7 +178,7 @@ def base_parser() -> OneLineParser:
       help="if set, save the final global model's state in this folder under the results folder (a relative "
            "name without '..': a run writes nothing outside --results_dir)")
     a("-ab", "--auto_break", action="store_true", help="stop when the best accuracy is -tc evaluations old")
-    a("-tc", "--top_cnt", type=int, default=100)
+    a("-tc", "--top_cnt", type=int, default=100, help="evaluations -ab waits for a new best accuracy")
     a("--seed", type=int, default=0, help="run i uses seed + i for every random stream")
     a("--results_dir", default=None, help="where result files go (default: results/ in the repository)")
     a("--overwrite", action="store_true",
@@ -170,6 +186,19 @@ def base_parser() -> OneLineParser:
     a("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm progress bar")
     a("--print_config", action=argparse.BooleanOptionalAction, default=True,
       help="print every setting at start-up, marking values that differ from PFLlib's defaults")
+    g = p.flag_group("evaluation: new clients, few-shot, validation (README: Evaluation)")
+    g.add_argument("-nnc", "--num_new_clients", type=int, default=0,
+                   help="clients held out of training (the ones after the -nc trained ones; without -nc the "
+                        "split's last ones); after training each receives what the algorithm sends, fine-tunes "
+                        "-ften epochs on its training data and is evaluated on its test data (PFLlib's flag)")
+    g.add_argument("-ften", "--fine_tuning_epoch_new", type=int, default=0,
+                   help="fine-tuning epochs of each new client (-nnc) before its evaluation (PFLlib's flag)")
+    g.add_argument("-fs", "--few_shot", type=int, default=0,
+                   help="keep K training samples of each class per client, drawn from the client's seeded "
+                        "stream (PFLlib's flag, which keeps the first K in file order); 0 = all")
+    g.add_argument("--val_ratio", type=float, default=0.0,
+                   help="share of each client's training data held out (seeded) as a validation split, whose "
+                        "accuracy every evaluation records (rs_val_acc) for model selection; 0 = none")
     g = p.flag_group("execution, faults and checkpoints (docs/distributed.md, docs/performance.md)")
     g.add_argument("--executor", default="auto", choices=["auto", "sequential", "fork", "ray"],
                    help="where clients live: this process; single-thread worker processes forked from it "
@@ -179,9 +208,9 @@ def base_parser() -> OneLineParser:
                    help="fork or Ray workers holding the clients; 0 = one per CPU core (Ray: per CPU of the "
                         "cluster, or per GPU share)")
     g.add_argument("--ray_address", default=None,
-                   help="join this Ray cluster (e.g. auto, or ray://head:10001); default: start a local one")
+                   help="join this Ray cluster (e.g. auto, or ray://head:10001) (default: start a local one)")
     g.add_argument("--gpus_per_worker", type=float, default=None,
-                   help="GPUs per Ray worker (0.5 = two workers share a GPU); default 1 on CUDA, else 0")
+                   help="GPUs per Ray worker (0.5 = two workers share a GPU) (default: 1 on CUDA, else 0)")
     g.add_argument("--max_restarts", type=int, default=3,
                    help="lost workers survived per run (each replays from the last checkpoint)")
     g.add_argument("--client_state", default="device", choices=["device", "cpu", "disk"],
@@ -196,7 +225,7 @@ def base_parser() -> OneLineParser:
                    help="fraction of clients that are slow to send (simulated time, PFLlib's flag)")
     g.add_argument("-tth", "--time_threshold", "--time_threthold", type=float, default=10000,
                    help="seconds of simulated train + send time after which an upload misses the round "
-                        "(PFLlib's default 10000: never); nothing really sleeps")
+                        "(PFLlib's 10000 too: never); nothing really sleeps")
     g.add_argument("--checkpoint_every", type=int, default=0,
                    help="save server + all client states every N rounds to <results>/<run>.ckpt (0: never)")
     g.add_argument("--resume", action="store_true",
@@ -212,7 +241,7 @@ def base_parser() -> OneLineParser:
                         "classifier's weight and bias: the paper's p = 1 layer); 0 = all")
     g.add_argument("--ala_layers", type=int, default=None,
                    help="count ALA's p in layers as the FedALA paper does (1 = the classifier; a norm layer joins "
-                        "the layer below, a ResNet stage is one layer); given, it replaces -p")
+                        "the layer below, a ResNet stage is one layer); given, it replaces -p (default: unset, -p counts)")
     g.add_argument("--ala_threshold", type=float, default=0.1,
                    help="start phase stops when the std of the last --ala_window losses is below this")
     g.add_argument("--ala_window", type=int, default=10, help="number of recent ALA losses in the std")
@@ -235,7 +264,7 @@ def base_parser() -> OneLineParser:
                         "cosine matching + total variation, signed Adam, iDLG's label)")
     g.add_argument("--ig_iters", type=int, default=4000,
                    help="-dlga ig: Adam iterations per attack (the reference code's CIFAR-10 setting: 4000)")
-    g.add_argument("--ig_tv", type=float, default=1e-4, help="-dlga ig: total-variation weight alpha_TV (the reference code's default: 1e-4)")
+    g.add_argument("--ig_tv", type=float, default=1e-4, help="-dlga ig: total-variation weight alpha_TV (the reference code's value)")
     g.add_argument("--dlg_iters", type=int, default=300, help="L-BFGS iterations per attack (DLG paper: 300)")
     g.add_argument("--dlg_batch", type=int, default=1, help="images per attacked batch (DLG paper: 1)")
     g.add_argument("--dlg_target", default="gradient", choices=["gradient", "update"],
@@ -245,7 +274,7 @@ def base_parser() -> OneLineParser:
     g.add_argument("-dp", "--privacy", action="store_true",
                    help="DP-SGD local training: per-sample clipping and Gaussian noise (PFLlib's flag)")
     g.add_argument("-dps", "--dp_sigma", type=float, default=1.0,
-                   help="noise multiplier sigma (PFLlib's flag, default 0.0 there = no noise; 1.0 here); with "
+                   help="noise multiplier sigma (PFLlib's flag; PFLlib: 0.0, no noise); with "
                         "--dp_level client the multiplier z of the server's noise N(0, z^2 S^2 / m^2)")
     g.add_argument("--dp_clip", type=float, default=1.0,
                    help="per-sample L2 clip norm C (Abadi et al. 2016: 4); with --dp_level client the clip norm S "
@@ -256,7 +285,7 @@ def base_parser() -> OneLineParser:
                         "unweighted mean (client-level privacy)")
     g.add_argument("--dp_quantile", type=float, default=None,
                    help="--dp_level client: adaptive clipping (Andrew et al. 2021) towards this quantile of the "
-                        "update norms (their gamma, e.g. 0.5); off by default (fixed clip norm)")
+                        "update norms (their gamma, e.g. 0.5) (default: off, a fixed clip norm)")
     g.add_argument("--dp_delta", type=float, default=1e-5, help="delta of the reported (epsilon, delta)")
     g.add_argument("--dp_secure_rng", action="store_true",
                    help="seed the DP noise from the OS (secrets) instead of -seed, as a deployment needs (anyone "
@@ -353,6 +382,8 @@ def parse_config(argv=None) -> Config:
 
     check_support(cfg, server_cls)  # the algorithm's privacy declaration
     server_cls.check_config(cfg)
+    if cfg.num_new_clients and server_cls.new_client_refusal:
+        raise FLError(f"-nnc: {cfg.algorithm} cannot evaluate new clients: {server_cls.new_client_refusal}")
     return cfg
 
 
@@ -385,6 +416,8 @@ def validate(cfg: Config) -> None:
          "--dp_quantile (adaptive clipping) needs -dp --dp_level client"),
         (cfg.dp_quantile is None or 0 < cfg.dp_quantile < 1, "--dp_quantile must be in (0, 1)"),
         (0 < cfg.train_loss_fraction <= 1, "--train_loss_fraction must be in (0, 1]"),
+        (cfg.num_new_clients >= 0, "-nnc must be >= 0"), (cfg.fine_tuning_epoch_new >= 0, "-ften must be >= 0"),
+        (cfg.few_shot >= 0, "-fs must be >= 0"), (0 <= cfg.val_ratio < 1, "--val_ratio must be in [0, 1)"),
         (cfg.amp != "fp16" or not cfg.privacy, "--amp fp16 does not combine with -dp; use --amp bf16 or off"),
     ]
     for ok, msg in checks:

@@ -10,6 +10,7 @@ seed + i) and prints mean ± std of the best and last accuracy.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -91,18 +92,42 @@ def result_stem(cfg: Config, run: int) -> str:
     return f"{cfg.dataset}_{label(cfg)}_{cfg.goal}_{run}"
 
 
+def results_folder(cfg: Config) -> Path:
+    from utils.results import RESULTS_DIR
+
+    return Path(cfg.results_dir) if cfg.results_dir else RESULTS_DIR
+
+
+def refuse_existing(cfg: Config, runs=None) -> None:
+    """A run whose result file exists is refused (unless --overwrite or --resume), naming the flags that
+    proceed and a free -go tag. main.run checks every run before any work; run_all checks each again once
+    it holds the result name's lock."""
+    if cfg.overwrite or cfg.resume:
+        return
+    runs = range(cfg.prev, cfg.times) if runs is None else runs
+    out = results_folder(cfg)
+    taken = [out / f"{result_stem(cfg, r)}.h5" for r in runs if (out / f"{result_stem(cfg, r)}.h5").exists()]
+    if taken:
+        free = next(f"{cfg.goal}{k}" for k in itertools.count(2)
+                    if not any((out / f"{result_stem(cfg.replace(goal=f'{cfg.goal}{k}'), r)}.h5").exists() for r in runs))
+        raise FLError(f"{taken[0]} already exists; pass --overwrite to replace it, --resume to continue it, or "
+                      f"-go {free} to keep both")
+
+
 def run(cfg: Config, executor=None) -> list[Path]:
     """All runs of one configuration; returns the result files written. The runs share one executor
     (workers start once): ``executor`` if given (the caller closes it), else one made from the flags."""
     from runtime.choose import executor_kind, make_executor
     from utils.data_utils import load_split
 
+    refuse_existing(cfg)  # before the split is generated or loaded
     cfg = resolve_device(cfg)
     if cfg.amp == "fp16" and cfg.device == "cpu":
         raise FLError("--amp fp16 needs a CUDA device; on the CPU use --amp bf16")
     ensure_split(cfg)
     # Ray workers receive CPU copies and move them to their own device.
-    data = load_split(cfg.dataset, cfg.dataset_root, cfg.num_clients, "cpu" if cfg.executor == "ray" else cfg.device)
+    data = load_split(cfg.dataset, cfg.dataset_root, cfg.num_clients, "cpu" if cfg.executor == "ray" else cfg.device,
+                      cfg.num_new_clients)
     if cfg.num_classes is not None and cfg.num_classes != data.num_classes:
         raise FLError(f"-ncl {cfg.num_classes} but split '{cfg.dataset}' has {data.num_classes} classes")
     cfg = cfg.replace(num_classes=data.num_classes, num_clients=len(data.clients))
@@ -136,9 +161,7 @@ def run_all(cfg: Config, data, executor) -> list[Path]:
         start = time.time()
         with recorder.lock():
             if recorder.h5_path.exists() and not cfg.overwrite:
-                if not cfg.resume:
-                    raise FLError(f"{recorder.h5_path} already exists; pass --overwrite to replace it, --resume to "
-                                  f"continue it, or another -go to keep both")
+                refuse_existing(cfg, [r])  # without --resume: a run that started meanwhile may have written it
                 if not checkpoint_file(recorder).exists():  # --resume would start over and replace it
                     raise FLError(f"--resume: {recorder.h5_path} exists but has no checkpoint "
                                   f"({checkpoint_file(recorder).name}) to continue from; pass --overwrite to run "

@@ -66,3 +66,16 @@ def test_split_counts_are_the_files_labels(digits_tiny_root):
     train = plot.label_counts(digits_tiny_root / "Digits", "train")
     y0 = np.load(digits_tiny_root / "Digits" / "train" / "0.npz")["y"]
     assert train[0].tolist() == np.bincount(y0, minlength=10).tolist()
+
+
+def test_client_spread_quantiles_by_hand(runs_dir, tmp_path):
+    """FedAvg's two seeds pool 6 clients per evaluation: at round 2 (0.5, 0.7, 0.9) twice, sorted
+    50, 50, 70, 70, 90, 90: worst 50, 10th percentile 50 (position 0.5), median 70 (position 2.5), 90th
+    percentile 90 (position 4.5), best 90; at rounds 0 and 1 (0.1, 0.2, 0.3) twice."""
+    (row, _) = table.aggregate(table.load_runs([str(runs_dir)]), ["algorithm"])
+    rounds, q = plot.client_quantiles(row.runs)
+    assert list(rounds) == [0, 1, 2]
+    assert q[2] == pytest.approx([50, 50, 70, 90, 90])
+    assert q[0] == pytest.approx([10, 10, 20, 30, 30]) and q[1] == pytest.approx(q[0])
+    assert plot.main(["spread", str(runs_dir), "--out", str(tmp_path / "fig")]) == 0
+    check_png(tmp_path / "fig" / "client_spread_vs_round.png")

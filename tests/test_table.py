@@ -196,3 +196,44 @@ def test_bytes_per_round_when_recorded(tmp_path):
     write_run(other, "FedAvg", 0, [0.1, 0.5, 0.6])
     md = table.build_table([str(other)], ["algorithm"], ["best", "comm"], "md", drop_unrecorded=True, warn=print)
     assert "MB/round" not in md
+
+
+def write_series(path: Path, **series) -> None:
+    """Add series to a written result file (what --val_ratio, -nnc and the fairness figures record)."""
+    import h5py
+
+    with h5py.File(path, "a") as f:
+        for key, values in series.items():
+            f.create_dataset(key, data=np.asarray(values, dtype=np.float64))
+
+
+def test_selected_column_is_the_test_accuracy_at_the_best_validation_round(tmp_path):
+    """Run 0: validation best at round 1 (0.6; test 0.5), test best 0.7 at round 2; run 1: validation ties at
+    rounds 1 and 2 (the first counts: test 0.4). selected = mean(50, 40) = 45 beside best mean(70, 80) = 75."""
+    write_series(write_run(tmp_path, "FedAvg", 0, [0.1, 0.5, 0.7]), rs_val_acc=[0.2, 0.6, 0.55])
+    write_series(write_run(tmp_path, "FedAvg", 1, [0.1, 0.4, 0.8]), rs_val_acc=[0.2, 0.5, 0.5])
+    row = csv_rows(table.build_table([str(tmp_path)], ["algorithm"], ["best", "last", "selected"], "csv"))[0]
+    assert float(row["selected_mean"]) == pytest.approx(45.0)
+    assert float(row["selected_std"]) == pytest.approx(5.0)
+    assert float(row["best_mean"]) == pytest.approx(75.0) and float(row["last_mean"]) == pytest.approx(75.0)
+
+
+def test_new_client_and_fairness_columns(tmp_path, capsys):
+    """new: the rs_new_test_acc entry; worst / p10 / spread: the last evaluation's values, in %."""
+    path = write_run(tmp_path, "FedAvg", 0, [0.1, 0.5, 0.7])
+    write_series(path, rs_new_round=[2], rs_new_test_acc=[0.42], rs_test_acc_min=[0.0, 0.2, 0.3],
+                 rs_test_acc_p10=[0.0, 0.25, 0.35], rs_test_acc_std=[0.1, 0.2, 0.15])
+    row = csv_rows(table.build_table([str(tmp_path)], ["algorithm"], ["new", *table.FAIRNESS], "csv"))[0]
+    assert [float(row[f"{c}_mean"]) for c in ("new", "worst", "p10", "spread")] == pytest.approx([42, 30, 35, 15])
+    assert table.main([str(tmp_path), "--fairness"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert "new-client acc (%)" in head and "worst client (%)" in head and "acc at best val" not in head
+
+
+def test_a_tie_in_every_row_is_not_bold(tmp_path):
+    """Both rows last at 50.00 (not bold); best 60 vs 55 (FedAvg bold); auc ties as shown too."""
+    write_run(tmp_path, "FedAvg", 0, [0.1, 0.6, 0.5], auc=[0.5, 0.9, 0.9])
+    write_run(tmp_path, "FedALA", 0, [0.1, 0.55, 0.5], auc=[0.5, 0.9, 0.9000001])
+    md = table.build_table([str(tmp_path)], ["algorithm"], ["best", "last", "auc"]).splitlines()
+    assert md[2] == "| FedAvg | **60.00** | 50.00 | 90.00 |"
+    assert md[3] == "| FedALA | 55.00 | 50.00 | 90.00 |"

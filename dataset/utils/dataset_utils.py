@@ -19,6 +19,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import sys
 import zipfile
 from dataclasses import dataclass
@@ -255,11 +256,17 @@ def download_torchvision(class_name, raw_dir, name):
     from torchvision import datasets
 
     dataset_class = getattr(datasets, class_name)
+    existed = Path(raw_dir).exists()
+    made = Path(raw_dir)  # the outermost folder this download creates, removed again if it fails
+    while not made.parent.exists():
+        made = made.parent
     try:
         parts = [dataset_class(root=str(raw_dir), train=train, download=True) for train in (True, False)]
     except (OSError, RuntimeError):
+        if not existed:
+            shutil.rmtree(made, ignore_errors=True)
         raise DatasetError(f"could not download {name} (offline?); pass --source FILE.npz with arrays x, y "
-                           f"(e.g. the npz in the shared data folder)") from None
+                           f"(offline copies, where present: ../shared/data/ beside the repository)") from None
     x = np.concatenate([np.asarray(p.data) for p in parts])
     y = np.concatenate([np.asarray(p.targets, dtype=np.int64) for p in parts])
     return x, y, tuple(parts[0].classes)

@@ -38,7 +38,8 @@ from utils.results import atomic_write
 
 # What a parked client keeps: identity, data (rebuilt from the split, not per-client state to move) and
 # the per-round training times (len(train_time) = rounds trained, read by ALA and others).
-KEEP = frozenset({"cfg", "id", "run", "device", "x_train", "y_train", "x_test", "y_test", "train_samples",
+KEEP = frozenset({"cfg", "id", "run", "device", "x_train", "y_train", "x_test", "y_test", "x_val", "y_val",
+                  "train_samples",
                   "test_samples", "num_classes", "train_time", "parked_in"})
 POOLED = "pooled"  # the kind of an encoded node that stands for a tensor held by the pool
 

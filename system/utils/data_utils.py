@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +28,8 @@ class ClientData:
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
+    x_val: torch.Tensor | None = None  # --val_ratio: held out of the training data (``local_split``)
+    y_val: torch.Tensor | None = None
 
 
 @dataclass
@@ -36,6 +38,7 @@ class FederatedData:
     config: dict
     config_hash: str
     clients: list[ClientData]
+    new_clients: list[ClientData] = field(default_factory=list)  # -nnc: never trained, see Server
 
     @property
     def num_classes(self) -> int:
@@ -181,30 +184,64 @@ def _to_tensor(x: np.ndarray, norm: dict | None, device) -> torch.Tensor:
 
 
 def load_split(name: str, root: Path | str = DATASET_ROOT, num_clients: int | None = None,
-               device="cpu") -> FederatedData:
+               device="cpu", new_clients: int = 0) -> FederatedData:
     """Read every client's train and test arrays once, validated against the split's config (schema,
     dtypes, shapes, labels, sample counts: one line naming the file and what differs). ``num_clients``
     (from ``-nc``) must not exceed the split's client count; when smaller, the first ``num_clients``
-    clients are used."""
+    clients are used. ``new_clients`` (``-nnc``) more are loaded into ``FederatedData.new_clients``: the
+    ones after the ``num_clients`` trained ones, or without ``num_clients`` the split's last ones (PFLlib)."""
     d = Path(root) / name
     cfg_path = d / "config.json"
     if not cfg_path.exists():
         raise FLError(f"split '{name}' not found in {Path(root)}; generate it first: {generator_command(name)}")
     config, raw = read_config(name, d)
     have = config["num_clients"]
-    n = have if num_clients is None else int(num_clients)
+    n = have - new_clients if num_clients is None else int(num_clients)
     if n < 1:
-        raise FLError(f"-nc must be >= 1 (got {n})")
-    if n > have:
-        raise FLError(f"-nc {n} asks for more clients than split '{name}' has ({have}); "
-                      f"use -nc {have} or regenerate with --num-clients {n}")
+        raise FLError(f"-nc must be >= 1 (got {n})" if num_clients is not None else
+                      f"-nnc {new_clients} leaves no client of split '{name}' ({have}) to train")
+    if n + new_clients > have:
+        asked = f"-nc {n} + -nnc {new_clients} = {n + new_clients}" if new_clients else f"-nc {n}"
+        raise FLError(f"{asked} asks for more clients than split '{name}' has ({have}); "
+                      f"use at most {have} or regenerate with --num-clients {n + new_clients}")
     norm = config.get("normalize")
     clients = []
-    for i in range(n):
+    for i in range(n + new_clients):
         xtr, ytr = _read_npz(name, d / "train" / f"{i}.npz", config, "train", i)
         xte, yte = _read_npz(name, d / "test" / f"{i}.npz", config, "test", i)
         clients.append(ClientData(_to_tensor(xtr, norm, device), torch.from_numpy(ytr).long().to(device),
                                   _to_tensor(xte, norm, device), torch.from_numpy(yte).long().to(device)))
-    if not any(len(c.y_test) for c in clients):
+    if not any(len(c.y_test) for c in clients[:n]):
         raise _bad_split(name, f"every test split of its {n} client(s) is empty: there is nothing to evaluate")
-    return FederatedData(name, config, hashlib.sha256(raw).hexdigest()[:16], clients)
+    return FederatedData(name, config, hashlib.sha256(raw).hexdigest()[:16], clients[:n], clients[n:])
+
+
+def few_shot_indices(y: torch.Tensor, shots: int, gen: torch.Generator) -> torch.Tensor:
+    """``-fs K``: indices of K samples of each class in ``y`` (all of a class that has fewer), drawn from
+    ``gen`` (PFLlib keeps each class's first K in file order), in increasing order."""
+    perm = torch.randperm(len(y), generator=gen).to(y.device)
+    ranked = y[perm]
+    keep = torch.cat([perm[ranked == c][:shots] for c in torch.unique(y)])
+    return keep.sort().values
+
+
+def local_split(data: ClientData, cfg, run: int, cid: int) -> ClientData:
+    """One client's data as its run sees it: with ``-fs K`` K training samples per class
+    (``few_shot_indices``), then with ``--val_ratio r`` a validation split of round(r * n) of those (at
+    least one, and one left to train on) held out of training. Both are drawn from the client's own
+    (seed, run, id) streams; the test split is never touched."""
+    from utils.seeding import torch_gen
+
+    x, y = data.x_train, data.y_train
+    if cfg.few_shot:
+        keep = few_shot_indices(y, cfg.few_shot, torch_gen(cfg.seed, run, "few-shot", cid))
+        x, y = x[keep], y[keep]
+    x_val = y_val = None
+    if cfg.val_ratio > 0:
+        if len(y) < 2:
+            raise FLError(f"--val_ratio: client {cid} has {len(y)} training sample(s); it needs 2 to hold one out")
+        perm = torch.randperm(len(y), generator=torch_gen(cfg.seed, run, "validation", cid)).to(y.device)
+        n_val = min(max(1, round(cfg.val_ratio * len(y))), len(y) - 1)
+        val, keep = perm[:n_val], perm[n_val:].sort().values
+        x_val, y_val, x, y = x[val], y[val], x[keep], y[keep]
+    return ClientData(x, y, data.x_test, data.y_test, x_val, y_val)

@@ -58,15 +58,21 @@ def predict(model: torch.nn.Module, x: torch.Tensor, batch_size: int) -> torch.T
 def summarize(correct: np.ndarray, n_test: np.ndarray, auc: np.ndarray, loss_sum: np.ndarray,
               n_train: np.ndarray) -> dict:
     """Round summary over clients: pooled (sample-weighted) accuracy, unweighted mean/std across clients,
-    sample-weighted AUC (clients with undefined AUC left out) and sample-weighted train loss. A client with
-    an empty test split has accuracy NaN and is left out of the mean and std."""
+    the worst client's accuracy and the 10th percentile of the clients' accuracies (numpy's linear
+    interpolation between order statistics), sample-weighted AUC (clients with undefined AUC left out) and
+    sample-weighted train loss. A client with an empty test split has accuracy NaN and is left out of
+    the mean, std, worst and percentile."""
     acc = np.where(n_test > 0, correct / np.maximum(n_test, 1), np.nan)
     ok = ~np.isnan(auc)
     tested = ~np.isnan(acc)
+    spread = acc[tested]
+    nan = float("nan")
     return {
         "test_acc": float(correct.sum() / max(n_test.sum(), 1)),
-        "test_acc_mean": float(acc[tested].mean()) if tested.any() else float("nan"),
-        "test_acc_std": float(acc[tested].std()) if tested.any() else float("nan"),
+        "test_acc_mean": float(spread.mean()) if tested.any() else nan,
+        "test_acc_std": float(spread.std()) if tested.any() else nan,
+        "test_acc_min": float(spread.min()) if tested.any() else nan,
+        "test_acc_p10": float(np.percentile(spread, 10)) if tested.any() else nan,
         "test_auc": float((auc[ok] * n_test[ok]).sum() / max(n_test[ok].sum(), 1)) if ok.any() else float("nan"),
         "train_loss": float(loss_sum.sum() / max(n_train.sum(), 1)) if n_train.sum() else float("nan"),
         "client_test_acc": acc,

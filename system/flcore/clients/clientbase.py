@@ -23,7 +23,7 @@ from flcore.trainmodel.parts import HEAD, ala_names, batch_dependent, head_of
 from runtime import state
 from utils.amp import autocast, make_scaler
 from utils.batching import batch_bounds, batches_of, has_batch_norm
-from utils.data_utils import ClientData
+from utils.data_utils import ClientData, local_split
 from utils.errors import Diverged
 from utils.metrics import auc_ovr, predict
 from utils.seeding import torch_gen
@@ -52,8 +52,10 @@ class Client:
     def __init__(self, cfg, cid: int, data: ClientData, model: nn.Module, run: int = 0):
         self.cfg, self.id, self.run = cfg, cid, run
         self.device = torch.device(cfg.device)
+        data = local_split(data, cfg, run, cid)  # -fs, --val_ratio
         self.x_train, self.y_train = data.x_train, data.y_train
         self.x_test, self.y_test = data.x_test, data.y_test
+        self.x_val, self.y_val = data.x_val, data.y_val  # None without --val_ratio
         self.train_samples, self.test_samples = len(self.y_train), len(self.y_test)
         self.num_classes = cfg.num_classes
         self.model = copy.deepcopy(model)
@@ -154,6 +156,12 @@ class Client:
         """The client's personalised model, the one evaluated on its own test split."""
         return self.model
 
+    def new_client_model(self) -> nn.Module:
+        """-nnc: the model a client that joins after training fine-tunes and is evaluated on, once it has
+        received its payload: the evaluated model, unless that is a personal model the payload never
+        reaches (Ditto's v: there the received model, as PFLlib fine-tunes it)."""
+        return self.eval_model()
+
     # ---- state (checkpoints and parking: runtime/state.py) ------------------------------------------
     checkpoint_skip = ()  # attributes a checkpoint leaves out (state an algorithm rebuilds by itself)
 
@@ -161,7 +169,7 @@ class Client:
         """Objects a saved state refers to rather than holds: the config and the data, rebuilt from the
         flags and the split."""
         return {"cfg": self.cfg, "x_train": self.x_train, "y_train": self.y_train, "x_test": self.x_test,
-                "y_test": self.y_test}
+                "y_test": self.y_test, **({} if self.x_val is None else {"x_val": self.x_val, "y_val": self.y_val})}
 
     def state_dict(self, skip=()) -> dict:
         """This client's state as tensors and plain values (runtime/state.py): by default every attribute
@@ -264,9 +272,9 @@ class Client:
 
     # ---- evaluation --------------------------------------------------------------------------------
     @torch.no_grad()
-    def test_metrics(self) -> tuple[int, int, float]:
-        """(correct, samples, AUC) of the personalised model on this client's test split."""
-        model = self.eval_model()
+    def test_metrics(self, model: nn.Module | None = None) -> tuple[int, int, float]:
+        """(correct, samples, AUC) of the personalised model (or ``model``) on this client's test split."""
+        model = self.eval_model() if model is None else model
         was_training = model.training
         with autocast(self.cfg, self.device):
             logits = predict(model, self.x_test, self.cfg.eval_batch_size)
@@ -274,6 +282,31 @@ class Client:
         correct = int((logits.argmax(1) == self.y_test).sum())
         auc = auc_ovr(torch.softmax(logits.float(), 1).cpu().numpy(), self.y_test.cpu().numpy(), self.num_classes)
         return correct, self.test_samples, auc
+
+    @torch.no_grad()
+    def val_metrics(self) -> tuple[int, int]:
+        """(correct, samples) of the personalised model on the validation split (``--val_ratio``)."""
+        model = self.eval_model()
+        was_training = model.training
+        with autocast(self.cfg, self.device):
+            logits = predict(model, self.x_val, self.cfg.eval_batch_size)
+        model.train(was_training)
+        return int((logits.argmax(1) == self.y_val).sum()), len(self.y_val)
+
+    def join_late(self, payload, epochs: int) -> tuple[int, int, float]:
+        """-nnc: this client took no part in training. It receives ``payload`` (None: nothing), fine-tunes
+        ``new_client_model`` ``epochs`` epochs of plain SGD (cross-entropy, -lr, batch -lbs) on its
+        training data, batches drawn from its own "new-client" stream, and returns its ``test_metrics``
+        on that model."""
+        if payload is not None:
+            self.receive(payload, True)
+        model = self.new_client_model()
+        if epochs:
+            model.train()
+            opt = torch.optim.SGD(model.parameters(), lr=self.cfg.local_learning_rate)
+            self.run_epochs(epochs, optimizer=opt, objective=lambda x, y: self.loss_fn(model(x), y),
+                            generator=torch_gen(self.cfg.seed, self.run, "new-client", self.id))
+        return self.test_metrics(model)
 
     @torch.no_grad()
     def train_metrics(self) -> tuple[float, int]:

@@ -35,6 +35,9 @@ class DittoClient(Client):
     def eval_model(self) -> torch.nn.Module:
         return self.pmodel
 
+    def new_client_model(self):
+        return self.model  # -nnc: the received model (the personal v never received one)
+
     @torch.no_grad()
     def received_test_metrics(self) -> tuple[int, int]:
         """(correct, samples) of w, the received model, on this client's test split."""

@@ -49,3 +49,6 @@ class FMLClient(Client):
 
     def eval_model(self) -> torch.nn.Module:
         return self.local
+
+    def new_client_model(self):
+        return self.model  # -nnc: the received model (the personal local model never received one)

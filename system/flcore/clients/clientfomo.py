@@ -1,4 +1,4 @@
-"""FedFomo client: a held-out validation split, ε-greedy neighbour choice and the first-order weighted
+"""FedFomo client: the held-out validation split (``--val_ratio``), ε-greedy neighbour choice and the first-order weighted
 update (see servers/serverfomo.py)."""
 import copy
 
@@ -14,13 +14,7 @@ from utils.seeding import np_rng, torch_gen
 
 class FedFomoClient(Client):
     def __init__(self, cfg, cid, data, model, run=0):
-        super().__init__(cfg, cid, data, model, run)
-        perm = torch.randperm(self.train_samples, generator=torch_gen(cfg.seed, run, "fomo-val", cid))
-        n_val = min(max(1, round(cfg.val_ratio * self.train_samples)), self.train_samples - 1)
-        val, keep = perm[:n_val].to(self.device), perm[n_val:].to(self.device)
-        self.x_val, self.y_val = self.x_train[val], self.y_train[val]
-        self.x_train, self.y_train = self.x_train[keep], self.y_train[keep]
-        self.train_samples = len(self.y_train)
+        super().__init__(cfg, cid, data, model, run)  # x_val, y_val: the --val_ratio holdout of every client
         self.affinity: dict[int, float] = {}  # client id -> its summed normalised scores here
         self.neighbour_rng = np_rng(cfg.seed, run, "fomo-neighbours", cid)
         self.scratch = copy.deepcopy(self.model)

@@ -17,6 +17,9 @@ class PFedMeClient(Client):
     def eval_model(self):
         return self.theta
 
+    def new_client_model(self):
+        return self.model  # -nnc: the received model (the personal θ never received one)
+
     def theta_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """f(θ; x, y), the data term of the inner problem (what ``-dp`` clips and noises per sample)."""
         return self.loss_fn(self.theta(x), y)

@@ -18,6 +18,9 @@ class FedPHPClient(Client):
     def eval_model(self):
         return self.hpm
 
+    def new_client_model(self):
+        return self.model  # -nnc: the received model (the personal v_i never received one)
+
     def momentum(self) -> float:
         """μ_τ = min(μ τ / (ρ R), μ) for the τ-th participation (τ = 0 the first time: v_i ← w)."""
         # ρ R: the expected participations, ρ the expected share of clients per round (-jr, -rjr).

@@ -85,6 +85,9 @@ def heur_attention(cos: torch.Tensor, xi_ii: float, sigma: float) -> torch.Tenso
 class FedAMPServer(Server):
     client_class = FedAMPClient
     pfllib_defaults = {"alphaK": 1.0, "lamda": 1.0, "sigma": 1.0}
+    # -nnc is refused (serverbase.py): why
+    new_client_refusal = ("its cloud model u_i mixes the stored models by the attention of client i's own model, "
+                          "which a client that never trained does not have")
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         client_refusal="each client receives its own attention-weighted model, not one mean of updates",
     )
@@ -95,16 +98,16 @@ class FedAMPServer(Server):
                             help="attention rule: heur = HeurFedAMP (cosine similarity, self-weight --xi_ii, "
                                  "the paper's rule for deep networks), euclid = FedAMP's exp(-||w_i - w_j||^2/σ)")
         parser.add_argument("--xi_ii", type=float, default=None,
-                            help=f"heur: self-attention weight ξ_ii, the others share 1 - ξ_ii (default {XI_II})")
+                            help=f"heur: self-attention weight ξ_ii, the others share 1 - ξ_ii (default: {XI_II} with heur)")
         parser.add_argument("-alk", "--alphaK", type=float, default=0.005,
                             help="message-passing step α_k; proximal weight is λ/α_k; euclid: keep α_k <= "
-                                 "σ/(N-1) (PFLlib default 1.0)")
+                                 "σ/(N-1) (PFLlib: 1.0)")
         parser.add_argument("-lam", "--lamda", type=float, default=5e-5,
-                            help="attention regulariser weight λ; proximal weight is λ/α_k (PFLlib default 1.0)")
+                            help="attention regulariser weight λ; proximal weight is λ/α_k (PFLlib: 1.0)")
         parser.add_argument("-sg", "--sigma", type=float, default=None,
-                            help=f"heur: scale σ of the cosine similarities in the softmax (default "
-                                 f"{SIGMA['heur']:g}); euclid: scale σ of A(x) = 1 - exp(-x/σ) (default "
-                                 f"{SIGMA['euclid']:g}; PFLlib 1.0)")
+                            help=f"heur: scale σ of the cosine similarities in the softmax; euclid: scale σ of "
+                                 f"A(x) = 1 - exp(-x/σ) (PFLlib: 1.0) (default: {SIGMA['heur']:g} with heur, "
+                                 f"{SIGMA['euclid']:g} with euclid)")
 
     @classmethod
     def check_config(cls, cfg) -> None:

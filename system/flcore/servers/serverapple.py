@@ -56,6 +56,9 @@ from utils.privacy import DPSupport
 class APPLEServer(Server):
     client_class = APPLEClient
     pfllib_defaults = {"dr_learning_rate": 0.0, "mu": 0.0, "L": 1.0}
+    # -nnc is refused (serverbase.py): why
+    new_client_refusal = ("a personal model mixes the trained clients' core models by the client's own learnt "
+                          "weights, one per trained client, and its own core is one of them")
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         refusal="its relationship vector p is trained on client data outside the DP path",
     )
@@ -71,8 +74,8 @@ class APPLEServer(Server):
         parser.add_argument("--lambda_schedule", default="cosine", choices=["cosine", "exponential"],
                             help="shape of λ(r) (both in the official code)")
         parser.add_argument("--core_lr_scale", type=float, default=2.0,
-                            help="factor on -lr for the core model's rate (2: the default -lr 0.005 gives the "
-                                 "official code's 0.01; PFLlib: N, with --sgd_momentum 0)")
+                            help="factor on -lr for the core model's rate (2 with -lr 0.005 gives the official "
+                                 "code's 0.01; PFLlib: N, with --sgd_momentum 0)")
         parser.add_argument("--sgd_momentum", type=float, default=0.9,
                             help="momentum of the SGD on the core model and p, restarted every round "
                                  "(official code: 0.9; PFLlib: 0)")

@@ -74,3 +74,6 @@ class FedASServer(PartSharingServer):
 
     def broadcast(self, client):
         return super().broadcast(client) if client.id in self.receivers else None
+
+    def new_client_payload(self, client):
+        return super().broadcast(client)  # -nnc: the body, as a participant receives it

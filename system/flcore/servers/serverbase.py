@@ -31,6 +31,7 @@ tolerance, checkpoints and resume: runtime/checkpoint.py; simulated slow clients
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import time
 
@@ -63,6 +64,9 @@ class Server:
     # -dp: the one privacy declaration (utils/privacy.py DPSupport): why it refuses DP-SGD or client-level DP,
     # and what its epsilon does not cover; checked at start-up, docs/privacy.md's table is made from it.
     dp_support = DPSupport()
+    # -nnc: why a client that never trained has no defined start here (refused at start-up), "" when it
+    # has one: it receives ``new_client_payload`` (by default what ``broadcast`` sends every client).
+    new_client_refusal = ""
 
     # PFLlib's defaults (its main.py) of the flags this class adds, where PFLlib has them: the start-up print
     # marks run values that differ (cli.print_config).
@@ -88,8 +92,7 @@ class Server:
         cfg = cfg.replace(num_clients=len(data.clients))  # -nc cut the split already; None meant all
         self.cfg, self.data, self.run = cfg, data, run
         self.device = torch.device(cfg.device)
-        with torch_seeded(cfg.seed, run, "model"):
-            self.global_model = set_device_layout(self.build_model().to(self.device), self.device)
+        self.global_model = self.initial_model()
         self.executor = executor if executor is not None else make_executor(cfg)
         self.clients = self.executor.start(self.client_factory(), data.clients)
         # Independent streams: an algorithm's own draws never change who is selected or dropped.
@@ -111,6 +114,11 @@ class Server:
         self.selected: list[Client] = []
         self.round_idx = 0
         self.bytes_down = self.bytes_up = 0  # of the current round: what _send_models / _receive_models moved
+
+    def initial_model(self) -> torch.nn.Module:
+        """The run's common initial model (the same every time it is asked for)."""
+        with torch_seeded(self.cfg.seed, self.run, "model"):
+            return set_device_layout(self.build_model().to(self.device), self.device)
 
     def build_model(self) -> torch.nn.Module:
         return build_model(self.cfg.model, self.data.input_shape, self.data.num_classes,
@@ -216,6 +224,9 @@ class Server:
         tests = np.array(tests, dtype=np.float64)
         trains = np.array(trains, dtype=np.float64) if train_loss else np.zeros((len(self.clients), 2))
         summary = summarize(tests[:, 0], tests[:, 1], tests[:, 2], trains[:, 0], trains[:, 1])
+        if self.cfg.val_ratio > 0:  # sample-weighted, as test_acc
+            correct, n = np.array(self.call_clients(self.clients, "val_metrics"), dtype=np.float64).sum(0)
+            summary["val_acc"] = float(correct / n)
         summary.update(self.extra_metrics())
         if self.privacy is not None:
             summary.update(self.privacy.metrics(self.clients))
@@ -228,9 +239,10 @@ class Server:
     def _record(self, summary: dict) -> None:
         dp = f" | DP epsilon max {summary['dp_epsilon_max']:.3f}" if "dp_epsilon_max" in summary else ""
         loss = "" if self.cfg.train_loss_eval == "off" else f" | train loss {summary['train_loss']:.4f}"
+        val = f" | val acc {summary['val_acc']:.4f}" if "val_acc" in summary else ""
         tqdm.write(f"round {self.round_idx:4d} | acc {summary['test_acc']:.4f} "
-                   f"(clients {summary['test_acc_mean']:.4f} ± {summary['test_acc_std']:.4f}) | "
-                   f"auc {summary['test_auc']:.4f}{loss}{dp}")
+                   f"(clients {summary['test_acc_mean']:.4f} ± {summary['test_acc_std']:.4f}, worst "
+                   f"{summary['test_acc_min']:.4f}){val} | auc {summary['test_auc']:.4f}{loss}{dp}")
         if self.recorder is not None:
             self.recorder.add(self.round_idx, summary)
             self.recorder.save()
@@ -339,3 +351,34 @@ class Server:
         self.selected = self.select_clients()
         self._send_models(self.selected)
         self._record(self.evaluate())
+        if self.data.new_clients:
+            self.evaluate_new_clients()
+
+    def new_client_payload(self, client: Client):
+        """-nnc: what a client that joins after training receives: by default what ``broadcast`` sends it
+        after the final evaluation's ``prepare_broadcast``. An algorithm whose payload needs the
+        client's own history sets ``new_client_refusal`` instead, or overrides this."""
+        return self.broadcast(client)
+
+    def evaluate_new_clients(self) -> dict:
+        """-nnc: every client held out of training is built here (ids after the trained ones, in this
+        process, from the common initial model), receives ``new_client_payload``, fine-tunes ``-ften``
+        epochs and is evaluated on its test split (``Client.join_late``). Recorded once, at the final
+        round, as the ``new`` series (``rs_new_test_acc``, ``rs_new_client_test_acc``, ...); returns
+        that summary."""
+        factory = dataclasses.replace(self.client_factory(), model=self.initial_model())
+        tests = []
+        for i, d in enumerate(self.data.new_clients):
+            client = factory(len(self.clients) + i, d)
+            tests.append(client.join_late(self.new_client_payload(client), self.cfg.fine_tuning_epoch_new))
+        tests = np.array(tests, dtype=np.float64)
+        none = np.zeros(len(tests))
+        summary = summarize(tests[:, 0], tests[:, 1], tests[:, 2], none, none)
+        tqdm.write(f"new clients ({len(tests)}, {self.cfg.fine_tuning_epoch_new} fine-tuning epoch(s)) | acc "
+                   f"{summary['test_acc']:.4f} (clients {summary['test_acc_mean']:.4f} ± "
+                   f"{summary['test_acc_std']:.4f}, worst {summary['test_acc_min']:.4f}) | auc {summary['test_auc']:.4f}")
+        summary.pop("train_loss")
+        if self.recorder is not None:
+            self.recorder.add_series("new", self.round_idx, summary)
+            self.recorder.save()
+        return summary

@@ -70,7 +70,7 @@ class FedCACServer(Server):
                                  "0.5, CIFAR-100 0.4; PFLlib 1.0)")
         parser.add_argument("-bt", "--beta", type=float, default=100.0,
                             help="rounds β until clients collaborate on critical parameters only with themselves "
-                                 "(official configs: CIFAR-10 100, CIFAR-100 170; PFLlib's default 0 fails its own "
+                                 "(official configs: CIFAR-10 100, CIFAR-100 170; PFLlib's 0 fails its own "
                                  "check)")
 
     @classmethod

@@ -107,7 +107,7 @@ class FedCrossServer(Server):
         parser.add_argument("-cmss", "--collaborative_model_select_strategy", "--collaberative_model_select_strategy",
                             dest="collaborative_model_select_strategy", type=int, default=1, choices=sorted(STRATEGIES),
                             help="collaborator choice: 0 in order, 1 lowest cosine similarity, 2 highest "
-                                 "(PFLlib's numbering and default 1)")
+                                 "(PFLlib's numbering; PFLlib: 1)")
 
     @classmethod
     def check_config(cls, cfg) -> None:

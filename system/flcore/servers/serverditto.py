@@ -35,7 +35,7 @@ class DittoServer(Server):
         parser.add_argument("-mu", "--mu", type=float, default=1.0,
                             help="λ, pull of the personal model toward the global model (Ditto paper, App. C: 1)")
         parser.add_argument("-pls", "--plocal_epochs", type=int, default=1,
-                            help="personal-model epochs per round (PFLlib's default: 1)")
+                            help="personal-model epochs per round (PFLlib: 1)")
 
     @classmethod
     def check_config(cls, cfg) -> None:

@@ -44,6 +44,9 @@ from utils.privacy import DPSupport
 class FDServer(Server):
     client_class = FDClient
     pfllib_defaults = {"lamda": 1.0}
+    # -nnc is refused (serverbase.py): why
+    new_client_refusal = ("the server sends per-label logits, no model: a new client's model would be its random "
+                          "initialisation")
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         refusal="it uploads per-label mean logits computed from the private data, with no noise",
     )
@@ -51,7 +54,7 @@ class FDServer(Server):
     @classmethod
     def add_args(cls, parser) -> None:
         parser.add_argument("-lam", "--lamda", type=float, default=1.0,
-                            help="λ, weight of the distillation term (PFLlib's default 1; the paper gives none)")
+                            help="λ, weight of the distillation term (PFLlib: 1; the paper gives none)")
 
     @classmethod
     def check_config(cls, cfg) -> None:

@@ -16,7 +16,8 @@ initialises θ_i from it. With ``-dp`` local training is DP-SGD (at q = -lbs / t
 scoring is not privatised (``dp_support.uncovered``: a warning at start-up).
 
 Flags: ``-M`` models each participant downloads = 5 (PFLlib's default; the official code's default is 8),
-``--val_ratio`` 0.2 (official code: 20 % of the local data), ``--epsilon`` 0.3 and ``--epsilon_decay``
+``--val_ratio`` 0.2 (official code: 20 % of the local data; the library's one validation holdout, which
+FedFomo requires and which every algorithm can take), ``--epsilon`` 0.3 and ``--epsilon_decay``
 0.05 per round (official code). The FedALA paper's comparison runs FedFomo with M = 20 (pass ``-M 20``):
 with its 20 clients each one downloads every other client's model (here ``-M`` is capped at the clients
 with a stored upload other than itself, at most N - 1).
@@ -35,6 +36,9 @@ from utils.privacy import DPSupport
 class FedFomoServer(Server):
     client_class = FedFomoClient
     pfllib_defaults = {"M": 5}
+    # -nnc is refused (serverbase.py): why
+    new_client_refusal = ("a client builds its model from the neighbours its own affinities choose, which a client "
+                          "that never trained does not have")
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         client_refusal=("each client builds its own weighted model from the models it downloads, not one mean of "
                         "updates"),
@@ -45,9 +49,9 @@ class FedFomoServer(Server):
     @classmethod
     def add_args(cls, parser) -> None:
         parser.add_argument("-M", "--M", type=int, default=5,
-                            help="models each participant downloads (PFLlib default 5; official code 8)")
-        parser.add_argument("--val_ratio", type=float, default=0.2,
-                            help="share of the training data held out to score models (official code: 0.2)")
+                            help="models each participant downloads (PFLlib: 5; official code: 8)")
+        # the general --val_ratio holdout (main.py) is the split FedFomo scores models on; official code: 0.2
+        parser.set_defaults(val_ratio=0.2)
         parser.add_argument("--epsilon", type=float, default=0.3,
                             help="initial ε of the ε-greedy neighbour choice (official code: 0.3)")
         parser.add_argument("--epsilon_decay", type=float, default=0.05,
@@ -55,8 +59,8 @@ class FedFomoServer(Server):
 
     @classmethod
     def check_config(cls, cfg) -> None:
-        if cfg.M < 1 or not 0 < cfg.val_ratio < 1 or not 0 <= cfg.epsilon <= 1 or cfg.epsilon_decay < 0:
-            raise FLError("FedFomo needs -M >= 1, 0 < --val_ratio < 1, 0 <= --epsilon <= 1, --epsilon_decay >= 0")
+        if cfg.M < 1 or not cfg.val_ratio > 0 or not 0 <= cfg.epsilon <= 1 or cfg.epsilon_decay < 0:
+            raise FLError("FedFomo needs -M >= 1, --val_ratio > 0, 0 <= --epsilon <= 1, --epsilon_decay >= 0")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -65,7 +65,7 @@ class FedGHServer(PartSharingServer):
     @classmethod
     def add_args(cls, parser) -> None:
         parser.add_argument("-slr", "--server_learning_rate", type=float, default=1.0,
-                            help="η_θ, the server's SGD rate on the global header (PFLlib's default: 1)")
+                            help="η_θ, the server's SGD rate on the global header (PFLlib: 1)")
 
     @classmethod
     def check_config(cls, cfg) -> None:

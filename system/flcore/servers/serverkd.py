@@ -51,6 +51,9 @@ from utils.privacy import DPSupport
 
 class FedKDServer(Server):
     client_class = FedKDClient
+    # -nnc is refused (serverbase.py): why
+    new_client_refusal = ("the server sends updates that each client applies to the global mentee it rebuilt from "
+                          "every download since round 0")
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         client_refusal="its clients upload SVD factors of the update, not the model entries the release clips",
     )

@@ -51,6 +51,9 @@ from utils.privacy import DPSupport
 class FedMTLServer(Server):
     client_class = FedMTLClient
     pfllib_defaults = {"lamda": 1.0, "itk": 4000}
+    # -nnc is refused (serverbase.py): why
+    new_client_refusal = ("the coupling of client t is row t of the relationship matrix Omega, learnt only over the "
+                          "trained clients")
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         client_refusal="each client keeps and receives its own model, not one mean of updates",
     )
@@ -64,7 +67,7 @@ class FedMTLServer(Server):
         parser.add_argument("--lamda2", type=float, default=0.0, help="λ2, weight of ||W||_F^2")
         parser.add_argument("-itk", "--itk", type=int, default=None,
                             help="PFLlib's flag (MOCHA iterations), read only in commented-out code there; "
-                                 "accepted so PFLlib command lines run, no effect")
+                                 "accepted so PFLlib command lines run, no effect (default: unset)")
 
     @classmethod
     def check_config(cls, cfg) -> None:

@@ -43,6 +43,9 @@ from utils.privacy import DPSupport
 class FedPCLServer(Server):
     client_class = FedPCLClient
     pfllib_defaults = {"tau": 1.0}
+    # -nnc is refused (serverbase.py): why
+    new_client_refusal = ("the server sends prototypes, no model: a new client's encoder would be its random "
+                          "initialisation")
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         refusal=("it uploads per-class means of the private training representations (prototypes), neither noised "
                  "nor accounted"),
@@ -51,7 +54,7 @@ class FedPCLServer(Server):
     @classmethod
     def add_args(cls, parser) -> None:
         parser.add_argument("-tau", "--tau", type=float, default=0.07,
-                            help="τ, contrastive temperature (official code: 0.07; PFLlib default 1.0)")
+                            help="τ, contrastive temperature (official code: 0.07; PFLlib: 1.0)")
 
     @classmethod
     def check_config(cls, cfg) -> None:

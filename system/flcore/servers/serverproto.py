@@ -43,6 +43,9 @@ from utils.privacy import DPSupport
 class FedProtoServer(Server):
     client_class = FedProtoClient
     pfllib_defaults = {"lamda": 1.0}
+    # -nnc is refused (serverbase.py): why
+    new_client_refusal = ("the server sends class prototypes, no model: a new client's encoder would be its random "
+                          "initialisation")
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         refusal=("it uploads per-class means of the private training representations (prototypes), neither noised "
                  "nor accounted"),
