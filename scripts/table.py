@@ -53,7 +53,7 @@ sys.path.insert(0, str(REPO / "system"))
 # Config keys never compared between runs: the seed and the tag, paths, and where/how a run executed.
 IGNORED = {"seed", "goal", "prev", "times", "results_dir", "dataset_root", "save_folder_name", "client_state_dir",
            "client_state", "resume", "checkpoint_every", "progress", "ray_address", "device_id", "workers",
-           "max_restarts", "gpus_per_worker"}
+           "max_restarts", "gpus_per_worker", "config", "tensorboard"}
 # Left out of reproduction commands: run-only settings and values the run resolves itself.
 NOT_IN_COMMAND = (IGNORED - {"goal"}) | {"device", "executor", "num_classes"}
 COLUMNS = {"best": "best acc (%)", "last": "last acc (%)", "selected": "acc at best val (%)", "auc": "best AUC (%)",

@@ -8,6 +8,7 @@ allows), which imports them, so that happens only when a run is parsed, never fo
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -181,6 +182,13 @@ def base_parser() -> OneLineParser:
     a("-tc", "--top_cnt", type=int, default=100, help="evaluations -ab waits for a new best accuracy")
     a("--seed", type=int, default=0, help="run i uses seed + i for every random stream")
     a("--results_dir", default=None, help="where result files go (default: results/ in the repository)")
+    a("--config", default=None,
+      help="a JSON (or, with PyYAML installed, YAML) file of flag values by their long names (global_rounds: 5; "
+           "a sidecar's config works too); flags on the command line override it; recorded in the sidecar "
+           "(default: none)")
+    a("--tensorboard", default=None,
+      help="also log every per-evaluation series to TensorBoard event files in this folder under the results "
+           "folder, one subfolder per run (needs the tensorboard package) (default: off)")
     a("--overwrite", action="store_true",
       help="replace existing result files of the same name (without it, a run whose result file exists is refused)")
     a("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm progress bar")
@@ -348,10 +356,69 @@ _TS = "-ts/--time_select is not a flag here: PFLlib declares it and never reads 
 REMOVED = {"-ts": _TS, "--time_select": _TS}
 
 
+def read_config_file(path: str) -> dict:
+    """``--config``: a mapping of flag names (long, without dashes: a Config's keys) to values, from JSON or
+    (``.yaml`` / ``.yml``, with PyYAML's safe loader: plain values only) YAML."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise FLError(f"--config {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    if file.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise FLError(f"--config {path}: YAML needs PyYAML (pip install -r requirements-optional.txt); "
+                          f"or write the file as JSON") from None
+        try:
+            values = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise FLError(f"--config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    else:
+        try:
+            values = json.loads(text)
+        except ValueError as e:
+            raise FLError(f"--config {path}: not valid JSON ({e})") from None
+    if not isinstance(values, dict):
+        raise FLError(f"--config {path}: expected a mapping of flag names to values")
+    return values
+
+
+def config_file_flags(argv: list[str]) -> list[str]:
+    """``argv`` with the ``--config`` file's values put in front as flags (so the command line overrides
+    them, and argparse checks every value as if typed): a key is a long flag's name without dashes; null
+    leaves the default; unknown keys and values that are not plain are refused."""
+    path = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"),
+                next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None))
+    if path is None:
+        return argv
+    values = read_config_file(path)
+    name = algorithm_arg(argv, default=None) or canonical_name(str(values.get("algorithm") or "FedAvg"))
+    actions = {a.dest: a for a in parser_for(name).flags}
+    flags = []
+    for key, value in values.items():
+        if value is None:
+            continue
+        action = actions.get(key)
+        if key == "config":
+            raise FLError(f"--config {path}: a config file cannot name another (config: {value})")
+        if action is None or key == "help":
+            raise FLError(f"--config {path}: '{key}' is not a flag of -algo {name} (keys are long flag names "
+                          f"without dashes, e.g. global_rounds)")
+        if isinstance(value, (dict, list)):
+            raise FLError(f"--config {path}: '{key}' must be a single value (got {type(value).__name__})")
+        flag = next(o for o in action.option_strings if o.startswith("--"))
+        if isinstance(action, argparse.BooleanOptionalAction):
+            flags.append(flag if value is True else "--no-" + flag[2:] if value is False else f"{flag}={value}")
+        else:
+            flags.append(f"{flag}={str(value).lower() if isinstance(value, bool) else value}")
+    return flags + argv
+
+
 def parse_config(argv=None) -> Config:
-    """Parse flags (common ones, then the chosen algorithm's own) into a read-only Config, checked by
-    ``validate`` and the algorithm's ``check_config``."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """Parse flags (common ones, then the chosen algorithm's own; a ``--config`` file's values first) into a
+    read-only Config, checked by ``validate`` and the algorithm's ``check_config``."""
+    argv = config_file_flags(sys.argv[1:] if argv is None else list(argv))
     name = algorithm_arg(argv, default=None)
     helping = "-h" in argv or "--help" in argv
     parser = base_parser()
@@ -382,6 +449,14 @@ def parse_config(argv=None) -> Config:
 
     check_support(cfg, server_cls)  # the algorithm's privacy declaration
     server_cls.check_config(cfg)
+    if cfg.tensorboard is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            raise FLError("--tensorboard needs the tensorboard package: pip install tensorboard")
+        if Path(cfg.tensorboard).is_absolute() or ".." in Path(cfg.tensorboard).parts or not cfg.tensorboard:
+            raise FLError(f"--tensorboard must be a folder under --results_dir, a relative name without '..' "
+                          f"(got '{cfg.tensorboard}')")
     if cfg.num_new_clients and server_cls.new_client_refusal:
         raise FLError(f"-nnc: {cfg.algorithm} cannot evaluate new clients: {server_cls.new_client_refusal}")
     return cfg

@@ -21,7 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Parsing lives in cli.py; its entry points stay importable from here.
-from cli import algorithm_arg, base_parser, parse_config, print_config, results_folder, validate  # noqa: E402,F401
+from cli import (  # noqa: E402,F401
+    algorithm_arg, base_parser, parse_config, print_config, read_config_file, results_folder, validate)
 from flcore.registry import get_server_class  # noqa: E402
 from utils.config import Config  # noqa: E402
 from utils.errors import Diverged, FLError, Interrupted  # noqa: E402
@@ -92,12 +93,6 @@ def result_stem(cfg: Config, run: int) -> str:
     return f"{cfg.dataset}_{label(cfg)}_{cfg.goal}_{run}"
 
 
-def results_folder(cfg: Config) -> Path:
-    from utils.results import RESULTS_DIR
-
-    return Path(cfg.results_dir) if cfg.results_dir else RESULTS_DIR
-
-
 def refuse_existing(cfg: Config, runs=None) -> None:
     """A run whose result file exists is refused (unless --overwrite or --resume), naming the flags that
     proceed and a free -go tag. main.run checks every run before any work; run_all checks each again once
@@ -156,8 +151,11 @@ def run_all(cfg: Config, data, executor) -> list[Path]:
     for r in range(cfg.prev, cfg.times):
         meta = {"config": cfg.to_dict(), "run": r, "seed": cfg.seed + r, "label": label(cfg),
                 "split": {"name": data.name, "config_hash": data.config_hash,
-                          "source_sha256": data.config.get("source_sha256")}}
+                          "source_sha256": data.config.get("source_sha256")},
+                **({"config_file": {"path": cfg.config, "values": read_config_file(cfg.config)}} if cfg.config else {})}
         recorder = RunRecorder(result_stem(cfg, r), meta, out_dir)
+        if cfg.tensorboard:
+            recorder.log_to_tensorboard(out_dir / cfg.tensorboard / recorder.stem)
         start = time.time()
         with recorder.lock():
             if recorder.h5_path.exists() and not cfg.overwrite:

@@ -233,3 +233,51 @@ def test_list_shows_the_default_split_of_emnist():
 
     assert generate.describe("EMNIST")[2] == 10
     assert generate.describe("FEMNIST")[2] == 62
+
+
+# ---- repeatable runs --------------------------------------------------------------------------------------
+def test_config_file_values_with_command_line_overrides(digits_tiny_root, tmp_path):
+    """A JSON file sets -gr, -lr, -algo and a switch; -lr on the command line wins; the sidecar records the
+    file; an unknown key and a nested value are refused with one line."""
+    import json
+
+    cfg_file = tmp_path / "run.json"
+    cfg_file.write_text(json.dumps({"algorithm": "FedProx", "global_rounds": 1, "local_learning_rate": 0.2,
+                                    "mu": 0.3, "learning_rate_decay": True, "progress": False, "num_classes": None}))
+    cfg = main.parse_config(["--config", str(cfg_file), "-lr", "0.05"])
+    assert (cfg.algorithm, cfg.global_rounds, cfg.local_learning_rate, cfg.mu) == ("FedProx", 1, 0.05, 0.3)
+    assert cfg.learning_rate_decay is True and cfg.progress is False and cfg.config == str(cfg_file)
+    out = tmp_path / "out"
+    assert main.main(cli(digits_tiny_root, out, "--config", str(cfg_file), "--train_loss_eval", "off")) == 0
+    side = json.loads((out / "Digits_FedProx_test_0.json").read_text())
+    assert side["config_file"] == {"path": str(cfg_file), "values": json.loads(cfg_file.read_text())}
+    assert side["config"]["mu"] == 0.3 and side["evaluations"] == 2
+    for bad, message in (({"rounds": 3}, "'rounds' is not a flag of -algo FedAvg"),
+                         ({"global_rounds": [3]}, "'global_rounds' must be a single value")):
+        cfg_file.write_text(json.dumps(bad))
+        with pytest.raises(main.FLError, match=message):
+            main.parse_config(["--config", str(cfg_file)])
+
+
+@pytest.mark.optional_deps("yaml")
+def test_yaml_config_file(tmp_path):
+    (tmp_path / "run.yaml").write_text("global_rounds: 7\nalgorithm: FedALA\nala_clients: all\n")
+    cfg = main.parse_config(["--config", str(tmp_path / "run.yaml")])
+    assert (cfg.global_rounds, cfg.algorithm, cfg.ala_clients) == (7, "FedALA", "all")
+    (tmp_path / "bad.yaml").write_text("!!python/object/apply:os.system ['true']\n")
+    with pytest.raises(main.FLError, match="not valid YAML"):  # the safe loader builds no objects
+        main.parse_config(["--config", str(tmp_path / "bad.yaml")])
+
+
+@pytest.mark.optional_deps("tensorboard")
+def test_tensorboard_logs_every_series(digits_tiny_root, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "2", "--tensorboard", "tb", "--val_ratio", "0.2",
+                         "--executor", "sequential")) == 0
+    h5 = read_h5(tmp_path / "Digits_FedAvg_test_0.h5")
+    events = EventAccumulator(str(tmp_path / "tb" / "Digits_FedAvg_test_0")).Reload()
+    for name in ("test_acc", "val_acc", "test_acc_min", "train_loss"):
+        logged = events.Scalars(name)
+        assert [e.step for e in logged] == [0, 1, 2]
+        assert [e.value for e in logged] == pytest.approx(h5[f"rs_{name}"].tolist(), rel=1e-6)

@@ -119,6 +119,18 @@ class RunRecorder:
         self.round_bytes: dict[str, list[int]] = {"up": [], "down": []}  # per round, summed over clients
         self.started = time.time()
         self.status, self.status_reason = "running", None  # finished / diverged / interrupted / failed
+        self.board = None  # --tensorboard: a torch SummaryWriter (``log_to_tensorboard``)
+
+    def log_to_tensorboard(self, folder: Path) -> None:
+        """Also write every scalar of every series, by its name without ``rs_`` and at its round, as TensorBoard
+        events in ``folder`` (torch's writer; the tensorboard package is imported only here)."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.board = SummaryWriter(log_dir=str(folder))
+
+    def _to_board(self, name: str, round_idx: int, value) -> None:
+        if self.board is not None and np.ndim(value) == 0 and not isinstance(value, bool):
+            self.board.add_scalar(name.removeprefix("rs_"), float(value), round_idx)
 
     @contextlib.contextmanager
     def lock(self):
@@ -154,6 +166,8 @@ class RunRecorder:
     def finish(self, status: str, reason: str | None = None) -> None:
         """Record how the run ended in the sidecar (and write the files once more)."""
         self.status, self.status_reason = status, reason
+        if self.board is not None:
+            self.board.close()
         if not self.series and self.h5_path.exists():  # ended before measuring anything (a refused checkpoint):
             return  # the files of an earlier run stay as they were
         try:
@@ -187,6 +201,7 @@ class RunRecorder:
         for key, value in summary.items():
             name = key if key.startswith("rs_") else f"rs_{key}"
             self.series.setdefault(name, []).append(value)
+            self._to_board(name, round_idx, value)
 
     def add_series(self, tag: str, round_idx: int, values: dict) -> None:
         """Series with their own round index, for add-ons that measure on other rounds than evaluations
@@ -194,6 +209,7 @@ class RunRecorder:
         self.series.setdefault(f"rs_{tag}_round", []).append(round_idx)
         for key, value in values.items():
             self.series.setdefault(f"rs_{tag}_{key}", []).append(value)
+            self._to_board(f"{tag}_{key}", round_idx, value)
 
     def state_dict(self) -> dict:
         """The series gathered so far (what a checkpoint keeps, so a resumed run writes complete files)."""
