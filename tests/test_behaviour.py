@@ -1,13 +1,21 @@
-"""The behaviour harness, over the registry: every algorithm learns on an IID split, every personalised
-algorithm beats FedAvg on a pathological one, and none but Local produces Local's curve. New algorithms
-join automatically; an algorithm known not to meet a check is marked with the reason (strict: the mark
-must go once it does).
+"""The behaviour harness, over the registry: every algorithm learns on an IID split, every federated one
+beats Local there, and every personalised one beats FedAvg on a pathological split. New algorithms join
+automatically; an algorithm known not to meet a check is marked with its measured figure and the reason
+(strict: the mark must go once it does).
 
-Scale: 5 rounds, -lr 0.1, the tiny Digits splits of conftest (IID: 5 clients; pathological: 6 clients
-with 2 classes each), one seed. FedAvg reaches about 0.9 on the IID split and about 0.6 on the
-pathological one there."""
+The bars are fixed numbers, FedAvg's and Local's figures measured at this scale, not recomputed from this
+run's FedAvg: a bug shared by the base (and so by FedAvg) cannot lower its own bar, and FedAvg's and Local's
+own figures are checked against them. Each algorithm runs with the harness's flags (FLAGS, which put a few
+on FedAvg's footing) and, where those differ, at its own defaults as well.
+
+Scale: 5 rounds, -lr 0.1, the tiny Digits splits of conftest (IID: 5 clients; pathological: 6 clients with
+2 classes each), one seed, torch at one thread in this process (pinned here; fork workers run one thread
+each), so a figure does not depend on the machine's thread count. Measured with torch 2.14.1 on an AVX-512
+CPU: FedAvg 0.8956 IID and 0.6228 pathological, Local 0.8022 IID; another CPU's vector kernels may round
+differently, hence the tolerance on FedAvg's and Local's own checks."""
 import numpy as np
 import pytest
+import torch
 
 import main
 from conftest import cli
@@ -15,24 +23,59 @@ from flcore.registry import ALGORITHMS, get_server_class
 from utils.results import read_h5
 
 ROUNDS = "5"
+# Measured final accuracies (module docstring); Local's is 361 of the 450 IID test samples, FedAvg's 403.
+FEDAVG_IID, FEDAVG_PAT, LOCAL_IID = 403 / 450, 0.6228, 361 / 450
+IID_BAR = 0.8 * FEDAVG_IID  # "learns": 80 % of FedAvg's IID figure
+TOLERANCE = 0.02  # FedAvg's and Local's own figures on another CPU (9 of the 450 IID test samples)
 # Flags that put an algorithm on FedAvg's footing at the harness's -lr 0.1: APPLE's core rate is 2 x -lr
 # (0.01 at the default -lr, the official code's), so 0.1 x brings it back to the official 0.01 instead of
 # 0.2 with momentum 0.9, which diverges; a Per-FedAvg step uses two batches, so -ls 2 gives it FedAvg's
 # number of optimizer steps per round. FedCP's MMD kernel widths (10 to 50, the official code's) are far wider
 # than Digits' feature distances (features of norm about 2), so its default λ 5 holds the extractor where it
-# was received (train loss 2.30 -> 2.25 in 5 rounds); PFLlib's λ 1 lets it learn.
+# was received; PFLlib's λ 1 lets it learn. Each of them also runs at its defaults ("<algo>-defaults").
 FLAGS: dict = {"APPLE": ("--core_lr_scale", "0.1"), "Per-FedAvg": ("-ls", "2"), "FedCP": ("-lam", "1")}
-KNOWN = {  # (algorithm, check) -> why it fails today
-    ("APPLE", "iid"): "APPLE's local path is p_ii of its round's move, so on IID data a round is about one gradient "
-                      "step of the mix (5 rounds: at most about 0.70 over core rates), and p's gradient, alike for "
-                      "every core, grows all p_ij together",
-    ("GPFL", "iid"): "GPFL's Conditional Valve adds a LayerNorm-ed β of norm about sqrt(512) = 22.6 to features of "
-                     "norm about 2 on Digits, which drowns the per-sample signal (samples differ from their mean by "
-                     "0.47): one IID client alone reaches 0.39 after 4 epochs at λ = μ = 0 (FedAvg's model 0.72); "
-                     "5 rounds give 0.67 of the required 0.72",
-    ("GPFL", "pat"): "the same scale mismatch: 0.56 after 5 rounds against FedAvg's 0.62",
-    ("FML", "iid"): "the paper's α = 0.5 gives the evaluated local model half of the label loss (the rest is KL to a "
-                    "meme model that starts elsewhere): 0.68 after 5 rounds of the required 0.72, 0.91 after 10",
+APPLE_IID = ("0.124 after 5 rounds (0.524 at round 3, then train loss 2.07 -> 10.0): on IID data every core is "
+             "alike, so p's gradients are alike too and grow every p_ij together until the scaled-up mix diverges "
+             "(servers/serverapple.py)")
+GPFL_SCALE = ("GPFL's Conditional Valve adds a LayerNorm-ed β of norm about sqrt(512) = 22.6 to features of norm "
+              "about 2 on Digits, which drowns the per-sample signal (samples differ from their mean by 0.47): one "
+              "IID client alone reaches 0.39 after 4 epochs at λ = μ = 0 (FedAvg's model 0.72)")
+FML_HALF = ("the paper's α = 0.5 gives the evaluated local model half of the label loss (the rest is KL to a meme "
+            "model that starts elsewhere): 0.680 after 5 rounds")
+PFEDME = ("0.709 after 5 rounds (0.540 at round 3; FedAvg 0.896): its evaluated θ_i trails FedAvg at this scale; the "
+          "figure is the same at 1 and 2 torch threads and with or without the optional packages")
+APPLE_DEFAULTS = ("the core rate 2 x -lr = 0.2 with momentum 0.9 diverges: train loss 2.12 -> 10.3 -> 52.8 by round 3, "
+                  "then NaN (the run stops)")
+FEDCP_DEFAULTS = ("0.104 after 5 rounds: λ 5 on MMD kernels of width 10 to 50 holds the extractor where it was "
+                  "received (train loss 2.30 -> 2.25)")
+PERAVG_DEFAULTS = "0.489 after 5 rounds at -ls 1 (half of FedAvg's optimizer steps: a step uses two batches)"
+KNOWN = {  # (algorithm, check, setting) -> its measured figure and why it fails today
+    ("APPLE", "iid", "harness"): APPLE_IID,
+    ("APPLE", "local", "harness"): APPLE_IID,
+    ("FML", "iid", "harness"): FML_HALF + " of the required 0.716",
+    ("FML", "local", "harness"): FML_HALF + " against Local's 0.802",
+    ("FedAMP", "local", "harness"): "0.756 against Local's 0.802: HeurFedAMP keeps ξ_ii = 0.8 of each client's own "
+                                    "model in the model it starts from, so on IID data it learns (above the 0.716 "
+                                    "bar) but federates too little in 5 rounds to beat training alone",
+    ("FedMTL", "local", "harness"): "0.8022, exactly Local's 361 of 450: the pull toward the mean (λ1 0.01) is too "
+                                    "weak to federate in 5 rounds",
+    ("GPFL", "iid", "harness"): GPFL_SCALE + "; 5 rounds give 0.711 of the required 0.716",
+    ("GPFL", "local", "harness"): GPFL_SCALE + "; 0.711 against Local's 0.802",
+    ("GPFL", "pat", "harness"): GPFL_SCALE + "; 0.513 after 5 rounds against FedAvg's 0.623",
+    ("Per-FedAvg", "local", "harness"): "0.784 against Local's 0.802 at -ls 2 (FedAvg's step count): it learns "
+                                        "(above the 0.716 bar) but its evaluated model, the meta-model after one "
+                                        "personalisation step, falls behind training alone in 5 rounds",
+    ("pFedMe", "iid", "harness"): PFEDME + " of the required 0.716",
+    ("pFedMe", "local", "harness"): PFEDME + " against Local's 0.802",
+    # At the defaults the harness's FLAGS replace (module comment above FLAGS):
+    ("APPLE", "iid", "defaults"): APPLE_DEFAULTS,
+    ("APPLE", "local", "defaults"): APPLE_DEFAULTS,
+    ("FedCP", "iid", "defaults"): FEDCP_DEFAULTS,
+    ("FedCP", "local", "defaults"): FEDCP_DEFAULTS,
+    ("Per-FedAvg", "iid", "defaults"): PERAVG_DEFAULTS + " of the required 0.716",
+    ("Per-FedAvg", "local", "defaults"): PERAVG_DEFAULTS + " against Local's 0.802",
+    ("Per-FedAvg", "pat", "defaults"): "0.576 after 5 rounds at -ls 1 (half of FedAvg's optimizer steps) against "
+                                       "FedAvg's 0.623",
 }
 _RUNS: dict = {}
 
@@ -42,35 +85,67 @@ def roots(digits_root, digits_noniid_root):
     return {"iid": digits_root, "pat": digits_noniid_root}
 
 
-def curve(algo: str, split: str, roots, tmp_path_factory) -> np.ndarray:
-    """The run's accuracy series (rounds 0..5), each (algorithm, split) run once per session."""
-    if (algo, split) not in _RUNS:
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Torch at one thread while this module runs, whatever ran before it (see the module docstring)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def curve(algo: str, split: str, setting: str, roots, tmp_path_factory) -> np.ndarray:
+    """The run's accuracy series (rounds 0..5), each (algorithm, split, setting) run once per session (a run
+    that stops with an error, e.g. a NaN loss, fails every check that reads it)."""
+    flags = FLAGS.get(algo, ()) if setting == "harness" else ()
+    key = (algo, split, flags)
+    if key not in _RUNS:
         out = tmp_path_factory.mktemp(f"behaviour_{split}")
-        assert main.main(cli(roots[split], out, "-algo", algo, "-gr", ROUNDS, "-lr", "0.1", *FLAGS.get(algo, ()))) == 0
-        _RUNS[algo, split] = read_h5(out / f"Digits_{algo}_test_0.h5")["rs_test_acc"]
-    return _RUNS[algo, split]
+        ok = main.main(cli(roots[split], out, "-algo", algo, "-gr", ROUNDS, "-lr", "0.1", *flags)) == 0
+        _RUNS[key] = read_h5(out / f"Digits_{algo}_test_0.h5")["rs_test_acc"] if ok else None
+    assert _RUNS[key] is not None, f"{algo} ({setting}) stopped with an error on the {split} split"
+    return _RUNS[key]
 
 
-def known(algo: str, check: str):
-    why = KNOWN.get((algo, check))
-    return [pytest.mark.xfail(reason=why, strict=True)] if why else []
+def cases(algos, check: str) -> list:
+    """One case per algorithm at the harness's flags, and one at its defaults where FLAGS changes them."""
+    out = []
+    for algo in algos:
+        for setting in ("harness", "defaults") if algo in FLAGS else ("harness",):
+            why = KNOWN.get((algo, check, setting))
+            out.append(pytest.param(algo, setting, id=algo if setting == "harness" else f"{algo}-defaults",
+                                    marks=[pytest.mark.xfail(reason=why, strict=True)] if why else []))
+    return out
 
 
-@pytest.mark.parametrize("algo", [pytest.param(a, marks=known(a, "iid")) for a in sorted(ALGORITHMS)])
-def test_learns_on_iid_digits(algo, roots, tmp_path_factory):
-    acc = curve(algo, "iid", roots, tmp_path_factory)[-1]
-    fedavg = curve("FedAvg", "iid", roots, tmp_path_factory)[-1]
-    assert acc >= 0.8 * fedavg, (acc, fedavg)
+def test_fedavg_and_local_give_their_measured_figures(roots, tmp_path_factory):
+    """The bars' sources: FedAvg and Local reach what they reached when the bars were measured."""
+    assert curve("FedAvg", "iid", "harness", roots, tmp_path_factory)[-1] >= FEDAVG_IID - TOLERANCE
+    assert curve("FedAvg", "pat", "harness", roots, tmp_path_factory)[-1] >= FEDAVG_PAT - TOLERANCE
+    assert abs(curve("Local", "iid", "harness", roots, tmp_path_factory)[-1] - LOCAL_IID) <= TOLERANCE
+
+
+@pytest.mark.parametrize("algo, setting", cases(sorted(ALGORITHMS), "iid"))
+def test_learns_on_iid_digits(algo, setting, roots, tmp_path_factory):
+    acc = curve(algo, "iid", setting, roots, tmp_path_factory)[-1]
+    assert acc >= IID_BAR, (acc, IID_BAR)
+
+
+@pytest.mark.parametrize("algo, setting", cases(sorted(set(ALGORITHMS) - {"Local"}), "local"))
+def test_federated_algorithms_beat_local_on_iid_digits(algo, setting, roots, tmp_path_factory):
+    """On IID data every client's neighbours hold its distribution, so federating must beat training alone
+    (Local: 0.8022); an algorithm that never federates fails here."""
+    acc = curve(algo, "iid", setting, roots, tmp_path_factory)[-1]
+    assert acc > LOCAL_IID, (acc, LOCAL_IID)
 
 
 PERSONALIZED = sorted(a for a in ALGORITHMS if get_server_class(a).personalized)
 
 
-@pytest.mark.parametrize("algo", [pytest.param(a, marks=known(a, "pat")) for a in PERSONALIZED])
-def test_personalized_beats_fedavg_on_a_pathological_split(algo, roots, tmp_path_factory):
-    acc = curve(algo, "pat", roots, tmp_path_factory)[-1]
-    fedavg = curve("FedAvg", "pat", roots, tmp_path_factory)[-1]
-    assert acc > fedavg, (acc, fedavg)
+@pytest.mark.parametrize("algo, setting", cases(PERSONALIZED, "pat"))
+def test_personalized_beats_fedavg_on_a_pathological_split(algo, setting, roots, tmp_path_factory):
+    acc = curve(algo, "pat", setting, roots, tmp_path_factory)[-1]
+    assert acc > FEDAVG_PAT, (acc, FEDAVG_PAT)
 
 
 # Traditional FL: clients are evaluated on the one global model (personalized = False).
@@ -79,14 +154,6 @@ TRADITIONAL = {"FedAvg", "FedProx", "SCAFFOLD", "FedDyn", "MOON", "FedLC", "FedG
 
 def test_traditional_algorithms_are_declared():
     assert {a for a in ALGORITHMS if not get_server_class(a).personalized} == TRADITIONAL & set(ALGORITHMS)
-
-
-@pytest.mark.parametrize("algo", sorted(set(ALGORITHMS) - {"Local"}))
-def test_no_algorithm_is_local_in_disguise(algo, roots, tmp_path_factory):
-    for split in ("iid", "pat"):
-        if not np.array_equal(curve(algo, split, roots, tmp_path_factory), curve("Local", split, roots, tmp_path_factory)):
-            return
-    pytest.fail(f"{algo} gives Local's accuracy curve on both splits")
 
 
 def evaluated_and_global(algo: str, root) -> tuple[list[dict], dict]:
