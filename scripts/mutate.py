@@ -403,9 +403,11 @@ def table() -> str:
         record = json.loads(path.read_text())
         s = summary(record)
         first = record.get("first", {})
+        current = (REPO / record["module"]).read_text() if (REPO / record["module"]).exists() else ""
+        stale = "" if record.get("sha") == sha(current) else " (file changed since: rerun)"
         before = f"{first['killed']}/{first['mutants']}" if first else ""
         rows.append(f"| `{record['module']}` | {s['mutants']} | {s['killed']} | {s['equivalent']} | {s['survived']} "
-                    f"| {100 * s['rate']:.0f} % | {before} | {record['date']} |")
+                    f"| {100 * s['rate']:.0f} % | {before} | {record['date']}{stale} |")
     return "\n".join(rows)
 
 
