@@ -30,6 +30,9 @@ def test_guidance_losses_by_hand():
     assert float(angle_loss(f, emb, y)) == pytest.approx(sum(nll) / 2, rel=1e-6)
     # ||f_0 - e_1|| = ||(3, 2)||, ||f_1 - e_2|| = ||(2, 1)||
     assert float(magnitude_loss(f, emb, y)) == pytest.approx((math.sqrt(13) + math.sqrt(5)) / 2, rel=1e-6)
+    # a third sample, f_2 = 0 with e_0: ||(-1, 0)|| = 1 (three rows, so a norm over the batch would differ)
+    f3, y3 = torch.cat([f, torch.zeros(1, 2)]), torch.tensor([1, 2, 0])
+    assert float(magnitude_loss(f3, emb, y3)) == pytest.approx((math.sqrt(13) + math.sqrt(5) + 1) / 3, rel=1e-6)
 
 
 def test_cov_by_hand():
