@@ -17,7 +17,7 @@ HEADER = "| algorithm | `-dp` (DP-SGD) |"
 
 def expected_table() -> str:
     from flcore.registry import ALGORITHMS, get_server_class
-    from utils.privacy import coverage_table
+    from utils.dp_support import coverage_table
 
     return coverage_table({name: get_server_class(name) for name in ALGORITHMS})
 

@@ -1,7 +1,7 @@
 """Mutation testing of one module: does a realistic one-line bug in it fail the tests that guard it?
 
     python3 scripts/mutate.py system/flcore/clients/clientfd.py          # mutate, test, write the results
-    python3 scripts/mutate.py system/utils/privacy.py --list             # the guarding tests and mutants only
+    python3 scripts/mutate.py system/utils/dp_sgd.py --list              # the guarding tests and mutants only
     python3 scripts/mutate.py --table                                    # docs/testing.md's kill-rate table
 
 Mutants come from cosmic-ray's operators (requirements-dev.txt), a curated subset of them (one opposite per
@@ -41,8 +41,9 @@ RESULTS = REPO / "docs" / "benchmarks" / "mutation"
 EQUIVALENT = RESULTS / "equivalent.json"
 
 # Test files that guard a module without importing it (or beyond the ones that do).
+PRIVACY_TESTS = ["tests/test_privacy.py", "tests/test_dp_client.py", "tests/test_dp_registry.py"]
 EXTRA = {
-    "system/utils/privacy.py": ["tests/test_privacy.py", "tests/test_dp_client.py", "tests/test_dp_registry.py"],
+    **{f"system/utils/{m}.py": PRIVACY_TESTS for m in ("dp_sgd", "dp_client", "dp_support", "privacy_monitor")},
     "system/utils/aggregate.py": ["tests/test_aggregate.py", "tests/test_bn_stats.py", "tests/test_fedbn.py"],
     "system/utils/ALA.py": ["tests/test_ala.py"],
     "system/utils/dlg.py": ["tests/test_privacy.py", "tests/test_ig.py"],

@@ -85,7 +85,7 @@ def guess_floor(split: str, flags: list[str], round_idx: int) -> tuple[float, fl
     sys.path.insert(0, str(REPO / "system"))
     from utils.data_utils import load_split
     from utils.dlg import denormalize
-    from utils.privacy import attacked_batch, attacked_positions, guess_scores
+    from utils.privacy_monitor import attacked_batch, attacked_positions, guess_scores
 
     data = load_split(split)
     norm = data.config["normalize"]
@@ -137,7 +137,8 @@ def cmd_sweep(args) -> None:
     from flcore.trainmodel.models import build_model
     from utils import dlg
     from utils.data_utils import load_split
-    from utils.privacy import attacked_batch, attacked_positions, dp_gradient
+    from utils.dp_sgd import dp_gradient
+    from utils.privacy_monitor import attacked_batch, attacked_positions
     from utils.seeding import torch_gen, torch_seeded
 
     torch.set_num_threads(1)

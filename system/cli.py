@@ -258,7 +258,7 @@ def base_parser() -> OneLineParser:
                    help="who runs ALA on each broadcast: the round's selected clients (the others are evaluated "
                         "on their own last model) or every client, before every evaluation (PFLlib; with -jr < 1 "
                         "ALA then costs N clients per round instead of jr*N)")
-    g = p.flag_group("privacy (any algorithm): DLG/iDLG evaluation and DP-SGD, see utils/privacy.py")
+    g = p.flag_group("privacy (any algorithm): DLG/iDLG evaluation and DP-SGD, see docs/privacy.md")
     g.add_argument("-dlg", "--dlg_eval", action="store_true",
                    help="attack a few clients every -dlgg rounds by gradient inversion (PFLlib's flag)")
     g.add_argument("-dlgg", "--dlg_gap", type=int, default=100, help="attack every N rounds (PFLlib: 100)")
@@ -445,7 +445,7 @@ def parse_config(argv=None) -> Config:
     cfg = split_data_path(Config(**vars(args)))
     validate(cfg)
     check_paths(cfg)
-    from utils.privacy import check_support
+    from utils.dp_support import check_support
 
     check_support(cfg, server_cls)  # the algorithm's privacy declaration
     server_cls.check_config(cfg)

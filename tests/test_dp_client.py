@@ -19,7 +19,7 @@ import main
 from conftest import cli
 from flcore.clients.clientbase import Upload
 from flcore.registry import ALGORITHMS, get_server_class
-from utils import privacy
+from utils import dp_client
 from utils.errors import FLError
 from utils.seeding import torch_gen
 
@@ -52,11 +52,11 @@ def uploads_with(model: nn.Module, deltas: list[float]) -> list[Upload]:
 # ---- the release by hand ---------------------------------------------------------------------------
 def test_clip_update_bounds_the_norm_and_keeps_small_updates():
     big = {"a": torch.tensor([3.0, 4.0]), "b": torch.tensor([[12.0]])}  # norm 13
-    clipped, norm = privacy.clip_update(big, 1.3)
+    clipped, norm = dp_client.clip_update(big, 1.3)
     assert norm == pytest.approx(13.0)
     assert torch.allclose(clipped["a"], torch.tensor([0.3, 0.4])) and torch.allclose(clipped["b"], torch.tensor([[1.2]]))
     small = {"a": torch.tensor([0.3, 0.4])}
-    same, norm = privacy.clip_update(small, 1.0)
+    same, norm = dp_client.clip_update(small, 1.0)
     assert norm == pytest.approx(0.5) and torch.equal(same["a"], small["a"])
 
 
@@ -67,7 +67,7 @@ def test_release_is_the_clipped_mean_plus_noise_of_the_formula():
     ref = {k: v.clone() for k, v in model.state_dict().items()}
     ups = uploads_with(model, [0.2, 3.0, 7.5])
     clip, z, m = 0.5, 1.3, 4
-    dp = privacy.ClientLevelDP(stub_cfg(dp_clip=clip, dp_sigma=z), run=0)
+    dp = dp_client.ClientLevelDP(stub_cfg(dp_clip=clip, dp_sigma=z), run=0)
     out = dp.release("T", ups, model, m=m, n_clients=10)
     gen = torch_gen(0, 0, "dp-client-noise")
     for k in ref:
@@ -86,11 +86,11 @@ def test_each_clipped_update_has_norm_at_most_s():
     model = tiny_model()
     ref = model.state_dict()
     ups = uploads_with(model, [0.1, 2.0, 50.0])
-    dp = privacy.ClientLevelDP(stub_cfg(dp_clip=1.0, dp_sigma=1e-12), run=0)  # noise ~0: the mean of clipped
+    dp = dp_client.ClientLevelDP(stub_cfg(dp_clip=1.0, dp_sigma=1e-12), run=0)  # noise ~0: the mean of clipped
     out = dp.release("T", ups, model, m=1, n_clients=3)  # m = 1: the release is the sum, one update at a time
     for u in ups:
         delta = {k: u.state[k] - ref[k] for k in ref}
-        clipped, _ = privacy.clip_update(delta, 1.0)
+        clipped, _ = dp_client.clip_update(delta, 1.0)
         assert math.sqrt(sum(float(c.pow(2).sum()) for c in clipped.values())) <= 1.0 + 1e-6
     total = math.sqrt(sum(float((out[0].state[k] - ref[k]).pow(2).sum()) for k in ref))
     assert total == pytest.approx(0.1 + 1.0 + 1.0, rel=1e-4)  # same direction: the norms add up
@@ -99,7 +99,7 @@ def test_each_clipped_update_has_norm_at_most_s():
 def test_partial_uploads_are_aligned_and_refusals_are_one_line():
     model = tiny_model()
     body = {k: v + 1.0 for k, v in model.body.state_dict().items()}  # FedRep-style: names relative to a part
-    dp = privacy.ClientLevelDP(stub_cfg(dp_clip=10.0, dp_sigma=1e-12), run=0)
+    dp = dp_client.ClientLevelDP(stub_cfg(dp_clip=10.0, dp_sigma=1e-12), run=0)
     out = dp.release("T", [Upload(0, 5, body)], model, m=1, n_clients=1)
     assert set(out[0].state) == {"weight", "bias"}
     assert torch.allclose(out[0].state["weight"], model.body.weight + 1.0, atol=1e-5)
@@ -115,14 +115,14 @@ def test_partial_uploads_are_aligned_and_refusals_are_one_line():
 def test_adaptive_clipping_follows_the_papers_update():
     """Andrew et al.: b = (#{||D_i|| <= S} + N(0, sigma_b^2)) / m, S <- S exp(-eta (b - gamma)), sigma_b = m/20,
     and the update noise multiplier z_D = (z^-2 - (2 sigma_b)^-2)^(-1/2)."""
-    assert privacy.update_noise_multiplier(1.0, 1.0) == pytest.approx(1 / math.sqrt(1 - 0.25))
+    assert dp_client.update_noise_multiplier(1.0, 1.0) == pytest.approx(1 / math.sqrt(1 - 0.25))
     with pytest.raises(FLError, match="adaptive clipping needs"):
-        privacy.update_noise_multiplier(2.0, 1.0)
+        dp_client.update_noise_multiplier(2.0, 1.0)
     model = tiny_model()
     ref = model.state_dict()
     norms = [0.1, 0.3, 0.6, 2.0] * 10
     m, z, gamma, clip = 40, 1.0, 0.5, 0.5
-    dp = privacy.ClientLevelDP(stub_cfg(dp_clip=clip, dp_sigma=z, dp_quantile=gamma), run=0)
+    dp = dp_client.ClientLevelDP(stub_cfg(dp_clip=clip, dp_sigma=z, dp_quantile=gamma), run=0)
     out = dp.release("T", uploads_with(model, norms), model, m=m, n_clients=100)
     sigma_b = m / 20
     zd = (z ** -2 - (2 * sigma_b) ** -2) ** -0.5
@@ -150,7 +150,7 @@ def hand_epsilon(z: float, rounds: int, delta: float) -> float:
 @pytest.mark.optional_deps("opacus")
 def test_epsilon_without_subsampling_matches_a_hand_computation():
     model = tiny_model()
-    dp = privacy.ClientLevelDP(stub_cfg(dp_sigma=2.0), run=0)
+    dp = dp_client.ClientLevelDP(stub_cfg(dp_sigma=2.0), run=0)
     for _ in range(5):
         dp.release("T", uploads_with(model, [1.0, 2.0]), model, m=2, n_clients=2)
     assert dp.history == [(2.0, 1.0, 5)]
@@ -159,7 +159,7 @@ def test_epsilon_without_subsampling_matches_a_hand_computation():
 
 @pytest.mark.optional_deps("opacus")
 def test_a_declared_refusal_is_one_line_at_start_up(monkeypatch):
-    from utils.privacy import DPSupport
+    from utils.dp_support import DPSupport
 
     fedavg = get_server_class("FedAvg")
     monkeypatch.setattr(fedavg, "dp_support", DPSupport(client_refusal="it aggregates per client"))
@@ -209,7 +209,7 @@ class Counted:
         self.cfg = main.parse_config(flags(algo, root, *extra))
         self.releases: list[tuple[float, float]] = []
         self.records: list[tuple[dict, int]] = []
-        release = privacy.ClientLevelDP.release
+        release = dp_client.ClientLevelDP.release
 
         def counting(dp, algorithm, uploads, reference, m, n_clients):
             out = release(dp, algorithm, uploads, reference, m, n_clients)
@@ -217,7 +217,7 @@ class Counted:
                 self.releases.append((dp.sigma, m / n_clients))
             return out
 
-        monkeypatch.setattr(privacy.ClientLevelDP, "release", counting)
+        monkeypatch.setattr(dp_client.ClientLevelDP, "release", counting)
         data = load_split("Digits", root, int(NC))
         self.server = get_server_class(algo)(self.cfg.replace(num_classes=10), data)
         record = self.server._record

@@ -21,7 +21,7 @@ import torch
 import main
 from conftest import REPO, cli
 from flcore.registry import ALGORITHMS, get_server_class
-from utils import privacy
+from utils import dp_sgd, dp_support
 from utils.errors import FLError
 
 DOC = REPO / "docs" / "privacy.md"
@@ -56,7 +56,7 @@ class Counted:
         self.cfg = main.parse_config(flags(algo, root, *extra))
         self.calls: list[tuple[int, float, float]] = []
         self.records: list[tuple[dict, int]] = []
-        backward = privacy.DPSGD.backward
+        backward = dp_sgd.DPSGD.backward
         bs = self.cfg.batch_size
 
         def counting(dp, client, objective, optimizer, x, y):
@@ -65,7 +65,7 @@ class Counted:
             self.calls.append((client.id, dp.sigma, min(1.0, max(bs, len(x)) / n)))
             return backward(dp, client, objective, optimizer, x, y)
 
-        monkeypatch.setattr(privacy.DPSGD, "backward", counting)
+        monkeypatch.setattr(dp_sgd.DPSGD, "backward", counting)
         data = load_split("Digits", root, int(NC))
         self.server = get_server_class(algo)(self.cfg.replace(num_classes=10), data)
         record = self.server._record
@@ -181,13 +181,13 @@ def test_each_uncovered_step_is_in_docs_and_warned(digits_tiny_root, capsys):
             continue
         cfg = main.parse_config(["-algo", algo, "-gr", "1"]).replace(privacy=True)
         server_cls = get_server_class(algo)
-        for step in privacy.uncovered_steps(cfg, server_cls):
+        for step in dp_support.uncovered_steps(cfg, server_cls):
             assert algo in table and step in table[algo], (algo, step)
-        with_ala = privacy.uncovered_steps(cfg.replace(ala=True), server_cls)
-        assert privacy.ALA_UNCOVERED in with_ala
-    assert privacy.uncovered_steps(main.parse_config(["-algo", "FedAvg"]).replace(privacy=True),
+        with_ala = dp_support.uncovered_steps(cfg.replace(ala=True), server_cls)
+        assert dp_support.ALA_UNCOVERED in with_ala
+    assert dp_support.uncovered_steps(main.parse_config(["-algo", "FedAvg"]).replace(privacy=True),
                                    get_server_class("FedAvg")) == []
-    assert "-ala" in table and privacy.ALA_UNCOVERED in table["-ala"]
+    assert "-ala" in table and dp_support.ALA_UNCOVERED in table["-ala"]
     capsys.readouterr()
     assert main.main(flags("FedFomo", digits_tiny_root, "-gr", "1", "--results_dir",
                            str(digits_tiny_root / "warn"))) == 0

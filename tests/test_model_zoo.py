@@ -227,10 +227,10 @@ def test_bilstm_reads_forward_to_the_last_real_token_and_backward_to_the_first()
 @pytest.mark.parametrize("name,shape", [(n, s) for n, s in CASES if n in (
     "MLR", "AmazonMLP", "HARCNN", "fastText", "TextCNN", "LSTM", "BiLSTM", "Transformer")])
 def test_per_sample_gradients_of_the_dp_path_match_one_sample_at_a_time(name, shape):
-    """-dp takes per-sample gradients with torch.func.vmap (utils/privacy.py): the models without BatchNorm
+    """-dp takes per-sample gradients with torch.func.vmap (utils/dp_sgd.py): the models without BatchNorm
     must not branch on their data. Without dropout (eval mode) each equals that sample's own backward pass;
     in training mode (each sample its own dropout mask) they are finite."""
-    from utils.privacy import _LossHolder, per_sample_gradients
+    from utils.dp_sgd import _LossHolder, per_sample_gradients
 
     model = make(name, shape).eval()
     x, y = inputs(shape, 3), torch.tensor([0, 1, 2])

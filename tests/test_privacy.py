@@ -8,7 +8,7 @@ import torch
 import main
 from conftest import cli
 from flcore.trainmodel.models import DNN
-from utils import dlg, privacy
+from utils import dlg, dp_sgd, privacy_monitor
 from utils.errors import FLError
 from utils.results import read_h5
 from utils.seeding import torch_gen, torch_seeded
@@ -57,7 +57,7 @@ def test_match_recovers_a_permutation(digits_images):
 
 def test_guess_scores_are_those_of_a_grey_image():
     originals = torch.cat([torch.full((1, 1, 8, 8), 0.1), torch.full((1, 1, 8, 8), 0.8)])
-    psnr, ssim = privacy.guess_scores(originals, 1, [0.5], [0.5])  # one guess: its best match is 0.8
+    psnr, ssim = privacy_monitor.guess_scores(originals, 1, [0.5], [0.5])  # one guess: its best match is 0.8
     assert psnr.tolist() == pytest.approx([10 * math.log10(1 / 0.09)], abs=1e-4)
     c1 = 0.01 ** 2
     assert ssim.tolist() == pytest.approx([(2 * 0.5 * 0.8 + c1) / (0.25 + 0.64 + c1)], rel=1e-5)
@@ -119,7 +119,7 @@ def test_dp_noise_defeats_the_attack_clipping_alone_does_not(digits_images, digi
     x, y = normed[7:8], labels[7:8]
     scores = []
     for sigma in (0.0, 1.0):
-        target = privacy.dp_gradient(digits_mlp, x, y, clip=1.0, sigma=sigma, generator=torch_gen(0, 0, "dp"))
+        target = dp_sgd.dp_gradient(digits_mlp, x, y, clip=1.0, sigma=sigma, generator=torch_gen(0, 0, "dp"))
         rec = dlg.reconstruct(digits_mlp, target, (1, 8, 8), 1, 10, method="idlg", iters=100,
                               generator=torch_gen(0, 0, "t"), clip=1.0)
         scores.append(dlg.psnr(dlg.denormalize(rec.x, [0.5], [0.5]), pixels[7:8]).item())
@@ -139,27 +139,27 @@ def test_align_state_maps_a_partial_upload():
     from flcore.trainmodel.parts import split_head
 
     model = split_head(DNN(64, 10))
-    aligned = privacy.align_state(model, model.base.state_dict())
+    aligned = privacy_monitor.align_state(model, model.base.state_dict())
     assert set(aligned) == {f"base.{k}" for k in model.base.state_dict()}
-    assert privacy.align_state(model, {"nope": torch.zeros(1)}) == {}
+    assert privacy_monitor.align_state(model, {"nope": torch.zeros(1)}) == {}
 
 
 # ---- DP-SGD and the accountant -------------------------------------------------------------------------
 def test_privatize_clips_each_sample_then_adds_calibrated_noise():
     g = {"w": torch.tensor([[3.0, 0.0, 0.0, 0.0], [0.3, 0.4, 0.0, 0.0]])}  # per-sample norms 3 and 0.5
-    out = privacy.privatize(g, clip=1.0, sigma=0.0, generator=torch_gen(0, 0, "n"))
+    out = dp_sgd.privatize(g, clip=1.0, sigma=0.0, generator=torch_gen(0, 0, "n"))
     assert torch.allclose(out["w"], torch.tensor([(1.0 + 0.3) / 2, 0.4 / 2, 0.0, 0.0]), atol=1e-6)
     big = {"w": torch.zeros(2, 20000)}
-    noise = privacy.privatize(big, clip=0.5, sigma=2.0, generator=torch_gen(0, 0, "n"))["w"]
+    noise = dp_sgd.privatize(big, clip=0.5, sigma=2.0, generator=torch_gen(0, 0, "n"))["w"]
     assert noise.std().item() == pytest.approx(2.0 * 0.5 / 2, rel=0.03)  # sigma * C / B
 
 
 def test_per_sample_gradients_match_a_loop(digits_images, digits_mlp):
     _, normed, labels = digits_images
     x, y = normed[:5], labels[:5]
-    holder = privacy._LossHolder({"m": digits_mlp}, lambda a, b: torch.nn.functional.cross_entropy(digits_mlp(a), b))
+    holder = dp_sgd._LossHolder({"m": digits_mlp}, lambda a, b: torch.nn.functional.cross_entropy(digits_mlp(a), b))
     names = [f"m.{n}" for n in dlg.trainable_names(digits_mlp)]
-    grads, losses = privacy.per_sample_gradients(holder, names, x, y)
+    grads, losses = dp_sgd.per_sample_gradients(holder, names, x, y)
     for i in range(5):
         ref = dlg.model_gradient(digits_mlp, x[i:i + 1], y[i:i + 1])
         assert all(torch.allclose(grads[f"m.{n}"][i], ref[n], atol=1e-6) for n in ref)
@@ -185,7 +185,7 @@ def test_accountant_matches_published_epsilons(sigma, q, steps, eps):
     assert classic == pytest.approx(eps, abs=0.01)
     # what we report: Balle et al. 2020 (Thm. 21), computed here by hand from the same RDP curve
     balle = np.min(rdp + np.log((orders - 1) / orders) - (np.log(1e-5) + np.log(orders)) / (orders - 1))
-    got = privacy.epsilon([(sigma, q, steps)], 1e-5)
+    got = dp_sgd.epsilon([(sigma, q, steps)], 1e-5)
     assert got == pytest.approx(balle, rel=1e-9) and got < classic
 
 
@@ -216,7 +216,7 @@ def test_dp_refuses_batchnorm():
 
     cfg = main.parse_config(["-dp", "-gr", "1"])
     with pytest.raises(FLError, match="BatchNorm"):
-        privacy.DPSGD.from_config(cfg, 0, 0, resnet18(1, 10), 100)
+        dp_sgd.DPSGD.from_config(cfg, 0, 0, resnet18(1, 10), 100)
     with pytest.raises(FLError, match="-dps must be > 0"):
         main.parse_config(["-dp", "-dps", "0"])  # parsing validates
     cfg = main.parse_config(["-dp", "-gr", "1"])
@@ -270,7 +270,7 @@ def test_dp_run_records_epsilon_per_client(digits_root, tmp_path):
     from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
     from opacus.accountants.rdp import RDPAccountant
 
-    def rdp_epsilon(q: float, steps: int) -> float:  # opacus' RDP analysis, without privacy.epsilon
+    def rdp_epsilon(q: float, steps: int) -> float:  # opacus' RDP analysis, without dp_sgd.epsilon
         orders = RDPAccountant.DEFAULT_ALPHAS
         rdp = compute_rdp(q=q, noise_multiplier=1.5, steps=steps, orders=orders)
         return get_privacy_spent(orders=orders, rdp=rdp, delta=1e-5)[0]
@@ -309,7 +309,7 @@ def test_privatize_handles_scalar_parameters():
     """A 0-d parameter (APFL's alpha could be one) has per-sample gradients of shape (B,): its entries count
     in each sample's norm like any other coordinate."""
     grads = {"alpha": torch.tensor([3.0, 0.0]), "w": torch.tensor([[4.0, 0.0], [0.0, 0.5]])}
-    out = privacy.privatize(grads, 1.0, 0.0, torch.Generator().manual_seed(0))
+    out = dp_sgd.privatize(grads, 1.0, 0.0, torch.Generator().manual_seed(0))
     # sample 0: norm 5 -> scaled by 1/5; sample 1: norm 0.5 -> kept; then the mean over the batch
     assert torch.allclose(out["alpha"], torch.tensor((3.0 / 5 + 0.0) / 2), atol=1e-5)
     assert torch.allclose(out["w"], torch.tensor([4.0 / 5 / 2, 0.5 / 2]), atol=1e-5)

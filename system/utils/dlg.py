@@ -20,7 +20,7 @@ Everything here is a pure function of its arguments: a model (never modified: gr
 with ``torch.func.functional_call`` on detached copies of its parameters), a target gradient as a
 ``{parameter name: tensor}`` dict (so an upload that holds only some parameters, e.g. a model-splitting
 method's body, is attacked on exactly what it holds), an explicit iteration budget, tolerance and
-``torch.Generator``. Which gradient to attack and what to do with the scores is ``utils/privacy.py``'s job.
+``torch.Generator``. Which gradient to attack and what to do with the scores is ``utils/privacy_monitor.py``'s job.
 
 Metrics take images already de-normalised to [0, 1] (``denormalize``): PSNR and SSIM per image, with the
 best one-to-one match between reconstructions and originals (Hungarian assignment on PSNR) because DLG

@@ -12,7 +12,7 @@ from flcore.clients.clientbase import Client
 
 
 class MixingWeight(nn.Module):
-    """α as a module parameter, so DP-SGD's per-sample gradients (utils/privacy.py) reach it too; of shape
+    """α as a module parameter, so DP-SGD's per-sample gradients (utils/dp_sgd.py) reach it too; of shape
     (1,), as per-sample gradients need a dimension to flatten."""
 
     def __init__(self, alpha: float):

@@ -76,7 +76,7 @@ class Client:
         self.train_time: list[float] = []  # seconds of each local training, one entry per round trained
         self.dp = None  # -dp: this client's DP-SGD noise stream and accountant history
         if cfg.privacy:
-            from utils.privacy import DPSGD
+            from utils.dp_sgd import DPSGD
 
             self.dp = DPSGD.from_config(cfg, cid, run, self.model, self.train_samples)
 

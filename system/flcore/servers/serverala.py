@@ -16,7 +16,7 @@ no cap on the start phase (see utils/ALA.py for the full list).
 """
 from flcore.clients.clientala import FedALAClient
 from flcore.servers.serverbase import Server
-from utils.privacy import ALA_UNCOVERED, DPSupport
+from utils.dp_support import ALA_UNCOVERED, DPSupport
 
 
 class FedALAServer(Server):

@@ -52,9 +52,9 @@ import torch
 
 from flcore.clients.clientamp import FedAMPClient
 from flcore.servers.serverbase import Server
+from utils.dp_support import DPSupport
 from utils.errors import FLError
 from utils.personal_aggregation import amp_attention, attentive_message, flat, pairwise_sq_dists
-from utils.privacy import DPSupport
 
 KERNELS = ("heur", "euclid")
 SIGMA = {"heur": 1000.0, "euclid": 0.1}  # -sg default of each kernel

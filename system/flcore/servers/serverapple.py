@@ -49,8 +49,8 @@ import torch
 
 from flcore.clients.clientapple import APPLEClient
 from flcore.servers.serverbase import Server
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 class APPLEServer(Server):

@@ -41,8 +41,8 @@ clients (FedAvg 0.90), 0.95 on 6 clients with 2 classes each (FedAvg 0.62).
 
 from flcore.clients.clientas import FedASClient
 from flcore.servers.partsharing import PartSharingServer
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 class FedASServer(PartSharingServer):

@@ -11,7 +11,7 @@ After the last round the final global model is sent once more (to a selection dr
 evaluated, so a run of R rounds has evaluations at rounds 0 (initial model), eg, 2eg, ... and R, all by
 one rule: every client receives the broadcast; the selected ones run their local initialisation (ALA, with
 ``--ala_clients all`` every client does), and each client's own model is evaluated. With ``-dlg`` / ``-dp`` the privacy monitor
-(utils/privacy.py) snapshots the attacked clients' start models before training, attacks their uploads
+(utils/privacy_monitor.py) snapshots the attacked clients' start models before training, attacks their uploads
 before aggregation and adds DP epsilon to each evaluation; with ``-dp --dp_level client`` it replaces the
 uploads by the clipped, noised mean update before ``aggregate`` (client-level DP); the algorithms need not
 know. What an algorithm cannot take, and what its epsilon leaves out, is its ``dp_support`` declaration.
@@ -48,9 +48,10 @@ from runtime.faults import SlowClients
 from utils.aggregate import weighted_average
 from utils.comm import payload_bytes
 from utils.data_utils import FederatedData
+from utils.dp_support import DPSupport
 from utils.errors import FLError
 from utils.metrics import summarize
-from utils.privacy import DPSupport, PrivacyMonitor
+from utils.privacy_monitor import PrivacyMonitor
 from utils.results import RunRecorder
 from utils.seeding import np_rng, torch_seeded
 from utils.selection import select
@@ -61,7 +62,7 @@ class Server:
     # False for traditional FL, whose clients are evaluated on the global model; the behaviour tests expect
     # every personalised algorithm to beat FedAvg on a pathological split (tests/test_behaviour.py).
     personalized = True
-    # -dp: the one privacy declaration (utils/privacy.py DPSupport): why it refuses DP-SGD or client-level DP,
+    # -dp: the one privacy declaration (utils/dp_support.py DPSupport): why it refuses DP-SGD or client-level DP,
     # and what its epsilon does not cover; checked at start-up, docs/privacy.md's table is made from it.
     dp_support = DPSupport()
     # -nnc: why a client that never trained has no defined start here (refused at start-up), "" when it
@@ -331,7 +332,7 @@ class Server:
         uploads = self._receive_models(active)
         if self.privacy is not None:  # -dlg: attack what they upload, before aggregation
             self.privacy.after_upload(t, active, uploads)
-            # --dp_level client: every upload becomes the clipped, noised mean update (utils/privacy.py)
+            # --dp_level client: every upload becomes the clipped, noised mean update (utils/dp_client.py)
             uploads = self.privacy.release(uploads, self.global_model, len(self.selected), len(self.clients))
         self.aggregate(uploads)
         self.after_round()

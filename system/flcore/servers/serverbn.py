@@ -28,8 +28,8 @@ from flcore.clients.clientbn import FedBNClient, bn_prefixes
 from flcore.servers.serverbase import Server
 from flcore.trainmodel.models import build_model, resolve
 from utils.aggregate import weighted_average
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 class FedBNServer(Server):

@@ -32,8 +32,8 @@ import torch
 
 from flcore.clients.clientcac import FedCACClient
 from flcore.servers.serverbase import Server
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 def overlap_rates(masks: torch.Tensor) -> torch.Tensor:

@@ -35,8 +35,8 @@ from torch import nn
 
 from flcore.clients.clientcp import CPModel, FedCPClient
 from flcore.servers.partsharing import PartSharingServer
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 class FedCPServer(PartSharingServer):

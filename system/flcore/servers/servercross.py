@@ -54,9 +54,9 @@ import torch
 from flcore.clients.clientcross import FedCrossClient
 from flcore.servers.serverbase import Server
 from utils.aggregate import weighted_average
+from utils.dp_support import DPSupport
 from utils.errors import FLError
 from utils.personal_aggregation import flat
-from utils.privacy import DPSupport
 from utils.seeding import np_rng
 from utils.selection import join_count
 

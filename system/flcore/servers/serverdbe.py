@@ -37,8 +37,8 @@ import torch
 from flcore.clients.clientdbe import DBEModel, FedDBEClient
 from flcore.servers.partsharing import PartSharingServer
 from utils.comm import payload_bytes
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 class FedDBEServer(PartSharingServer):

@@ -37,8 +37,8 @@ import torch
 
 from flcore.clients.clientfd import FDClient
 from flcore.servers.serverbase import Server
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 class FDServer(Server):

@@ -29,8 +29,8 @@ normalising them (their scale drifts with the losses and the model distances) an
 """
 from flcore.clients.clientfomo import FedFomoClient
 from flcore.servers.serverbase import Server
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 class FedFomoServer(Server):

@@ -37,8 +37,8 @@ from torch import nn
 
 from flcore.clients.clientgc import FedGCClient, GCModel
 from flcore.servers.partsharing import PartSharingServer
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 def gc_regulariser(embeddings: list[torch.Tensor], classes: list[torch.Tensor]) -> torch.Tensor:

@@ -58,8 +58,8 @@ from flcore.clients.clientgen import FedGenClient, Generator
 from flcore.servers.serverbase import Server
 from flcore.trainmodel.parts import split_head
 from utils.aggregate import weighted_average
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 from utils.seeding import torch_gen, torch_seeded
 
 GEN_WEIGHT_DECAY, GEN_LR_DECAY = 1e-2, 0.98  # the official code's generator optimizer (Adam) and schedule

@@ -38,8 +38,8 @@ from torch import nn
 
 from flcore.clients.clientgh import FedGHClient
 from flcore.servers.partsharing import PartSharingServer
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 def train_header(head: nn.Module, reps: torch.Tensor, labels: torch.Tensor, lr: float) -> None:

@@ -36,8 +36,8 @@ from torch import nn
 
 from flcore.clients.clientgpfl import GPFLClient, GPFLModel
 from flcore.servers.partsharing import PartSharingServer
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 class GPFLServer(PartSharingServer):

@@ -45,8 +45,8 @@ round 0.84-1.15 MB and down 0.64-0.89 MB for 5 clients (FedAvg: 3.78 MB each way
 from flcore.clients.clientkd import FedKDClient, apply_update, compress_state, decompress, energy_threshold
 from flcore.servers.serverbase import Server
 from utils.aggregate import weighted_average
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 class FedKDServer(Server):

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 from flcore.clients.clientlc import FedLCClient
 from flcore.servers.serverbase import Server
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 class FedLCServer(Server):

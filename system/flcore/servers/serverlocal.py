@@ -6,8 +6,8 @@ never sends nor averages anything. No flags of its own. ``-ala`` is rejected (th
 """
 from flcore.clients.clientlocal import LocalClient
 from flcore.servers.serverbase import Server
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 class LocalServer(Server):

@@ -44,8 +44,8 @@ import torch
 from flcore.clients.clientmtl import FedMTLClient
 from flcore.servers.serverbase import Server
 from utils.aggregate import weighted_average
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 class FedMTLServer(Server):

@@ -56,8 +56,8 @@ from flcore.prototypes import aggregate_prototypes
 from flcore.servers.serverbase import Server
 from flcore.trainmodel.parts import split_head
 from utils.aggregate import weighted_average
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 def combination_weights(v: torch.Tensor, hs: torch.Tensor, i: int) -> np.ndarray:

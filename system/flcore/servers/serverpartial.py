@@ -69,8 +69,8 @@ import numpy as np
 
 from flcore.clients.clientpartial import PartialFedClient
 from flcore.servers.serverbase import Server
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 class PartialFedServer(Server):

@@ -36,8 +36,8 @@ from flcore.clients.clientpcl import FedPCLClient
 from flcore.prototypes import aggregate_prototypes, refuse_ala
 from flcore.servers.serverbase import Server
 from flcore.trainmodel.parts import split_head
+from utils.dp_support import DPSupport
 from utils.errors import FLError
-from utils.privacy import DPSupport
 
 
 class FedPCLServer(Server):

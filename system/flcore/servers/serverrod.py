@@ -25,7 +25,7 @@ head's balanced softmax are not privatised (``dp_support.uncovered``: a warning 
 """
 from flcore.clients.clientrod import FedRoDClient, RoDModel
 from flcore.servers.partsharing import PartSharingServer
-from utils.privacy import DPSupport
+from utils.dp_support import DPSupport
 
 
 class FedRoDServer(PartSharingServer):

@@ -16,8 +16,8 @@ import torch
 from flcore.clients.clientscaffold import SCAFFOLDClient
 from flcore.servers.serverbase import Server
 from utils.aggregate import weighted_average
+from utils.dp_support import DPSupport
 from utils.personal_aggregation import lerp_state
-from utils.privacy import DPSupport
 
 
 class SCAFFOLDServer(Server):

@@ -1,0 +1,222 @@
+"""The server's side of privacy in any algorithm (``PrivacyMonitor``): the DLG / iDLG / IG evaluation of what
+clients expose (``-dlg``; the attacks themselves are ``utils/dlg.py``), the epsilon every evaluation reports
+(``-dp``) and, with ``--dp_level client``, the release of ``utils/dp_client.py``."""
+from __future__ import annotations
+
+import copy
+import sys
+from collections import Counter
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from utils import dlg
+from utils.dp_client import ClientLevelDP
+from utils.dp_sgd import dp_gradient
+from utils.dp_support import client_level, sample_level, uncovered_steps
+from utils.errors import FLError
+from utils.seeding import np_rng, torch_gen
+
+
+def attacked_positions(seed: int, run: int, round_idx: int, n_active: int, k: int) -> np.ndarray:
+    """Positions (in the round's active list) of the clients attacked in a round: ``k`` drawn without
+    replacement from the round's own stream, so the choice never depends on the algorithm."""
+    rng = np_rng(seed, run, "dlg-clients", round_idx)
+    return np.sort(rng.choice(n_active, size=min(k, n_active), replace=False))
+
+
+def attacked_batch(seed: int, run: int, round_idx: int, cid: int, b: int, n: int, batch: int) -> torch.Tensor:
+    """Indices (into the client's training data) of its ``b``-th attacked batch in a round."""
+    return torch.randperm(n, generator=torch_gen(seed, run, "dlg-batch", round_idx, cid, b))[:batch]
+
+
+def guess_scores(originals: torch.Tensor, k: int, mean, std) -> tuple[torch.Tensor, torch.Tensor]:
+    """PSNR and SSIM that ``k`` know-nothing guesses reach under the same matching: images at the
+    normalisation mean (mid-grey), matched to ``originals`` as reconstructions are. The floor to read
+    scores against: best-of-N matching against a whole training set (the update target) or a smooth,
+    low-contrast image can score well above a random image without revealing anything."""
+    shape = (k, *originals.shape[1:])
+    grey = dlg.denormalize(torch.zeros(shape, device=originals.device), mean, std)
+    order, psnr = dlg.match(originals, grey)
+    return psnr, dlg.ssim(originals[order.to(originals.device)], grey)
+
+
+def align_state(model: nn.Module, state: dict) -> dict:
+    """An upload's state keyed by ``model``'s own names. Uploads of a part of the model (FedRep's body:
+    ``model.base.state_dict()``) carry names relative to that part; they are prefixed with the submodule
+    whose state they match. Empty when nothing matches."""
+    if set(state) <= set(model.state_dict()):
+        return dict(state)
+    for prefix, module in model.named_modules():
+        if prefix and state and set(state) <= set(module.state_dict()):
+            return {f"{prefix}.{k}": v for k, v in state.items()}
+    return {}
+
+
+class PrivacyMonitor:
+    """Runs the DLG/iDLG evaluation (``-dlg``) and reports DP epsilon (``-dp``) for any algorithm.
+
+    The server calls ``before_training`` (snapshot of the models the attacked clients start the round
+    from), ``after_upload`` (the attack, before aggregation) and ``metrics`` (each evaluation). The
+    attacker is the server, given each attacked client's starting model: for FedAvg that is the global
+    model it sent; for personalised methods (FedALA's ALA-initialised model, private heads) it is more
+    than a real server knows, so the scores are an upper bound on what leaks."""
+
+    def __init__(self, cfg, run: int, data, recorder=None, server_cls=None):
+        self.cfg, self.run, self.recorder = cfg, run, recorder
+        self.input_shape, self.num_classes = tuple(data.input_shape), data.num_classes
+        norm = data.config.get("normalize") or {}
+        channels = self.input_shape[0] if len(self.input_shape) == 3 else 1
+        self.mean, self.std = norm.get("mean", [0.0] * channels), norm.get("std", [1.0] * channels)
+        self.starts: dict[int, nn.Module] = {}
+        self.trained: set[int] = set()  # ids of the clients that have trained in this run (-dp's guard)
+        # --dp_level client: the server's clipping, noise and accountant
+        self.client_dp = ClientLevelDP(cfg, run) if client_level(cfg) else None
+        if cfg.dlg_eval and len(self.input_shape) != 3:
+            raise FLError(f"-dlg reconstructs images, but split '{data.name}' holds inputs of shape "
+                          f"{list(self.input_shape)}; use an image split (Digits, MNIST, Cifar10, ...)")
+        if cfg.privacy and run == cfg.prev and server_cls is not None:
+            steps = uncovered_steps(cfg, server_cls)
+            if steps:
+                print(f"warning: -dp: {cfg.algorithm}'s epsilon does not cover: {'; '.join(steps)} "
+                      f"(see docs/privacy.md)", file=sys.stderr)
+
+    @classmethod
+    def from_config(cls, cfg, run: int, data, recorder=None, server_cls=None) -> "PrivacyMonitor | None":
+        return cls(cfg, run, data, recorder, server_cls) if (cfg.dlg_eval or cfg.privacy) else None
+
+    def attacks(self, round_idx: int) -> bool:
+        return self.cfg.dlg_eval and round_idx % self.cfg.dlg_gap == 0
+
+    def before_training(self, round_idx: int, active: list) -> None:
+        """Pick this round's attacked clients (own stream) and keep a copy of the model each starts from;
+        note who trains (``metrics`` checks that each of them has a DP history)."""
+        self.starts = {}
+        self.trained.update(c.id for c in active)
+        if not self.attacks(round_idx) or not active:
+            return
+        for i in attacked_positions(self.cfg.seed, self.run, round_idx, len(active), self.cfg.dlg_clients):
+            self.starts[active[i].id] = copy.deepcopy(active[i].model)
+
+    def check_broadcast(self, payloads: list) -> None:
+        """``--dp_level client``: refuse a broadcast that sends clients different models (before any training)."""
+        if self.client_dp is not None:
+            self.client_dp.check_broadcast(self.cfg.algorithm, payloads)
+
+    def release(self, uploads: list, reference: nn.Module, m: int, n_clients: int) -> list:
+        """``--dp_level client``: the uploads replaced by the clipped, noised mean update applied to
+        ``reference`` (``ClientLevelDP.release``); unchanged otherwise."""
+        if self.client_dp is None:
+            return uploads
+        return self.client_dp.release(self.cfg.algorithm, uploads, reference, m, n_clients)
+
+    def after_upload(self, round_idx: int, active: list, uploads: list) -> None:
+        """Attack each snapshotted client ``-bnpc`` times; record and print the round's scores."""
+        if not self.starts:
+            return
+        by_id = {u.id: u for u in uploads}
+        rows = []
+        for c in active:
+            if c.id in self.starts:
+                rows += self._attack_client(round_idx, c, self.starts[c.id], by_id.get(c.id))
+        self.starts = {}
+        self._report(round_idx, rows)
+
+    def _attack_client(self, round_idx: int, client, start: nn.Module, upload) -> list[dict]:
+        cfg = self.cfg
+        names = dlg.trainable_names(start)
+        batch = min(cfg.dlg_batch, client.train_samples)
+        if cfg.dlg_target == "update":
+            state = align_state(start, (upload.state if upload is not None else None) or {})
+            names = [n for n in names if n in state]
+            if not names:
+                raise FLError(f"--dlg_target update: {cfg.algorithm}'s upload holds no model parameters to "
+                              f"attack; use --dlg_target gradient")
+            steps = client.steps_per_round()
+            target = dlg.pseudo_gradient(start.state_dict(), state, client.learning_rate(round_idx), steps, names)
+        rows = []
+        for b in range(cfg.batch_num_per_client):
+            if cfg.dlg_target == "gradient":
+                idx = attacked_batch(cfg.seed, self.run, round_idx, client.id, b, client.train_samples, batch)
+                x, y = client.x_train[idx.to(client.x_train.device)], client.y_train[idx.to(client.x_train.device)]
+                if sample_level(cfg):
+                    noise = torch_gen(cfg.seed, self.run, "dlg-dp", round_idx, client.id, b, device=cfg.device)
+                    target = dp_gradient(start, x, y, cfg.dp_clip, cfg.dp_sigma, noise)
+                else:
+                    target = dlg.model_gradient(start, x, y, names)
+            else:
+                x, y = client.x_train, client.y_train  # the update mixes every local batch
+            gen = torch_gen(cfg.seed, self.run, "dlg-init", round_idx, client.id, b, device=cfg.device)
+            clip = cfg.dp_clip if sample_level(cfg) and cfg.dlg_target == "gradient" else None  # a DP-aware attacker
+            if cfg.dlg_attack == "ig":
+                rec = dlg.invert_gradients(start, target, self.input_shape, batch, self.num_classes,
+                                           iters=cfg.ig_iters, tv=cfg.ig_tv, generator=gen, bounds=self.box(),
+                                           clip=clip)
+            else:
+                rec = dlg.reconstruct(start, target, self.input_shape, batch, self.num_classes,
+                                      method=cfg.dlg_attack, iters=cfg.dlg_iters, generator=gen, clip=clip)
+            rows.append(self._score(x, y, rec, exact_batch=cfg.dlg_target == "gradient"))
+        return rows
+
+    def box(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The normalised images of pixels 0 and 1 per channel (C x 1 x 1): IG's box constraint."""
+        m = torch.as_tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
+        s = torch.as_tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
+        return (0 - m) / s, (1 - m) / s
+
+    def _score(self, x, y, rec, exact_batch: bool) -> dict:
+        orig = dlg.denormalize(x.float(), self.mean, self.std)
+        recon = dlg.denormalize(rec.x.float(), self.mean, self.std)
+        order, psnr = dlg.match(orig, recon)
+        order = order.to(orig.device)
+        ssim = dlg.ssim(orig[order], recon)
+        base_psnr, base_ssim = guess_scores(orig, len(recon), self.mean, self.std)
+        true = y[order].cpu()
+        if exact_batch:  # label recovery as a multiset: the attacker does not know the batch order
+            hits = sum((Counter(rec.labels.cpu().tolist()) & Counter(y.cpu().tolist())).values())
+        else:  # an update mixes many images: a label counts if it is that of the image matched
+            hits = int((rec.labels.cpu() == true).sum())
+        return {"orig": orig[order].cpu(), "recon": recon.cpu(), "psnr": psnr.cpu(), "ssim": ssim.cpu(),
+                "base_psnr": base_psnr.cpu(), "base_ssim": base_ssim.cpu(), "label_hits": hits, "n": len(recon),
+                "loss": rec.loss}
+
+    def _report(self, round_idx: int, rows: list[dict]) -> None:
+        psnr = torch.cat([r["psnr"] for r in rows])
+        ssim = torch.cat([r["ssim"] for r in rows])
+        n = sum(r["n"] for r in rows)
+        values = {"psnr": float(psnr.mean()), "psnr_max": float(psnr.max()), "ssim": float(ssim.mean()),
+                  "label_acc": sum(r["label_hits"] for r in rows) / n, "images": n,
+                  "psnr_guess": float(torch.cat([r["base_psnr"] for r in rows]).mean()),
+                  "ssim_guess": float(torch.cat([r["base_ssim"] for r in rows]).mean())}
+        tqdm.write(f"round {round_idx:4d} | {self.cfg.dlg_attack.upper()} on {self.cfg.dlg_target} | "
+                   f"PSNR {values['psnr']:.2f} dB (max {values['psnr_max']:.2f}; grey guess "
+                   f"{values['psnr_guess']:.2f}) | SSIM {values['ssim']:.3f} (guess {values['ssim_guess']:.3f}) | "
+                   f"labels {values['label_acc']:.2f} | {n} image(s)")
+        if self.recorder is None:
+            return
+        self.recorder.add_series("dlg", round_idx, values)
+        self.recorder.save()
+        self.recorder.out_dir.mkdir(parents=True, exist_ok=True)
+        dlg.save_grid(torch.cat([r["orig"] for r in rows]), torch.cat([r["recon"] for r in rows]),
+                      self.recorder.out_dir / f"{self.recorder.stem}_dlg_r{round_idx}.png",
+                      [f"{p:.1f} dB" for p in psnr.tolist()])
+
+    def metrics(self, clients: list) -> dict:
+        """Per-evaluation DP figures: epsilon of every client at ``--dp_delta`` (0 before it trains); the
+        server prints the maximum with the round's accuracy. A client that trained under ``-dp`` without a
+        single DP-SGD step (an algorithm whose training bypasses the DP path) is an error: its epsilon of 0
+        would claim privacy the run did not give."""
+        if not self.cfg.privacy:
+            return {}
+        if self.client_dp is not None:  # one client-level epsilon, the same for every client
+            e = self.client_dp.epsilon(self.cfg.dp_delta)
+            return {"dp_epsilon_max": e, "dp_epsilon_mean": e, "dp_client_epsilon": np.full(len(clients), e),
+                    "dp_clip_norm": self.client_dp.clip}
+        eps = np.array([c.dp_epsilon(self.cfg.dp_delta) for c in clients])
+        bare = [c.id for c, e in zip(clients, eps) if c.id in self.trained and not e > 0]
+        if bare:
+            raise FLError(f"-dp: client {bare[0]} trained but its DP accountant is empty: {self.cfg.algorithm}'s "
+                          f"training bypassed DP-SGD, so the run is not private (a bug: refuse -dp in its check_config)")
+        return {"dp_epsilon_max": float(eps.max()), "dp_epsilon_mean": float(eps.mean()), "dp_client_epsilon": eps}
