@@ -248,4 +248,10 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    # main() restores the handlers it found when it returns; as a program, those ignore a Ctrl-C or SIGTERM
+    # repeated while the process exits, so a run stopped by a signal ends with its one line and 130 / 143
+    import signal
+
+    for _sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_sig, signal.SIG_IGN)
     sys.exit(main())

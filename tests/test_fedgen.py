@@ -147,7 +147,7 @@ def test_ala_runs(digits_tiny_root, tmp_path):
 
 
 @pytest.mark.parametrize("flags, words", [
-    pytest.param(("-dp",), "FedGen also uploads each client's label counts", marks=pytest.mark.optional_deps("opacus")),
+    pytest.param(("-dp",), "FedGen is refused: it uploads each client's label counts", marks=pytest.mark.optional_deps("opacus")),
     (("-ala", "-lf"), "with -lf only the head is global"),
     (("-nd", "0"), "FedGen needs -nd, -hd and --gen_batch_size >= 1"),
     (("-glr", "0"), "FedGen needs -glr > 0"),
