@@ -127,8 +127,9 @@ def instrumented(server_cls: type, cfg, train_flops: float, reference=None) -> t
 
         def _record(self, summary):
             super()._record(summary)
+            loss = summary["train_loss"]  # NaN under --train_loss_eval off: kept as None, so curves compare equal
             self.bench_curve.append({"round": self.round_idx, "acc": summary["test_acc"],
-                                     "loss": summary["train_loss"]})
+                                     "loss": None if loss != loss else loss})
 
         def after_round(self):
             super().after_round()
