@@ -223,9 +223,9 @@ def summary_markdown(split: str, s: dict) -> str:
             f"- Cost: {cpu}.")
 
 
-def plot_converged(data: dict, board: dict, out: Path) -> list[Path]:
+def plot_converged(data: dict, summaries: dict, out: Path) -> list[Path]:
     """Curves of each split's traditional and personalised groups (mean ± std over seeds) and one figure
-    of this library's ranks against PFLlib's."""
+    of this library's ranks against PFLlib's (from each split's ``converged_markdown`` summary)."""
     import plot
 
     plt = plot.plt
@@ -250,10 +250,8 @@ def plot_converged(data: dict, board: dict, out: Path) -> list[Path]:
                 ax.set_title(f"{split}: {'traditional FL' if group == 'traditional' else 'personalised FL'}")
                 ax.legend(fontsize=6, ncol=2 if len(members) > 12 else 1)
                 written += plot.save(fig, out, f"converged_{split}_{group}")
-        splits = [s for s in data["splits"] if s in SPLITS]
-        fig, axes = plt.subplots(1, len(splits), figsize=(5.5 * len(splits), 5), squeeze=False)
-        for ax, split in zip(axes[0], splits):
-            _, s = converged_markdown(data, board, split)
+        fig, axes = plt.subplots(1, len(summaries), figsize=(5.5 * len(summaries), 5), squeeze=False)
+        for ax, (split, s) in zip(axes[0], summaries.items()):
             r_ours, r_theirs = s["ranks"]
             for n in r_ours:
                 ax.scatter(r_theirs[n], r_ours[n], s=14)
@@ -288,17 +286,18 @@ def report_converged(args) -> int:
     print(f"export: {args.export}")
     if args.export_only:
         return 0
+    summaries = {}
     for split in data["splits"]:
         if split not in SPLITS:
             continue
-        text, s = converged_markdown(data, board, split)
+        text, s = summaries[split] = converged_markdown(data, board, split)
         block = text + "\n\n" + summary_markdown(split, s)
         if args.print:
             print(f"## {split}\n{block}\n")
         else:
             write_block(args.doc, f"converged-{SPLITS[split]}", block)
             print(f"wrote {split}'s rows to {args.doc}")
-    for path in plot_converged(data, board, args.figures):
+    for path in plot_converged(data, {k: s for k, (_, s) in summaries.items()}, args.figures):
         print(path)
     return 0
 

@@ -35,10 +35,10 @@ _RAW_DTYPES = {torch.float16, torch.float32, torch.float64, torch.int8, torch.in
 
 def dumps(obj) -> bytes:
     """``obj`` pickled for the pipe. Torch pickles each tensor's storage as a ``torch.save`` archive, which
-    costs several times the copy itself to write and to read (the CNN's state, 2.3 MB, round-trips in 6.3 ms that
-    way and in 2.4 ms this way on a loaded 2-core machine); a dense CPU tensor that owns its whole storage travels here as
-    a numpy array of the same bytes instead, and arrives with the same dtype, shape, strides and
-    ``requires_grad``. Anything else (views into a larger storage, other layouts and dtypes, non-leaf
+    costs several times the copy itself to write and to read (the CNN's 2.3 MB state round-trips in 6.3 ms
+    that way, 2.4 ms this way, on a loaded 2-core machine); a dense CPU tensor that owns its whole storage
+    travels here as a numpy array of the same bytes instead, and arrives with the same dtype, shape, strides
+    and ``requires_grad``. Anything else (views into a larger storage, other layouts and dtypes, non-leaf
     tensors) is pickled as torch does it."""
     buf = io.BytesIO()
     _RawTensorPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
