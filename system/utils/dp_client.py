@@ -37,8 +37,10 @@ def clip_update(delta: dict[str, torch.Tensor], clip: float) -> tuple[dict[str, 
     return {k: d * factor for k, d in delta.items()}, norm
 
 
-def _aligned_names(model: nn.Module, state: dict) -> dict[str, str]:
-    """{upload name: ``model``'s name} for an upload's state (``align_state``'s rule)."""
+def aligned_names(model: nn.Module, state: dict) -> dict[str, str]:
+    """{upload name: ``model``'s name} for an upload's state. Uploads of a part of the model (FedRep's body:
+    ``model.base.state_dict()``) carry names relative to that part; they are prefixed with the submodule
+    whose state they match. Empty when nothing matches."""
     own = set(model.state_dict())
     if set(state) <= own:
         return {k: k for k in state}
@@ -109,7 +111,7 @@ class ClientLevelDP:
             if u.extras:
                 raise FLError(f"--dp_level client: {algorithm}'s clients upload {', '.join(sorted(u.extras))} "
                               f"beside their model, which client-level DP does not cover; use --dp_level sample")
-        names = _aligned_names(reference, uploads[0].state)
+        names = aligned_names(reference, uploads[0].state)
         if not names or any(set(u.state) != set(names) for u in uploads):
             raise FLError(f"--dp_level client: {algorithm}'s uploads are not entries of its global model, so "
                           f"they are no model update; use --dp_level sample")

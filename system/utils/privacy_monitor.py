@@ -13,7 +13,7 @@ from torch import nn
 from tqdm import tqdm
 
 from utils import dlg
-from utils.dp_client import ClientLevelDP
+from utils.dp_client import ClientLevelDP, aligned_names
 from utils.dp_sgd import dp_gradient
 from utils.dp_support import client_level, sample_level, uncovered_steps
 from utils.errors import FLError
@@ -44,15 +44,8 @@ def guess_scores(originals: torch.Tensor, k: int, mean, std) -> tuple[torch.Tens
 
 
 def align_state(model: nn.Module, state: dict) -> dict:
-    """An upload's state keyed by ``model``'s own names. Uploads of a part of the model (FedRep's body:
-    ``model.base.state_dict()``) carry names relative to that part; they are prefixed with the submodule
-    whose state they match. Empty when nothing matches."""
-    if set(state) <= set(model.state_dict()):
-        return dict(state)
-    for prefix, module in model.named_modules():
-        if prefix and state and set(state) <= set(module.state_dict()):
-            return {f"{prefix}.{k}": v for k, v in state.items()}
-    return {}
+    """An upload's state keyed by ``model``'s own names (``dp_client.aligned_names``' rule)."""
+    return {name: state[k] for k, name in aligned_names(model, state).items()}
 
 
 class PrivacyMonitor:
