@@ -11,6 +11,7 @@ seed + i) and prints mean ± std of the best and last accuracy.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -139,6 +140,18 @@ def run(cfg: Config, executor=None) -> list[Path]:
         executor.close()
 
 
+def unfinished(sidecar: Path) -> bool:
+    """Whether a result's sidecar says its run stopped before its end: interrupted by a signal, or still
+    "running" although its process is gone (the caller holds the result name's lock). ``--resume`` without a
+    checkpoint starts such a run over, since every round it lost is recomputed the same; a finished, diverged
+    or failed result is an outcome and is never replaced that way."""
+    try:
+        status = json.loads(sidecar.read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return status in ("interrupted", "running")
+
+
 def run_all(cfg: Config, data, executor) -> list[Path]:
     import torch
 
@@ -160,7 +173,7 @@ def run_all(cfg: Config, data, executor) -> list[Path]:
         with recorder.lock():
             if recorder.h5_path.exists() and not cfg.overwrite:
                 refuse_existing(cfg, [r])  # without --resume: a run that started meanwhile may have written it
-                if not checkpoint_file(recorder).exists():  # --resume would start over and replace it
+                if not checkpoint_file(recorder).exists() and not unfinished(recorder.json_path):
                     raise FLError(f"--resume: {recorder.h5_path} exists but has no checkpoint "
                                   f"({checkpoint_file(recorder).name}) to continue from; pass --overwrite to run "
                                   f"it again, or another -go to keep both")

@@ -158,6 +158,31 @@ def test_runs_sharing_a_client_state_dir_do_not_see_each_other(digits_tiny_root,
     assert list(shared.iterdir()) == []  # each run removed its own folder
 
 
+def test_resume_starts_over_a_run_interrupted_before_its_first_checkpoint(digits_tiny_root, tmp_path, capsys,
+                                                                         monkeypatch):
+    from flcore.servers.serverbase import Server
+    argv = cli(digits_tiny_root, tmp_path, "-gr", "3", *SEQ)
+    argv.remove("--overwrite")
+    after_round = Server.after_round
+
+    def stop_in_round_1(self):
+        if self.round_idx == 1:
+            raise KeyboardInterrupt
+        after_round(self)
+
+    monkeypatch.setattr(Server, "after_round", stop_in_round_1)
+    assert main.main(argv) == 130
+    assert len(read_h5(tmp_path / f"{STEM}.h5")["rs_round"]) == 2  # rounds 0-1 kept, no checkpoint written
+    monkeypatch.setattr(Server, "after_round", after_round)
+    capsys.readouterr()
+    assert main.main(argv + ["--resume"]) == 0  # nothing to continue from: the run starts over
+    assert main.main(cli(digits_tiny_root, tmp_path / "fresh", "-gr", "3", *SEQ)) == 0
+    resumed, fresh = read_h5(tmp_path / f"{STEM}.h5"), read_h5(tmp_path / "fresh" / f"{STEM}.h5")
+    assert list(resumed["rs_test_acc"]) == list(fresh["rs_test_acc"]) and len(fresh["rs_test_acc"]) == 4
+    # once it has finished, the same --resume refuses to replace it (the next test's case)
+    assert main.main(argv + ["--resume"]) == 2
+
+
 def test_resume_does_not_replace_a_finished_result_without_checkpoint(digits_tiny_root, tmp_path, capsys):
     argv = cli(digits_tiny_root, tmp_path, "-gr", "2", *SEQ)
     argv.remove("--overwrite")
