@@ -1,32 +1,35 @@
-"""docs/benchmark.md's rows from the benchmark sweeps.
+"""docs/benchmark.md's rows from the benchmark sweeps, through a compact export of every run.
 
-The quick protocol: accuracy over the seeds of one sweep, seconds per round from a second, timing-only
-sweep of seed 0 run alone on a quiet machine.
+Both protocols first fold the runs their sweeps have finished into a committed export (per split and
+algorithm the reproducing command, and per seed the accuracy curve, bytes and seconds per round, the CPU
+seconds the sweep recorded and the code's commit), then draw every table cell and figure from the export
+alone. A run found in the results replaces the same (split, algorithm, seed) in the export and every other
+entry is kept, so a table grows over several sweeps, sessions or machines, and a reader can redraw any
+curve without the h5 files. ``--export-only`` / ``--from-export`` split the two halves.
+
+The quick protocol (the default; ``docs/benchmarks/quick.json``): accuracy over the seeds of one sweep,
+seconds per round from a second, timing-only sweep of seed 0 run alone on a quiet machine.
 
     python scripts/sweep.py --config scripts/benchmark_zoo.json                                   # 3 seeds
     python scripts/sweep.py --config scripts/benchmark_zoo.json --seeds 0 --out results/benchmark_timing
     python scripts/benchmark_report.py                                                            # rows -> doc
 
 Accuracies are deterministic (the same seed gives the same curve on any executor), so the timing sweep's
-seed 0 must reproduce the accuracy sweep's seed 0 exactly: every row is checked, and a mismatch is an
-error. Seconds per round are wall time, which other processes on the machine inflate; the accuracy sweep
-may share the machine, the timing sweep should not. The rows replace the block between
-``<!-- rows:begin -->`` and ``<!-- rows:end -->`` of the document.
+seed 0 must reproduce the accuracy sweep's seed 0 exactly: every row is checked, and a mismatch (or a row
+without a timing run) is an error. Seconds per round are wall time, which other processes on the machine
+inflate; the accuracy sweep may share the machine, the timing sweep should not. The rows replace the block
+between ``<!-- rows:begin -->`` and ``<!-- rows:end -->`` of the document.
 
-Protocol B, converged (``--protocol converged``):
+Protocol B, converged (``--protocol converged``; ``docs/benchmarks/converged.json``):
 
     python scripts/sweep.py --config scripts/benchmark_converged.json -j 2   # both splits, 3 seeds
     python scripts/benchmark_report.py --protocol converged                  # export, rows, figures
 
-reads the sweep's results, writes a compact export of every run (``docs/benchmarks/converged.json``: per
-split and algorithm the command, and per seed the accuracy curve, bytes, seconds per round and the code's
-commit; what every table cell and figure is drawn from, so a reader can redraw any curve without the h5
-files), then from the export alone: the two tables (best and last accuracy, PFLlib's published leaderboard
-value beside every algorithm it has, ``docs/benchmarks/pfllib_leaderboard.json``), the flatness check, the
-Spearman rank correlation with PFLlib's ordering, and the figures (curves of the traditional and the
-personalised groups with ±1 std bands, this library's ranks against PFLlib's). ``--export-only`` /
-``--from-export`` split the two halves. Each table replaces the block between ``<!-- converged-<split>:begin
--->`` and its ``end`` marker.
+gives the two tables (best and last accuracy, PFLlib's published leaderboard value beside every algorithm
+it has, ``docs/benchmarks/pfllib_leaderboard.json``), the flatness check, the Spearman rank correlation
+with PFLlib's ordering, and the figures (curves of the traditional and the personalised groups with ±1 std
+bands, this library's ranks against PFLlib's). Each table replaces the block between
+``<!-- converged-<split>:begin -->`` and its ``end`` marker.
 """
 from __future__ import annotations
 
@@ -43,8 +46,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import table  # noqa: E402
 
-BEGIN, END = "<!-- rows:begin -->", "<!-- rows:end -->"
 EXPORT = REPO / "docs" / "benchmarks" / "converged.json"
+QUICK_EXPORT = REPO / "docs" / "benchmarks" / "quick.json"
 LEADERBOARD = REPO / "docs" / "benchmarks" / "pfllib_leaderboard.json"
 SPLITS = {"FMNIST_pat_s2000": "pat", "FMNIST_dir0.1_s2000": "dir"}  # Protocol B's splits -> leaderboard column
 # The traditional-FL group of the figures (evaluated on the global model); every other algorithm is personalised.
@@ -52,53 +55,64 @@ TRADITIONAL = ("FedAvg", "FedProx", "SCAFFOLD", "FedDyn", "MOON", "FedLC", "FedG
 FLAT_PT, FLAT_TAIL, FLAT_TOP = 0.5, 0.2, 5  # the flatness criterion: see flatness()
 
 
-def seed0_curve(row: table.Row) -> np.ndarray | None:
-    for run in row.runs:
-        if run.meta.get("run") == 0:
-            return np.asarray(run.series["rs_test_acc"])
-    return None
+def accuracy_cells(stats: dict) -> dict:
+    """{algorithm: (best cell, last cell)} from {algorithm: (best per seed, last per seed)} in %: mean ± the
+    population std over seeds (the mean alone for one seed), in bold where the mean, as shown, is the
+    column's best (no bold when every row ties)."""
+    cells = {n: [] for n in stats}
+    for col in (0, 1):
+        shown = {n: round(float(v[col].mean()), 2) for n, v in stats.items()}
+        top = max(shown.values())
+        tie = len(stats) < 2 or all(m == top for m in shown.values())
+        for n, v in stats.items():
+            text = f"{v[col].mean():.2f} ± {v[col].std():.2f}" if len(v[col]) > 1 else f"{v[col].mean():.2f}"
+            cells[n].append(f"**{text}**" if shown[n] == top and not tie else text)
+    return cells
 
 
-def mean_mb(row: table.Row, key: str) -> float:
-    """Megabytes per round of one direction (``rs_bytes_up`` or ``rs_bytes_down``), summed over the clients,
-    averaged over rounds and seeds."""
-    per_run = [np.mean(run.series[key]) for run in row.runs if len(run.series.get(key, ())) > 0]
-    return float(np.mean(per_run)) / 1e6 if per_run else float("nan")
+def mb_cell(runs: list[dict]) -> str:
+    """Megabytes per round up / down, summed over the clients, averaged over rounds and seeds."""
+    up = [r["mb_up"] for r in runs if r["mb_up"] is not None]
+    down = [r["mb_down"] for r in runs if r["mb_down"] is not None]
+    return f"{np.mean(up):.2f} / {np.mean(down):.2f}" if up and down else "-"
 
 
-def rows_markdown(acc_rows: list[table.Row], time_rows: dict[str, table.Row]) -> tuple[str, list[str]]:
-    """The markdown table and the problems found (missing timing, seed 0 not reproduced)."""
+def ordered(entries: dict) -> list[str]:
+    """Algorithms in registry order (``X+ALA`` beside X), unknown names last."""
+    order = table.registry_order()
+    return sorted(entries, key=lambda n: (order.index(n.split("+")[0]) if n.split("+")[0] in order else len(order),
+                                          n))
+
+
+def quick_markdown(data: dict) -> tuple[str, list[str]]:
+    """The quick protocol's table from its export, and the problems found: a row without a timing run, or
+    whose timing run does not reproduce its seed 0 (the code changed between the two sweeps)."""
+    (split, entries), = data["splits"].items()
+    names = ordered(entries)
+    cells = accuracy_cells({n: best_last(entries[n]) for n in names})
     problems = []
-    best_cols = {c: table.best_rows(acc_rows, c) for c in ("best", "last")}
     lines = ["| algorithm | best accuracy (%) | last accuracy (%) | MB/round up / down | s/round | seeds |",
              "|---|---|---|---|---|---|"]
-    for i, row in enumerate(acc_rows):
-        name = row.group[0]
-        cells = []
-        for col in ("best", "last"):
-            text = table.cell(row.stats[col], col)
-            cells.append(f"**{text}**" if i in best_cols[col] else text)
-        up, down = (mean_mb(row, key) for key in ("rs_bytes_up", "rs_bytes_down"))
-        cells.append(f"{up:.2f} / {down:.2f}" if np.isfinite(up + down) else "-")
-        timed = time_rows.get(name)
-        if timed is None:
-            problems.append(f"{name}: no timing run")
-            cells.append("-")
+    for n in names:
+        runs, timing = entries[n]["runs"], entries[n].get("timing")
+        seed0 = next((r for r in runs if r["run"] == 0), None)
+        if timing is None:
+            problems.append(f"{n}: no timing run")
+            seconds = "-"
+        elif seed0 is None or seed0["test_acc"] != timing["test_acc"]:
+            problems.append(f"{n}: the timing run's seed 0 does not reproduce the accuracy run's curve")
+            seconds = "-"
         else:
-            a, b = seed0_curve(row), seed0_curve(timed)
-            if a is None or b is None or not np.array_equal(a, b):
-                problems.append(f"{name}: the timing run's seed 0 does not reproduce the accuracy run's curve")
-            cells.append(f"{timed.stats['time'][0]:.2f}")
-        cells.append(str(row.stats["best"][3]))
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+            seconds = f"{timing['s_per_round']:.2f}"
+        lines.append(f"| {n} | {' | '.join(cells[n])} | {mb_cell(runs)} | {seconds} | {len(runs)} |")
     return "\n".join(lines), problems
 
 
-# ---- Protocol B, converged -----------------------------------------------------------------------------
-def export_converged(results: str, out: Path = EXPORT) -> dict:
-    """Every complete run of the converged sweep, per split and algorithm: the reproducing command and per
-    seed the accuracy curve, bytes per round, seconds per round, the CPU seconds the sweep recorded and the
-    code's commit. Written to ``out`` (JSON) and returned."""
+# ---- the export: every run of a sweep, compact ---------------------------------------------------------
+def export_runs(results: str) -> dict:
+    """Every complete run under ``results``, per split and algorithm: the reproducing command and per seed
+    the accuracy curve, bytes per round, seconds per round, the CPU seconds the sweep recorded and the
+    code's commit (``{"splits": {split: {algorithm: {"command", "runs"}}}}``)."""
     import sweep
 
     rows = table.aggregate(table.load_runs([results]), ["dataset", "algorithm"])
@@ -120,13 +134,46 @@ def export_converged(results: str, out: Path = EXPORT) -> dict:
                 "s_per_round": round(table.run_metrics(r, None)["time"], 4),
                 "cpu_s": cpu})
         splits.setdefault(split, {})[name] = entry
-    data = {"protocol": json.loads((REPO / "scripts" / "benchmark_converged.json").read_text())["description"],
-            "splits": splits}
+    return {"splits": splits}
+
+
+def merge_exports(old: dict, new: dict) -> dict:
+    """``old`` with ``new``'s runs laid over it: a run (split, algorithm, seed index) present in both is
+    ``new``'s, so a table grows over several sweeps, sessions or machines and a rerun replaces its cell;
+    every other key (``timing``) is ``new``'s where it has one."""
+    merged = json.loads(json.dumps(old))
+    for split, entries in new.get("splits", {}).items():
+        for name, entry in entries.items():
+            into = merged.setdefault("splits", {}).setdefault(split, {}).setdefault(name, {"runs": []})
+            runs = {r["run"]: r for r in into["runs"]} | {r["run"]: r for r in entry["runs"]}
+            into.update({k: v for k, v in entry.items() if k != "runs"})
+            into["runs"] = [runs[k] for k in sorted(runs)]
+    return merged
+
+
+def write_export(results: str | None, out: Path, config: str, timing: str | None = None) -> dict:
+    """The export at ``out``: what it held, with the runs found under ``results`` (and, for the quick
+    protocol, seed 0 of the timing sweep under ``timing``) laid over it; the protocol's description comes
+    from its sweep config. Written back and returned."""
+    data = json.loads(out.read_text()) if out.exists() else {"splits": {}}
+    new = export_runs(results) if results and Path(results).is_dir() else {"splits": {}}
+    if timing and Path(timing).is_dir():
+        for split, entries in export_runs(timing)["splits"].items():
+            for name, entry in entries.items():
+                seed0 = next((r for r in entry["runs"] if r["run"] == 0), None)
+                if seed0 is not None:
+                    target = new["splits"].setdefault(split, {}).setdefault(name, {"runs": []})
+                    target["timing"] = {k: seed0[k] for k in ("commit", "test_acc", "s_per_round")}
+    if not new["splits"] and not data["splits"]:
+        raise table.TableError(f"no complete run under {results} and no export at {out}")
+    data = merge_exports(data, new)
+    data["protocol"] = json.loads((REPO / "scripts" / config).read_text())["description"]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1) + "\n")
     return data
 
 
+# ---- Protocol B, converged -----------------------------------------------------------------------------
 def best_last(entry: dict) -> tuple[np.ndarray, np.ndarray]:
     """Per seed: best and last test accuracy (%)."""
     accs = [np.asarray(r["test_acc"]) * 100 for r in entry["runs"]]
@@ -174,24 +221,18 @@ def converged_markdown(data: dict, board: dict, split: str) -> tuple[str, dict]:
     column = SPLITS[split]
     published = {leaderboard_names(board)[k]: v[column] for k, v in board["rows"].items()}
     entries = data["splits"][split]
-    order = table.registry_order()
-    names = sorted(entries, key=lambda n: order.index(n.split("+")[0]) if n.split("+")[0] in order else len(order))
+    names = ordered(entries)
     stats = {n: best_last(entries[n]) for n in names}
-    top_best = max(stats[n][0].mean() for n in names)
-    top_last = max(stats[n][1].mean() for n in names)
+    acc = accuracy_cells(stats)
     lines = ["| algorithm | best acc (%) | last acc (%) | PFLlib, full scale (%) | still rising (pt) | "
              "MB/round up / down | s/round | seeds |", "|---|---|---|---|---|---|---|---|"]
     for n in names:
-        b, l = stats[n]
         runs = entries[n]["runs"]
-        cells = [f"{v.mean():.2f} ± {v.std():.2f}" if len(v) > 1 else f"{v.mean():.2f}" for v in (b, l)]
-        cells = [f"**{c}**" if m == t else c for c, m, t in zip(cells, (b.mean(), l.mean()), (top_best, top_last))]
+        cells = list(acc[n])
         pub = published.get(n)
         cells.append(f"{pub[0]:.2f} ± {pub[1]:.2f}" if pub else "-")
         cells.append(f"{flatness(entries[n]):.2f}")
-        up = [r["mb_up"] for r in runs if r["mb_up"] is not None]
-        down = [r["mb_down"] for r in runs if r["mb_down"] is not None]
-        cells.append(f"{np.mean(up):.2f} / {np.mean(down):.2f}" if up and down else "-")
+        cells.append(mb_cell(runs))
         cells.append(f"{np.mean([r['s_per_round'] for r in runs]):.2f}")
         cells.append(str(len(runs)))
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
@@ -279,7 +320,8 @@ def write_block(doc: Path, name: str, text: str) -> None:
 def report_converged(args) -> int:
     board = json.loads(LEADERBOARD.read_text())
     try:
-        data = json.loads(args.export.read_text()) if args.from_export else export_converged(args.results, args.export)
+        data = (json.loads(args.export.read_text()) if args.from_export
+                else write_export(args.results, args.export, "benchmark_converged.json"))
     except (table.TableError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -310,36 +352,35 @@ def main(argv=None) -> int:
     p.add_argument("--print", action="store_true", help="print the rows instead of writing the document")
     p.add_argument("--protocol", default="quick", choices=["quick", "converged"],
                    help="quick: the 5-round table; converged: Protocol B (--results defaults to its sweep's folder)")
-    p.add_argument("--export", type=Path, default=EXPORT, help="converged: the compact export of every run")
-    p.add_argument("--export-only", action="store_true", help="converged: write the export, nothing else")
-    p.add_argument("--from-export", action="store_true", help="converged: tables and figures from the export alone")
+    p.add_argument("--export", type=Path, default=None,
+                   help="the compact export of every run (default: docs/benchmarks/quick.json or converged.json)")
+    p.add_argument("--export-only", action="store_true", help="write the export, nothing else")
+    p.add_argument("--from-export", action="store_true", help="tables (and figures) from the export alone")
     p.add_argument("--figures", type=Path, default=REPO / "docs" / "img", help="converged: where figures go")
     args = p.parse_args(argv)
+    if args.export is None:
+        args.export = EXPORT if args.protocol == "converged" else QUICK_EXPORT
     if args.protocol == "converged":
         if args.results == str(REPO / "results" / "benchmark"):
             args.results = str(REPO / "results" / "benchmark_converged")
         return report_converged(args)
     try:
-        acc_rows = table.aggregate(table.load_runs([args.results]), ["algorithm"])
-        time_rows = {r.group[0]: r for r in table.aggregate(table.load_runs([args.timing]), ["algorithm"])}
-    except table.TableError as e:
+        data = (json.loads(args.export.read_text()) if args.from_export
+                else write_export(args.results, args.export, "benchmark_zoo.json", timing=args.timing))
+    except (table.TableError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for w in table.check_rows(acc_rows, ["algorithm"]):
-        print(f"warning: {w}", file=sys.stderr)
-    text, problems = rows_markdown(acc_rows, time_rows)
+    print(f"export: {args.export}")
+    if args.export_only:
+        return 0
+    text, problems = quick_markdown(data)
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     if args.print:
         print(text)
     else:
-        doc = args.doc.read_text()
-        if BEGIN not in doc or END not in doc:
-            print(f"error: {args.doc} lacks the {BEGIN} / {END} markers", file=sys.stderr)
-            return 2
-        head, rest = doc.split(BEGIN, 1)
-        args.doc.write_text(head + BEGIN + "\n" + text + "\n" + END + rest.split(END, 1)[1])
-        print(f"wrote {len(acc_rows)} rows to {args.doc}")
+        write_block(args.doc, "rows", text)
+        print(f"wrote {len(data['splits'][next(iter(data['splits']))])} rows to {args.doc}")
     return 1 if problems else 0
 
 

@@ -1,5 +1,6 @@
-"""scripts/benchmark_report.py's Protocol B half: the export of real result files, and the table, flatness
-check and rank correlation computed from hand-made exports whose values are worked out by hand."""
+"""scripts/benchmark_report.py: the export of real result files and its merging, and both protocols' tables,
+the flatness check and the rank correlation computed from hand-made exports whose values are worked out by
+hand."""
 import json
 import sys
 from pathlib import Path
@@ -12,9 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import benchmark_report as br  # noqa: E402
 
 
-def run(acc, rounds=None, up=2.0, down=3.0, s=0.5, cpu=10.0):
+def run(acc, rounds=None, up=2.0, down=3.0, s=0.5, cpu=10.0, seed=0):
     rounds = list(range(len(acc))) if rounds is None else rounds
-    return {"run": 0, "status": "finished", "commit": "x", "rounds": rounds, "test_acc": acc, "mb_up": up,
+    return {"run": seed, "status": "finished", "commit": "x", "rounds": rounds, "test_acc": acc, "mb_up": up,
             "mb_down": down, "s_per_round": s, "cpu_s": cpu}
 
 
@@ -66,8 +67,9 @@ def test_export_holds_each_runs_curve_and_command(digits_tiny_root, tmp_path):
 
     out = tmp_path / "res"
     assert main.main(cli(digits_tiny_root, out, "-gr", "2", "-lr", "0.1", "--executor", "sequential", "-t", "2")) == 0
-    data = br.export_converged(str(out), tmp_path / "export.json")
+    data = br.write_export(str(out), tmp_path / "export.json", "benchmark_converged.json")
     assert json.loads((tmp_path / "export.json").read_text()) == data
+    assert data["protocol"].startswith("docs/benchmark.md, Protocol B")
     entry = data["splits"]["Digits"]["FedAvg"]
     assert "-pv" not in entry["command"] and "-t 2" in entry["command"] and "-gr 2" in entry["command"]
     import h5py
@@ -78,3 +80,52 @@ def test_export_holds_each_runs_curve_and_command(digits_tiny_root, tmp_path):
             assert np.allclose(r["test_acc"], f["rs_test_acc"][()], atol=1e-6)
             assert r["mb_up"] == pytest.approx(np.mean(f["rs_bytes_up"][()]) / 1e6, abs=1e-4)
         assert r["cpu_s"] is None  # not run by a sweep
+
+
+def test_merge_keeps_old_runs_and_lets_new_ones_replace_theirs():
+    old = {"splits": {"S": {"FedAvg": {"command": "old", "runs": [run([0.1], seed=0), run([0.2], seed=1)]},
+                            "Local": {"command": "l", "runs": [run([0.3])]}}}}
+    new = {"splits": {"S": {"FedAvg": {"command": "new", "runs": [run([0.9], seed=1), run([0.8], seed=2)],
+                                       "timing": {"s_per_round": 1.0}}},
+                      "T": {"Ditto": {"command": "d", "runs": [run([0.5])]}}}}
+    merged = br.merge_exports(old, new)
+    fedavg = merged["splits"]["S"]["FedAvg"]
+    assert [(r["run"], r["test_acc"]) for r in fedavg["runs"]] == [(0, [0.1]), (1, [0.9]), (2, [0.8])]
+    assert fedavg["command"] == "new" and fedavg["timing"] == {"s_per_round": 1.0}
+    assert merged["splits"]["S"]["Local"] == old["splits"]["S"]["Local"]
+    assert merged["splits"]["T"]["Ditto"]["runs"][0]["test_acc"] == [0.5]
+    assert old["splits"]["S"]["FedAvg"]["command"] == "old"  # the inputs are not changed
+
+
+def test_export_folds_new_results_into_the_committed_one(digits_tiny_root, tmp_path):
+    import main
+    from conftest import cli
+
+    out = tmp_path / "res"
+    assert main.main(cli(digits_tiny_root, out, "-gr", "1", "-lr", "0.1", "--executor", "sequential")) == 0
+    export = tmp_path / "quick.json"
+    export.write_text(json.dumps({"splits": {"Digits": {"Local": {"command": "kept", "runs": [run([0.5])]}}}}))
+    data = br.write_export(str(out), export, "benchmark_zoo.json", timing=str(out))
+    entries = data["splits"]["Digits"]
+    assert entries["Local"]["command"] == "kept" and len(entries["FedAvg"]["runs"]) == 1
+    assert entries["FedAvg"]["timing"]["test_acc"] == entries["FedAvg"]["runs"][0]["test_acc"]
+    with pytest.raises(br.table.TableError):
+        br.write_export(str(tmp_path / "none"), tmp_path / "absent.json", "benchmark_zoo.json")
+
+
+def test_quick_table_by_hand():
+    """Best/last over seeds, MB means, the timing run's seconds only where it reproduces seed 0."""
+    a0, a1 = run([0.2, 0.5, 0.4], up=1.0, down=2.0, seed=0), run([0.2, 0.7, 0.7], up=3.0, down=4.0, seed=1)
+    b0 = run([0.3, 0.6, 0.6], seed=0)
+    data = {"splits": {"S": {
+        "Local": {"command": "c", "runs": [b0], "timing": {"test_acc": [0.3, 0.6, 0.61], "s_per_round": 9.0}},
+        "FedAvg": {"command": "c", "runs": [a0, a1], "timing": {"test_acc": a0["test_acc"], "s_per_round": 0.25}},
+        "Ditto": {"command": "c", "runs": [b0]}}}}
+    text, problems = br.quick_markdown(data)
+    lines = text.splitlines()
+    # registry order FedAvg, Local, Ditto; FedAvg: best 50, 70 -> 60.00 ± 10.00; last 40, 70 -> 55.00 ± 15.00
+    assert lines[2] == "| FedAvg | 60.00 ± 10.00 | 55.00 ± 15.00 | 2.00 / 3.00 | 0.25 | 2 |"
+    assert lines[3] == "| Local | 60.00 | **60.00** | 2.00 / 3.00 | - | 1 |"  # timing curve differs at round 2
+    assert lines[4] == "| Ditto | 60.00 | **60.00** | 2.00 / 3.00 | - | 1 |"
+    assert problems == ["Local: the timing run's seed 0 does not reproduce the accuracy run's curve",
+                        "Ditto: no timing run"]
