@@ -2,9 +2,11 @@
 Ctrl-C and SIGTERM keep the rounds done and say how to resume; workers never outlive their server; a full
 disk leaves the previous complete files; a second run on the same result name is refused while the first
 writes; -gr 0 evaluates the initial model as round 0."""
+import ipaddress
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -212,35 +214,113 @@ def test_an_existing_result_is_not_overwritten_silently(digits_tiny_root, tmp_pa
 DASHBOARD_PORT = 8265  # Ray's dashboard (web UI and job API) listens here when it runs
 
 
-def listening_ports() -> set[int]:
-    ports = set()
+def listening() -> dict[str, tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]]:
+    """Socket inode -> (address, port) of every listening TCP socket of the machine (/proc/net/tcp{,6})."""
+    found = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as f:
             for row in f.read().splitlines()[1:]:
-                local, state = row.split()[1], row.split()[3]
-                if state == "0A":  # LISTEN
-                    ports.add(int(local.rsplit(":", 1)[1], 16))
-    return ports
+                fields = row.split()
+                if fields[3] != "0A":  # LISTEN
+                    continue
+                addr, port = fields[1].split(":")
+                raw = bytes.fromhex(addr)  # 32-bit words in host (little-endian) order
+                ip = ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+                found[fields[9]] = (ip, int(port, 16))
+    return found
+
+
+def sockets_of(pid: int) -> set[str]:
+    """The inodes of the sockets process ``pid`` has open (/proc/<pid>/fd)."""
+    inodes = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # ended meanwhile
+        return inodes
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    return inodes
+
+
+def is_loopback(ip) -> bool:
+    return ip.is_loopback or (isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None
+                              and ip.ipv4_mapped.is_loopback)
+
+
+def test_is_loopback_reads_the_kernels_tables_as_written():
+    assert is_loopback(ipaddress.ip_address("127.0.0.1")) and is_loopback(ipaddress.ip_address("::1"))
+    assert is_loopback(ipaddress.ip_address("::ffff:127.0.0.1"))  # an IPv6 socket bound to IPv4's loopback
+    for anywhere in ("0.0.0.0", "::", "::ffff:0.0.0.0", "192.0.2.2"):
+        assert not is_loopback(ipaddress.ip_address(anywhere))
+    with socket.socket(socket.AF_INET6) as s6, socket.socket() as s4:  # a real listener of each family
+        s6.bind(("::", 0))
+        s4.bind(("127.0.0.1", 0))
+        s6.listen()
+        s4.listen()
+        table = listening()
+        assert {table[i] for i in sockets_of(os.getpid()) if i in table} == {
+            (ipaddress.ip_address("::"), s6.getsockname()[1]), (ipaddress.ip_address("127.0.0.1"), s4.getsockname()[1])}
 
 
 @needs_proc
 @pytest.mark.optional_deps("ray")
-def test_no_ray_process_survives_a_killed_run(digits_tiny_root, tmp_path):
+def test_a_local_ray_cluster_listens_on_loopback_only_and_dies_with_a_killed_run(digits_tiny_root, tmp_path):
     pytest.importorskip("ray")
     from runtime.reaper import _ray_descendants
 
-    proc = start(digits_tiny_root, tmp_path, "-gr", "500", "--executor", "ray", "--workers", "1", "--no-progress")
-    wait_for_round(proc, 1)
+    proc = start(digits_tiny_root, tmp_path, "-gr", "500", "--executor", "ray", "--workers", "2", "--no-progress")
+    wait_for_round(proc, 2)  # its workers have trained a round
     ray_procs = _ray_descendants(proc.pid)
-    cmds = [open(f"/proc/{p}/cmdline").read() for p in ray_procs]
-    assert any("raylet" in c for c in cmds), cmds
-    assert DASHBOARD_PORT not in listening_ports()  # no dashboard unless asked for
+    cmds = {p: open(f"/proc/{p}/cmdline").read().replace("\0", " ") for p in ray_procs}
+    cmds[proc.pid] = "main.py"
+    table = listening()
+    listeners = [(cmds[p].split()[0].rsplit("/", 1)[-1], *table[i]) for p in cmds for i in sockets_of(p) if i in table]
+    names = [name for name, _, _ in listeners]
+    # GCS, raylet (node and object managers), the runtime-env agent, both workers and the driver listen
+    assert {"gcs_server", "raylet", "ray::RuntimeEnvAgent", "main.py"} <= set(names), listeners
+    assert sum(name.startswith("ray::ClientWorker") for name in names) == 2, listeners
+    assert [(name, str(ip), port) for name, ip, port in listeners if not is_loopback(ip)] == []
+    assert DASHBOARD_PORT not in {port for _, port in table.values()}  # no dashboard unless asked for
     proc.kill()  # kill -9: no atexit, no ray.shutdown
     proc.wait()
     deadline = time.time() + 15
     while any(alive(p) for p in ray_procs) and time.time() < deadline:
         time.sleep(0.2)
-    assert not [c for p, c in zip(ray_procs, cmds) if alive(p)]
+    assert not [c for p, c in cmds.items() if alive(p)]
+
+
+@needs_proc
+@pytest.mark.optional_deps("ray")
+@pytest.mark.parametrize("sig,repeat", [(signal.SIGINT, 3), (signal.SIGTERM, 1)])
+def test_a_signal_ends_a_ray_run_with_one_line_and_no_ray_process_left(digits_tiny_root, tmp_path, sig, repeat):
+    pytest.importorskip("ray")
+    from runtime.reaper import _ray_descendants
+
+    proc = start(digits_tiny_root, tmp_path, "-gr", "500", "--executor", "ray", "--workers", "2", "--no-progress")
+    wait_for_round(proc, 2)
+    ray_procs = _ray_descendants(proc.pid)
+    assert ray_procs
+    for _ in range(repeat):  # Ctrl-C, pressed again while the run ends, reaches the workers as well
+        if proc.poll() is not None:
+            break
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        time.sleep(0.05)
+    proc.wait(timeout=120)
+    err = proc.stderr.read().strip().splitlines()  # nothing from Ray: no start-up notes, no worker tracebacks
+    assert proc.returncode == 128 + sig and len(err) == 1 and "interrupted in round" in err[0], (proc.returncode, err)
+    assert sidecar(tmp_path)["status"] == "interrupted"
+    deadline = time.time() + 15
+    while any(alive(p) for p in ray_procs) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in ray_procs if alive(p)]
 
 
 @pytest.mark.optional_deps("ray")

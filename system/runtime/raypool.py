@@ -7,7 +7,10 @@ of one invocation (``-t``); ``close`` ends them. Ray is imported only here, only
 """
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import threading
 from pathlib import Path
 
 import torch
@@ -76,37 +79,53 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, device_ids
              **kwargs) -> bool:
     """Start a local Ray cluster, or join ``address``, with this library importable on every worker (its
     packages travel with the job as ``py_modules``, so machines without a checkout work too).
-    A local cluster announces itself on 127.0.0.1, starts no dashboard (``include_dashboard=True`` in
-    ``kwargs`` asks for one) and its processes end with this one, even when it is killed (a watcher,
-    runtime/reaper.py; ``shutdown_ray`` ends it normally). ``device_ids`` limits a local cluster to those
-    GPUs. Returns False when Ray was already running (then nothing is changed; start it through this
-    function so the workers find the library)."""
+    Every process of a local cluster (GCS, raylet, object manager, agents, workers and this driver) listens
+    on loopback only, it starts no dashboard (``include_dashboard=True`` in ``kwargs`` asks for one) and its
+    processes end with this one, even when it is killed (a watcher, runtime/reaper.py; ``shutdown_ray`` ends
+    it normally). ``device_ids`` limits a local cluster to those GPUs. Returns False when Ray was already
+    running (then nothing is changed; start it through this function so the workers find the library)."""
     ray = import_ray()
     if ray.is_initialized():
         return False
-    opts = dict(include_dashboard=False, runtime_env={"py_modules": [str(SYSTEM_DIR / p) for p in PACKAGES]})
+    from ray._private import ray_constants
+
+    opts = dict(include_dashboard=False, logging_level=logging.WARNING,  # not Ray's start-up notes on stderr
+                runtime_env={"py_modules": [str(SYSTEM_DIR / p) for p in PACKAGES]})
     if address:
         check_address(address)
         opts["address"] = address
     else:
-        opts["_node_ip_address"] = "127.0.0.1"
         if num_cpus is not None:
             opts["num_cpus"] = num_cpus
         from runtime import reaper
 
         _watcher.append(reaper.watch())
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        # A local cluster turns on Ray's session token and says so at every start: docs/security.md says it once.
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    visible, multi_node = os.environ.get("CUDA_VISIBLE_DEVICES"), ray_constants.ENABLE_RAY_CLUSTER
+    # ray.init takes SIGTERM over (its handler exits with 1; its C++ one prints a stack and aborts): the
+    # caller's is put back, so that SIGTERM ends a run as main.py says (143, one line).
+    on_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     try:
-        if not address and device_ids and torch.cuda.is_available():
-            # The raylet started here inherits this environment; this process's own view is restored below.
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(device_ids)
-            opts["num_gpus"] = len(device_ids)
+        if not address:
+            # Ray's servers listen on loopback only when the node's address is a loopback one (else on every
+            # interface), and Ray replaces a loopback node address (a 127.0.0.1 given as _node_ip_address too)
+            # by the outward interface's unless multi-node clusters are off: the switch that
+            # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 sets, read once at Ray's import, so turned off for this start.
+            ray_constants.ENABLE_RAY_CLUSTER = False
+            if device_ids and torch.cuda.is_available():
+                # The raylet started here inherits this environment; this process's own view is restored below.
+                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(device_ids)
+                opts["num_gpus"] = len(device_ids)
         try:
             ray.init(**{**opts, **kwargs})
         except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
             raise FLError(f"Ray did not start{f' at {address}' if address else ''} ({str(e).strip().splitlines()[0]})"
                           ) from None
     finally:
+        if on_term is not None:
+            signal.signal(signal.SIGTERM, on_term)
+        ray_constants.ENABLE_RAY_CLUSTER = multi_node
         if visible is None:
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         else:
