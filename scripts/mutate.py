@@ -348,7 +348,7 @@ def mutate(module: str, full: bool, fresh: bool) -> dict:
                 record["mutants"].append(done[key])
                 continue
             (root / module).write_text(m["code"])
-            outcome, seconds = run_tests(root, files + nodes, 2 * base + 60, log)
+            outcome, seconds = run_tests(root, files + nodes, 3 * base + 120, log)
             (root / module).write_text(source)
             row = {k: m[k] for k in ("line", "op", "from", "to")} | {"outcome": outcome, "s": round(seconds, 1)}
             if outcome == "killed":

@@ -1,8 +1,6 @@
 """FedProto client: cross-entropy plus the pull of each representation toward its class's global
-prototype; uploads per-class mean representations, never weights (see servers/serverproto.py).
-
-The prototype helpers here (``representations``, ``class_means``, ``class_prototypes``, ``prototype_table``,
-``prototype_pull``, ``NearestPrototype``) are shared with FedPCL, FedPAC, FedGH and FedAS."""
+prototype; uploads per-class mean representations, never weights (see servers/serverproto.py). The
+prototype helpers it uses are shared with FedPCL, FedPAC, FedGH and FedAS (``flcore/prototypes.py``)."""
 from __future__ import annotations
 
 import torch
@@ -10,6 +8,7 @@ from torch import nn
 
 from flcore.clients.clientbase import Client, Upload
 from flcore.prototypes import NearestPrototype, class_prototypes, prototype_table, pulled_loss, representations
+
 
 class FedProtoClient(Client):
     personal_keys = ("",)  # no weight ever leaves the client: only prototypes cross the wire
