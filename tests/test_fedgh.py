@@ -1,6 +1,7 @@
 """FedGH: the uploaded class-averaged representations against per-class means taken by hand, the server's
 header steps against a hand-written loop, what crosses the wire (no body, no model entry; only the header
-goes down), and -ala."""
+goes down), -ala, and -slr's bound."""
+import pytest
 import torch
 from torch import nn
 
@@ -11,6 +12,7 @@ from flcore.registry import get_server_class
 from flcore.servers.servergh import train_header
 from utils.comm import payload_bytes
 from utils.data_utils import load_split
+from utils.errors import FLError
 
 
 def make_server(root, *flags):
@@ -125,3 +127,10 @@ def test_ala_adapts_the_received_header(digits_tiny_root, tmp_path):
     assert all(torch.equal(received[k], v) for k, v in target.items() if k.startswith("base."))
     assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedGH", "-ala", "-gr", "2", "-nc", "3",
                          "--executor", "sequential")) == 0
+
+
+def test_server_rate_must_be_positive(digits_tiny_root):
+    cfg = main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedGH", "-slr", "0.01"))
+    assert cfg.server_learning_rate == 0.01
+    with pytest.raises(FLError, match="-slr must be > 0"):
+        main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedGH", "-slr", "0"))

@@ -1,7 +1,7 @@
 """FedPCL: the prototype-wise contrastive loss against a hand computation, the padding of a client's
 local prototypes with the global ones, uploads that are prototypes of normalised representations and no
 weights, the first round that only collects prototypes, evaluation by the nearest own prototype, -ala and
--dp refused."""
+-dp refused, -tau's bound."""
 import math
 
 import pytest
@@ -13,6 +13,7 @@ from flcore.clients.clientpcl import pcl_loss, prototype_contrastive_loss
 from flcore.prototypes import NearestPrototype
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
+from utils.errors import FLError
 
 
 def make_server(root, *flags):
@@ -109,3 +110,27 @@ def test_ala_and_dp_are_refused(flag, digits_tiny_root, capsys):
     assert main.main(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedPCL", "-gr", "1", flag)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and flag in err and "FedPCL" in err, err
+
+
+def test_tau_must_be_positive(digits_tiny_root):
+    assert main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedPCL", "-tau", "0.01")).tau == 0.01
+    with pytest.raises(FLError, match="-tau > 0"):
+        main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedPCL", "-tau", "0"))
+
+
+def test_client_loss_contrasts_normalised_representations_with_padded_tables(digits_tiny_root):
+    server = make_server(digits_tiny_root, "-tau", "0.5")
+    c = server.clients[0]
+    x, y = c.x_train[:3], [0, 1, 1]
+    d = c.model(x).shape[1]
+    g = torch.Generator().manual_seed(0)
+    u0, u1, a, b = (torch.nn.functional.normalize(torch.randn(d, generator=g), dim=0) for _ in range(4))
+    # client 3 lacks class 0, client 0 lacks class 1: each is contrasted with the global prototype there
+    c.receive({"global": {0: u0, 1: u1}, "locals": {3: {1: b}, 0: {0: a}}})
+    with torch.no_grad():
+        z = torch.nn.functional.normalize(c.model(x), dim=1).tolist()
+        got = c.loss(x, torch.tensor(y)).item()
+    l_g = sum(hand_ce(z[i], y[i], {0: u0.tolist(), 1: u1.tolist()}, 0.5) for i in range(3)) / 3
+    l_p = sum(sum(hand_ce(z[i], y[i], {k: v.tolist() for k, v in p.items()}, 0.5) for i in range(3)) / 3
+              for p in ({0: a, 1: u1}, {0: u0, 1: b})) / 2
+    assert got == pytest.approx(l_g + l_p, rel=1e-5)

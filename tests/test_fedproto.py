@@ -1,13 +1,15 @@
 """FedProto: prototypes are the per-class means of the representations, the server's count-weighted
 per-class mean by hand, the regulariser and the nearest-prototype classifier by hand, no weights on
 the wire (and the bytes counted are the prototypes'), -ala and -dp refused."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
 
 import main
 from conftest import cli
-from flcore.prototypes import UNKNOWN_MARGIN, NearestPrototype, aggregate_prototypes, class_prototypes, prototype_pull
+from flcore.prototypes import NearestPrototype, aggregate_prototypes, class_prototypes, prototype_pull, representations
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
 
@@ -106,8 +108,26 @@ def test_nearest_prototype_by_hand():
     scores = model(torch.tensor([[0.9, 0.8], [0.1, 0.0]]))
     near = torch.tensor([[-(0.81 + 0.64), -(0.01 + 0.04)], [-0.01, -(0.81 + 1.0)]])
     assert torch.allclose(scores[:, :2], near)
-    assert torch.allclose(scores[:, 2], near.min(1).values - UNKNOWN_MARGIN)
+    assert torch.allclose(scores[:, 2], near.min(1).values - 30.0)  # the documented margin
     assert scores.argmax(1).tolist() == [1, 0]
+    # normalize: each row scaled to unit length first ([3, 4] -> [0.6, 0.8], [0, 2] -> [0, 1])
+    unit = NearestPrototype(nn.Identity(), torch.eye(2), torch.tensor([True, True]), normalize=True)
+    scores = unit(torch.tensor([[3.0, 4.0], [0.0, 2.0]]))
+    assert torch.allclose(scores, -torch.tensor([[0.4 ** 2 + 0.8 ** 2, 0.6 ** 2 + 0.2 ** 2], [2.0, 0.0]]))
+
+
+def test_representations_are_taken_in_eval_mode_without_grad_and_restore_the_mode():
+    lin = nn.Linear(2, 2)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[1.0, 2.0], [0.0, -1.0]]))
+        lin.bias.zero_()
+    body = nn.Sequential(lin, nn.Dropout(0.9))  # in training mode dropout would zero most entries
+    x = torch.tensor([[1.0, 1.0], [2.0, 0.0], [0.5, -1.0]])
+    for training in (True, False):
+        body.train(training)
+        z = representations(SimpleNamespace(amp="off", eval_batch_size=2), body, x)
+        assert body.training is training
+        assert not z.requires_grad and torch.equal(z, torch.tensor([[3.0, -1.0], [2.0, 0.0], [-1.5, 1.0]]))
 
 
 def test_evaluation_uses_the_global_prototypes_after_the_first_round(digits_tiny_root):
