@@ -318,11 +318,14 @@ def mutate(module: str, full: bool, fresh: bool) -> dict:
                             text=True).stdout.strip()
     out = result_path(module)
     previous = json.loads(out.read_text()) if out.exists() else {}
-    # Resuming: a mutant already killed on this very source stays killed (tests are only ever added);
-    # survivors are run again, so a new test shows at once. --fresh runs everything.
+    # Resuming: a mutant already killed on this very source stays killed (tests are only ever added), and so
+    # does a survivor recorded as equivalent (no test can kill it); the other survivors are run again, so a
+    # new test shows at once. --fresh runs everything.
     same = not fresh and previous.get("sha") == sha(source)
+    equivalent = equivalent_notes(module)
     done = {} if not same else {
-        (m["op"], m["from"], m["to"], m["line"]): m for m in previous["mutants"] if m["outcome"] != "survived"}
+        (m["op"], m["from"], m["to"], m["line"]): m for m in previous["mutants"]
+        if m["outcome"] != "survived" or (m["op"], m["from"], m["to"]) in equivalent}
     survivors = set() if not same else {
         (m["op"], m["from"], m["to"], m["line"]) for m in previous["mutants"] if m["outcome"] == "survived"}
     for name in PREIMPORT:
