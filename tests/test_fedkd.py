@@ -1,7 +1,8 @@
 """FedKD against hand computations: the SVD compression keeps the stated energy with the fewest singular
-values and loses exactly the dropped ones, the threshold follows T(t) = Ts + (Te - Ts) t / R, the upload is
-the factors (fewer bytes than the mentee), the server's global mentee and every client's copy stay equal,
-and the adaptive distillation losses match the paper's formulas with each model trained by its own loss."""
+values and loses exactly the dropped ones, the threshold follows T(t) = Ts + (Te - Ts) (t + 1) / R, the
+upload is the factors (fewer bytes than the mentee), the server's global mentee and every client's copy stay
+equal, the adaptive distillation losses match the paper's formulas with each model trained by its own loss,
+and the flags' bounds."""
 import pytest
 import torch
 from torch.nn import functional as F
@@ -12,6 +13,7 @@ from flcore.clients.clientkd import adaptive_kd_losses, energy_threshold, svd_co
 from flcore.registry import get_server_class
 from utils.comm import payload_bytes
 from utils.data_utils import load_split
+from utils.errors import FLError
 
 
 def build(root, *flags):
@@ -157,3 +159,16 @@ def test_server_applies_the_sample_weighted_mean_of_the_updates(digits_tiny_root
     c.receive(server.broadcast(c))
     for k, v in c.global_mentee.state_dict().items():
         torch.testing.assert_close(v, start[k] + 4.0, atol=2e-3, rtol=0)  # float32 SVD
+
+
+@pytest.mark.parametrize("flags, ok", [
+    (("-Ts", "0.9", "-Te", "0.9"), True), (("-Ts", "0.5", "-Te", "1"), True), (("-mlr", "0.01"), True),
+    (("-Ts", "0", "-Te", "0.9"), False), (("-Ts", "0.95", "-Te", "0.9"), False), (("-Ts", "0.9", "-Te", "1.01"), False),
+    (("-mlr", "0"), False)])
+def test_thresholds_and_mentee_rate_bounds(flags, ok, digits_tiny_root):
+    args = cli(digits_tiny_root, digits_tiny_root, "-algo", "FedKD", *flags)
+    if ok:
+        main.parse_config(args)
+    else:
+        with pytest.raises(FLError, match="FedKD needs"):
+            main.parse_config(args)
