@@ -161,6 +161,22 @@ def test_server_applies_the_sample_weighted_mean_of_the_updates(digits_tiny_root
         torch.testing.assert_close(v, start[k] + 4.0, atol=2e-3, rtol=0)  # float32 SVD
 
 
+def test_server_compresses_the_mean_update_at_the_rounds_threshold(digits_tiny_root):
+    from flcore.clients.clientbase import Upload
+
+    server = build(digits_tiny_root, "-Ts", "0.6", "-Te", "0.9", "-gr", "3")
+    start = {k: v.clone() for k, v in server.global_model.state_dict().items()}
+    key = max((k for k, v in start.items() if v.dim() >= 2), key=lambda k: start[k].numel())
+    m = torch.zeros(start[key].shape[0], start[key][0].numel())
+    m[0, 0], m[1, 1] = 3 ** 0.5, 1.0  # singular values √3 and 1: the first holds 3/4 of the energy
+    server.round_idx = 0  # T(0) = 0.6 + 0.3 · 1/3 = 0.7 <= 3/4: only the first is kept (Ts, Te swapped: 0.8, both)
+    server.aggregate([Upload(0, 10, None, {"update": {key: m.reshape(start[key].shape)}})])
+    kept = torch.zeros_like(m)
+    kept[0, 0] = 3 ** 0.5
+    for k, v in server.global_model.state_dict().items():
+        torch.testing.assert_close(v, start[k] + (kept.reshape(v.shape) if k == key else 0), atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("flags, ok", [
     (("-Ts", "0.9", "-Te", "0.9"), True), (("-Ts", "0.5", "-Te", "1"), True), (("-mlr", "0.01"), True),
     (("-Ts", "0", "-Te", "0.9"), False), (("-Ts", "0.95", "-Te", "0.9"), False), (("-Ts", "0.9", "-Te", "1.01"), False),
