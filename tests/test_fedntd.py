@@ -1,6 +1,6 @@
 """FedNTD against hand computations: the not-true logits drop exactly the true class, the loss on fixed
 logits, the teacher is the received global model (with -ala too), β = 0 is FedAvg, and -dp's per-sample
-gradients of the whole loss (teacher included) match plain autograd."""
+gradients of the whole loss (teacher included) match plain autograd; the flags' bounds."""
 import math
 
 import numpy as np
@@ -12,6 +12,7 @@ from conftest import cli
 from flcore.clients.clientntd import not_true, ntd_loss
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
+from utils.errors import FLError
 from utils.results import read_h5
 
 
@@ -114,3 +115,14 @@ def test_dp_per_sample_gradients_include_the_distillation_term(digits_root):
 def test_flags_are_checked(digits_root, tmp_path, capsys):
     assert main.main(cli(digits_root, tmp_path, "-algo", "FedNTD", "-tau", "0", "-gr", "1")) == 2
     assert "-tau > 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, ok", [(("-bt", "0", "-tau", "0.01"), True), (("-bt", "-0.5"), False),
+                                       (("-tau", "0"), False)])
+def test_beta_and_tau_bounds_at_their_edges(flags, ok, digits_root):
+    args = cli(digits_root, digits_root, "-algo", "FedNTD", *flags)
+    if ok:
+        main.parse_config(args)
+    else:
+        with pytest.raises(FLError, match="FedNTD needs -bt >= 0 and -tau > 0"):
+            main.parse_config(args)
