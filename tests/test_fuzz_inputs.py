@@ -5,24 +5,29 @@ run, or exit code 2 with exactly one line on stderr that starts with "error:"; n
 half-written result file, never a file outside the run's folder. Below, one case per class of bad input
 named in README's "When something goes wrong" (splits, paths, generators, archives). Seeded (the cases are the same every time)
 and bounded: about 60 one-round runs on 3 tiny clients, a few seconds in all."""
+import io
 import json
 import os
 import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
 
 import numpy as np
 import pytest
 
 import main
-from conftest import cli
+from conftest import REPO, cli
 
 CASES = 60
 FLAG_VALUES = {
     "-gr": ["0", "1", "-1", "x", "1.5"], "-lr": ["0", "-0.1", "nan", "inf", "1e6", "abc", "0.1"],
     "-lbs": ["0", "-2", "1", "1000", "2.5"], "-ls": ["0", "-1", "1", "q"], "-jr": ["0", "1.5", "-1", "0.5", "nan"],
     "-nc": ["0", "-3", "2", "99", "two"], "-eg": ["0", "-1", "1"], "-cdr": ["1", "-0.5", "0.5"],
-    "-s": ["0", "101", "50"], "-p": ["-1", "9", "0"], "-et": ["0", "1"], "-m": ["CNN", "DNN", "VGG", "cnn"],
+    "-s": ["0", "101", "50"], "-p": ["-1", "9", "0"], "-m": ["CNN", "DNN", "VGG", "cnn"],
     "-algo": ["FedAvg", "FedALA", "Nope"], "-ncl": ["3", "10", "-1"], "--eval_batch_size": ["0", "1"],
-    "-et": ["nan", "1"], "-ldg": ["nan", "-inf", "0.9"], "--seed": ["-1", "3"], "-go": ["x", "../x", "a/b"],
+    "-et": ["0", "1", "nan"], "-ldg": ["nan", "-inf", "0.9"], "--seed": ["-1", "3"], "-go": ["x", "../x", "a/b"],
     "-sfn": ["../x", "/tmp/fuzz_abs", "m"],
 }
 
@@ -242,8 +247,6 @@ def test_generator_flag_errors_are_one_line(tmp_path, capsys, argv, expected):
 
 
 def test_archives_cut_short_or_too_large_are_refused(tmp_path):
-    import zipfile
-
     from dataset.utils import dataset_utils as du
     from dataset.utils.readers import extract
 
@@ -263,3 +266,61 @@ def test_archives_cut_short_or_too_large_are_refused(tmp_path):
         assert (extract(bomb, tmp_path / "bomb") / "zeros.bin").stat().st_size == 3_000_000
     finally:
         du.UNPACK_LIMIT["ratio"] = du.MAX_UNPACK_RATIO
+
+
+def tar_with(path, member: tarfile.TarInfo, data: bytes = b""):
+    with tarfile.open(path, "w") as t:
+        t.addfile(member, io.BytesIO(data) if member.isfile() else None)
+    return path
+
+
+def escaping_archive(kind, tmp_path):
+    """An archive under ``tmp_path / "src"`` whose one member would land outside the folder it is unpacked
+    into, or is not a plain file or folder."""
+    src = tmp_path / "src"
+    src.mkdir()
+    if kind == "zip ..":
+        with zipfile.ZipFile(src / "a.zip", "w") as z:
+            z.writestr("../../evil", b"x")
+        return src / "a.zip"
+    member = tarfile.TarInfo({"tar ..": "../../evil", "absolute": str(tmp_path / "evil")}.get(kind, "inner"))
+    if kind in ("tar ..", "absolute"):
+        member.size = 1
+        return tar_with(src / "a.tar", member, b"x")
+    if kind == "nested tar ..":  # the inner archive is unpacked too (find_dir), by the same rules
+        inner = tar_with(tmp_path / "inner.tar", tarfile.TarInfo("../../../evil"), b"")
+        member.size = inner.stat().st_size
+        member.name = "inner.tar"
+        return tar_with(src / "a.tar", member, inner.read_bytes())
+    member.type, member.linkname = {"symlink": (tarfile.SYMTYPE, "../../evil"),
+                                    "hardlink": (tarfile.LNKTYPE, str(tmp_path / "evil")),
+                                    "fifo": (tarfile.FIFOTYPE, "")}[kind]
+    return tar_with(src / "a.tar", member)
+
+
+@pytest.mark.parametrize("kind", ["zip ..", "tar ..", "absolute", "symlink", "hardlink", "fifo", "nested tar .."])
+def test_archive_members_that_would_escape_or_are_not_files_are_refused(tmp_path, kind):
+    from dataset.utils import dataset_utils as du
+    from dataset.utils.readers import find_dir
+
+    archive = escaping_archive(kind, tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(du.DatasetError, match="outside its folder|may not unpack"):
+        find_dir(archive, "marker.txt")
+    after = sorted(tmp_path.rglob("*"))
+    made = [p for p in after if p not in before]
+    assert all(p.is_relative_to(tmp_path / "src") for p in made), made  # nothing outside the archive's folder
+    assert not [p for p in made if p.is_symlink() or not (p.is_file() or p.is_dir())], made  # no link, no FIFO
+    assert not (tmp_path / "evil").exists() and not (tmp_path.parent / "evil").exists()
+
+
+def test_a_cut_archive_given_to_a_generator_is_one_line(tmp_path):
+    archive = tmp_path / "kvasir-dataset-v2.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("kvasir-dataset-v2/polyps/0.jpg", os.urandom(4000))
+    archive.write_bytes(archive.read_bytes()[:2000])
+    done = subprocess.run([sys.executable, str(REPO / "dataset" / "generate_kvasir.py"), "--root",
+                           str(tmp_path / "out"), "--source", str(archive)], capture_output=True, text=True, timeout=120)
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(err) == 1 and "not a complete zip archive" in err[0], err
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.npz"))

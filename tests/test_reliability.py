@@ -120,6 +120,29 @@ def test_signal_keeps_the_rounds_done_and_says_how_to_resume(digits_tiny_root, t
     assert list(tmp_path.glob("*.ckpt"))  # the last round's checkpoint, which --resume continues from
 
 
+def test_a_run_stopped_by_a_signal_resumes_to_the_uninterrupted_numbers(digits_tiny_root, tmp_path, monkeypatch):
+    from flcore.servers.serverbase import Server
+
+    flags = ("-gr", "3", "--checkpoint_every", "1", "--executor", "sequential")
+    train = Server._train_clients
+
+    def ctrl_c_in_round_2(self, clients):  # what the signal handler does, in the middle of a round
+        if self.round_idx == 2:
+            raise KeyboardInterrupt
+        return train(self, clients)
+
+    monkeypatch.setattr(Server, "_train_clients", ctrl_c_in_round_2)
+    assert main.main(cli(digits_tiny_root, tmp_path, *flags)) == 130
+    assert sidecar(tmp_path)["status"] == "interrupted"
+    monkeypatch.setattr(Server, "_train_clients", train)
+    assert main.main(cli(digits_tiny_root, tmp_path, *flags, "--resume")) == 0
+    assert main.main(cli(digits_tiny_root, tmp_path / "whole", *flags)) == 0
+    resumed, whole = read_h5(tmp_path / f"{STEM}.h5"), read_h5(tmp_path / "whole" / f"{STEM}.h5")
+    assert len(whole["rs_test_acc"]) == 4
+    for key in ("rs_test_acc", "rs_train_loss", "rs_test_auc"):
+        assert np.array_equal(resumed[key], whole[key]), key
+
+
 @needs_proc
 def test_workers_die_with_a_killed_server(digits_tiny_root, tmp_path):
     proc = start(digits_tiny_root, tmp_path, "-gr", "500", "--executor", "fork", "--workers", "2", "--no-progress")
@@ -332,3 +355,16 @@ def test_a_bad_ray_address_is_one_line_quickly(digits_tiny_root, tmp_path, capsy
     assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", "--executor", "ray", "--ray_address", address)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0] and time.time() - began < 30, err
+
+
+@pytest.mark.optional_deps("ray")
+def test_a_ray_client_address_without_rays_client_is_one_line(digits_tiny_root, tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    pytest.importorskip("ray")
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "grpc" else find_spec(name, *a))
+    argv = cli(digits_tiny_root, tmp_path, "-gr", "1", "--executor", "ray", "--ray_address", "ray://10.0.0.1:10001")
+    assert main.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs Ray's client: pip install 'ray[client]'" in err[0], err

@@ -36,7 +36,8 @@ def is_archive(path):
 def extract(archive, dest):
     """Unpack a zip or tar archive into ``dest`` (once: a marker file records completion); returns dest.
 
-    Members that would land outside ``dest`` (absolute paths, ``..``) are refused.
+    Members that would land outside ``dest`` (absolute paths, ``..``, links out) or are not plain files and
+    folders (devices, FIFOs) are refused.
     """
     archive, dest = Path(archive), Path(dest)
     marker = dest / f".{archive.name}.extracted"
@@ -59,6 +60,8 @@ def extract(archive, dest):
                 _check_members(archive, root, [m.name for m in members])
                 _check_size(archive, sum(m.size for m in members))
                 t.extractall(dest, filter="data")
+    except tarfile.FilterError as err:  # the "data" filter: a link out, a device or FIFO, an odd mode
+        raise DatasetError(f"{archive.name} holds a member it may not unpack ({err}); refusing it") from None
     except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError) as err:
         why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise DatasetError(f"could not unpack {archive.name} ({why}); is the download complete?") from None
