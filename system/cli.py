@@ -145,7 +145,13 @@ def base_parser() -> OneLineParser:
            "data: CNN for images, fastText for text, HARCNN for sensor series, DNN for vectors")
     a("-fd", "--feature_dim", type=int, default=512,
       help="embedding/hidden width of the text models (fastText, TextCNN, LSTM, BiLSTM, Transformer d_model; "
-           "PFLlib's meaning) and of the CNN's fc1 layer; the other models have fixed widths")
+           "PFLlib's meaning) and of the CNNs' fc1 layer; the other models have fixed widths, except with "
+           "--client_models, where every model's classifier takes -fd features")
+    a("--client_models", default=None,
+      help="different architectures on different clients: a preset (HtFE-img, HtFE-img-large, HtFE-text), a comma "
+           "list of -m names assigned to clients in turn, or a .json file mapping client ids to names; only "
+           "algorithms that exchange no whole model take it (README: Clients with different models; default: "
+           "every client trains -m)")
     a("-vs", "--vocab_size", type=int, default=80,
       help="vocabulary size of the text models when the split's config does not record one")
     a("-lbs", "--batch_size", type=int, default=10, help="local batch size")
@@ -448,6 +454,12 @@ def parse_config(argv=None) -> Config:
     from utils.dp_support import check_support
 
     check_support(cfg, server_cls)  # the algorithm's privacy declaration
+    if cfg.client_models is not None:
+        from flcore.trainmodel.assign import read_client_models
+        from utils.model_support import check_model_support
+
+        check_model_support(cfg, server_cls)  # the algorithm's --client_models declaration
+        read_client_models(cfg.client_models)  # a bad list or file fails here, before any work
     server_cls.check_config(cfg)
     if cfg.tensorboard is not None:
         import importlib.util

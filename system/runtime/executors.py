@@ -91,20 +91,28 @@ def balance(sizes: list[int], parts: int) -> list[list[int]]:
 @dataclasses.dataclass
 class ClientFactory:
     """How every client is built, in this process or inside a worker: ``client_class(cfg, cid, data,
-    model, run)`` under the (seed, run, "client-init", cid) stream. ``model`` is the common initial model."""
+    model, run)`` under the (seed, run, "client-init", cid) stream. ``model`` is the common initial model.
+    With different architectures on different clients, ``own`` maps each client id to the initial model of
+    its own: it replaces ``model``, or, when ``personal``, comes beside it as the keyword ``own_model``."""
     client_class: type
     cfg: object
     run: int
     model: nn.Module
+    own: dict[int, nn.Module] | None = None
+    personal: bool = False
 
     def __call__(self, cid: int, data, device=None):
         cfg = self.cfg
+        model, extra = self.model, {}
+        if self.own is not None:
+            model, extra = (self.model, {"own_model": self.own[cid]}) if self.personal else (self.own[cid], {})
         if device is not None and str(device) != cfg.device:
             cfg = cfg.replace(device=str(device))
-            self.model.to(device)
+            for m in (model, *extra.values()):
+                m.to(device)
             data = to_device(data, device)
         with torch_seeded(cfg.seed, self.run, "client-init", cid):
-            return self.client_class(cfg, cid, data, self.model, self.run)
+            return self.client_class(cfg, cid, data, model, self.run, **extra)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,15 +24,19 @@ def mutual_losses(local_logits: torch.Tensor, meme_logits: torch.Tensor, y: torc
 
 
 class FMLClient(Client):
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, own_model: torch.nn.Module | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         # The meme model is self.model (received, uploaded; ALA initialises it with -ala). The local model
-        # never leaves the client and gets its own initialisation (drawn from this client's seeded
+        # never leaves the client: with --client_models it is this client's own architecture (``own_model``),
+        # else the meme's architecture with its own initialisation (drawn from this client's seeded
         # construction stream): started equal to the meme, with α = β the two would stay equal for a round.
-        self.local = copy.deepcopy(self.model)
-        for module in self.local.modules():
-            if hasattr(module, "reset_parameters"):
-                module.reset_parameters()
+        if own_model is not None:
+            self.local = copy.deepcopy(own_model)
+        else:
+            self.local = copy.deepcopy(self.model)
+            for module in self.local.modules():
+                if hasattr(module, "reset_parameters"):
+                    module.reset_parameters()
         self.mutual_optimizer = torch.optim.SGD([*self.local.parameters(), *self.model.parameters()],
                                                 lr=self.cfg.local_learning_rate)
 

@@ -96,17 +96,20 @@ def adaptive_kd_losses(t_logits, s_logits, t_hidden, s_hidden, w_h: nn.Module, y
 
 
 class FedKDClient(Client):
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, own_model: nn.Module | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        # self.model is the mentee (received, trained, its update uploaded); the mentor is personal.
-        self.mentor = copy.deepcopy(self.model)
+        # self.model is the mentee (received, trained, its update uploaded); the mentor is personal: with
+        # --client_models this client's own architecture (``own_model``), else a copy of the mentee.
+        self.mentor = copy.deepcopy(self.model if own_model is None else own_model)
         self.global_mentee = copy.deepcopy(self.model)  # the global mentee, as rebuilt from the downloads
-        was = self.model.training
-        self.model.eval()
-        with torch.no_grad():
-            dim = hidden_and_logits(self.model, self.x_train[:1])[0].shape[1]
-        self.model.train(was)
-        self.W_h = nn.Linear(dim, dim, bias=False).to(self.device)  # mentee hidden -> mentor hidden
+        dims = []
+        for m in (self.model, self.mentor):
+            was = m.training
+            m.eval()
+            with torch.no_grad():
+                dims.append(hidden_and_logits(m, self.x_train[:1])[0].shape[1])
+            m.train(was)
+        self.W_h = nn.Linear(*dims, bias=False).to(self.device)  # mentee hidden -> mentor hidden
         self.kd_optimizer = torch.optim.SGD([{"params": [*self.mentor.parameters(), *self.W_h.parameters()]},
                                              {"params": list(self.model.parameters())}],
                                             lr=self.cfg.local_learning_rate)

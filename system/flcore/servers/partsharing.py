@@ -15,8 +15,8 @@ class PartSharingServer(Server):
 
     checkpoint_skip = Server.checkpoint_skip + ("shared_part",)  # a view of the global model, rebuilt every broadcast
 
-    def build_model(self):
-        return split_head(super().build_model())
+    def build_model(self, name=None):
+        return split_head(super().build_model(name))
 
     def prepare_broadcast(self, participants) -> None:
         # The shared parts of the global model, the one payload every client receives (and what is counted):

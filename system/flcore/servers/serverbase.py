@@ -40,7 +40,9 @@ import torch
 from tqdm import tqdm
 
 from flcore.clients.clientbase import Client, Upload
-from flcore.trainmodel.models import build_model, set_device_layout
+from flcore.trainmodel.assign import assign, read_client_models
+from flcore.trainmodel.models import build_client_model, build_model, set_device_layout
+from flcore.trainmodel.parts import shared_shapes
 from runtime import checkpoint, state
 from runtime.choose import make_executor
 from runtime.executors import ClientFactory, WorkerLost
@@ -51,6 +53,7 @@ from utils.data_utils import FederatedData
 from utils.dp_support import DPSupport
 from utils.errors import FLError
 from utils.metrics import summarize
+from utils.model_support import ModelSupport, check_same_shape
 from utils.privacy_monitor import PrivacyMonitor
 from utils.results import RunRecorder
 from utils.seeding import np_rng, torch_seeded
@@ -68,6 +71,9 @@ class Server:
     # -nnc: why a client that never trained has no defined start here (refused at start-up), "" when it
     # has one: it receives ``new_client_payload`` (by default what ``broadcast`` sends every client).
     new_client_refusal = ""
+    # --client_models: the one declaration (utils/model_support.py ModelSupport) of whether clients may train
+    # different architectures, what they then share and which part must have one shape; by default refused.
+    model_support = ModelSupport()
 
     # PFLlib's defaults (its main.py) of the flags this class adds, where PFLlib has them: the start-up print
     # marks run values that differ (cli.print_config).
@@ -93,6 +99,9 @@ class Server:
         cfg = cfg.replace(num_clients=len(data.clients))  # -nc cut the split already; None meant all
         self.cfg, self.data, self.run = cfg, data, run
         self.device = torch.device(cfg.device)
+        # --client_models: each client's architecture, trained clients then new ones (-nnc); None without it
+        self.client_model_names = (None if cfg.client_models is None else
+                                   assign(read_client_models(cfg.client_models), len(data.clients) + len(data.new_clients)))
         self.global_model = self.initial_model()
         self.executor = executor if executor is not None else make_executor(cfg)
         self.clients = self.executor.start(self.client_factory(), data.clients)
@@ -121,15 +130,47 @@ class Server:
         with torch_seeded(self.cfg.seed, self.run, "model"):
             return set_device_layout(self.build_model().to(self.device), self.device)
 
-    def build_model(self) -> torch.nn.Module:
-        return build_model(self.cfg.model, self.data.input_shape, self.data.num_classes,
-                           self.cfg.feature_dim, self.cfg.vocab_size, config=self.data.config)
+    def build_model(self, name: str | None = None) -> torch.nn.Module:
+        """The model ``-m``; with ``--client_models`` the architecture ``name`` (default ``-m``), its
+        classifier taking ``-fd`` features (``models.build_client_model``). An algorithm that reshapes its
+        model (a head/body split) overrides this, so every client's architecture is reshaped alike."""
+        build = build_model if self.cfg.client_models is None else build_client_model
+        return build(self.cfg.model if name is None else name, self.data.input_shape, self.data.num_classes,
+                     self.cfg.feature_dim, self.cfg.vocab_size, config=self.data.config)
+
+    def client_models(self) -> dict[int, torch.nn.Module]:
+        """``--client_models``: client id -> the initial model of its architecture (one model per
+        architecture, seeded by its name: clients of one architecture start alike, as every client does from
+        the common model without the flag): reshaped by ``build_model``, or, where the clients' own
+        architecture is a personal model beside the shared one (``model_support.personal``), as built. The
+        part ``model_support.same_shape`` names must have one shape on every architecture and the server's
+        model, or the run stops here with one line."""
+        support = self.model_support
+        built = {}
+        for name in dict.fromkeys(self.client_model_names):
+            with torch_seeded(self.cfg.seed, self.run, "client-model", name):
+                model = (build_client_model(name, self.data.input_shape, self.data.num_classes, self.cfg.feature_dim,
+                                            self.cfg.vocab_size, config=self.data.config)
+                         if support.personal else self.build_model(name))
+            built[name] = set_device_layout(model.to(self.device), self.device)
+        if support.same_shape:
+            x = self.data.clients[0].x_train[:1].to(self.device)
+            shapes = {name: shared_shapes(m, support.same_shape, x) for name, m in built.items()}
+            if support.same_shape == "head":
+                shapes[f"the server's {self.cfg.model}"] = shared_shapes(self.global_model, "head", x)
+            check_same_shape(self.cfg, support.same_shape, shapes)
+        return {cid: built[name] for cid, name in enumerate(self.client_model_names)}
 
     def client_factory(self) -> ClientFactory:
         """How every client is built, here or inside a worker: ``client_class(cfg, cid, data,
-        global_model, run)`` under its own seeded stream. Construction-time logic belongs in the client's
-        ``__init__``; set-up calls a server makes on its clients after construction are fine too."""
-        return ClientFactory(self.client_class, self.cfg, self.run, self.global_model)
+        global_model, run)`` under its own seeded stream; with ``--client_models`` each client's own
+        architecture (``client_models``) replaces the global model, or with ``model_support.personal`` comes
+        as the keyword ``own_model``. Construction-time logic belongs in the client's ``__init__``; set-up
+        calls a server makes on its clients after construction are fine too."""
+        if self.client_model_names is None:
+            return ClientFactory(self.client_class, self.cfg, self.run, self.global_model)
+        return ClientFactory(self.client_class, self.cfg, self.run, self.global_model, self.client_models(),
+                             self.model_support.personal)
 
     # ---- calling clients ---------------------------------------------------------------------------
     def call_clients(self, clients: list[Client], method: str, *args) -> list:

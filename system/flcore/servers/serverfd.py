@@ -39,6 +39,7 @@ from flcore.clients.clientfd import FDClient
 from flcore.servers.serverbase import Server
 from utils.dp_support import DPSupport
 from utils.errors import FLError
+from utils.model_support import ModelSupport
 
 
 class FDServer(Server):
@@ -50,6 +51,9 @@ class FDServer(Server):
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         refusal="it uploads per-label mean logits computed from the private data, with no noise",
     )
+
+    model_support = ModelSupport(  # --client_models: every client's model is its own architecture
+        refusal="", shares="per-label mean logits, up and down (C x C numbers at most)", same_shape="logits")
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -29,10 +29,13 @@ with ``-al 1 -bt 1`` 0.836 after 5.
 from flcore.clients.clientfml import FMLClient
 from flcore.servers.serverbase import Server
 from utils.errors import FLError
+from utils.model_support import ModelSupport
 
 
 class FMLServer(Server):
     client_class = FMLClient
+    model_support = ModelSupport(  # --client_models: the paper's heterogeneous local models
+        refusal="", shares="the meme model (-m on every client), averaged", same_shape="logits", personal=True)
     pfllib_defaults = {"alpha": 1.0, "beta": 0.0}
 
     @classmethod

@@ -40,6 +40,7 @@ from flcore.clients.clientgh import FedGHClient
 from flcore.servers.partsharing import PartSharingServer
 from utils.dp_support import DPSupport
 from utils.errors import FLError
+from utils.model_support import ModelSupport
 
 
 def train_header(head: nn.Module, reps: torch.Tensor, labels: torch.Tensor, lr: float) -> None:
@@ -61,6 +62,9 @@ class FedGHServer(PartSharingServer):
         refusal=("it uploads per-class mean representations of client data, not model steps or updates that -dp "
                  "privatises"),
     )
+
+    model_support = ModelSupport(  # --client_models: the paper's heterogeneous feature extractors
+        refusal="", shares="class-mean representations (-fd wide) up, the global header down", same_shape="head")
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -47,6 +47,7 @@ from flcore.servers.serverbase import Server
 from utils.aggregate import weighted_average
 from utils.dp_support import DPSupport
 from utils.errors import FLError
+from utils.model_support import ModelSupport
 
 
 class FedKDServer(Server):
@@ -57,6 +58,10 @@ class FedKDServer(Server):
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         client_refusal="its clients upload SVD factors of the update, not the model entries the release clips",
     )
+
+    model_support = ModelSupport(  # --client_models: the paper's large personal mentor beside a shared mentee
+        refusal="", shares="the mentee's update (-m on every client), SVD-compressed", same_shape="logits",
+        personal=True)
 
     @classmethod
     def add_args(cls, parser) -> None:

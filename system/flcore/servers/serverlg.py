@@ -19,7 +19,10 @@ With ``-dp`` the local training is DP-SGD (the base training loop). No flags of 
 """
 from flcore.clients.clientlg import LGFedAvgClient
 from flcore.servers.partsharing import PartSharingServer
+from utils.model_support import ModelSupport
 
 
 class LGFedAvgServer(PartSharingServer):
     client_class = LGFedAvgClient
+    model_support = ModelSupport(  # --client_models: every client's base is its own architecture
+        refusal="", shares="the classifier head (-fd x C), averaged", same_shape="head")

@@ -8,6 +8,7 @@ from flcore.clients.clientlocal import LocalClient
 from flcore.servers.serverbase import Server
 from utils.dp_support import DPSupport
 from utils.errors import FLError
+from utils.model_support import ModelSupport
 
 
 class LocalServer(Server):
@@ -15,6 +16,8 @@ class LocalServer(Server):
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         client_refusal="its clients upload no model update",
     )
+
+    model_support = ModelSupport(refusal="", shares="nothing")  # --client_models: each client its own architecture
 
     @classmethod
     def check_config(cls, cfg) -> None:

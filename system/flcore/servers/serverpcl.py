@@ -38,6 +38,7 @@ from flcore.servers.serverbase import Server
 from flcore.trainmodel.parts import split_head
 from utils.dp_support import DPSupport
 from utils.errors import FLError
+from utils.model_support import ModelSupport
 
 
 class FedPCLServer(Server):
@@ -50,6 +51,10 @@ class FedPCLServer(Server):
         refusal=("it uploads per-class means of the private training representations (prototypes), neither noised "
                  "nor accounted"),
     )
+
+    model_support = ModelSupport(  # --client_models: every client's encoder is its own architecture
+        refusal="", shares="class prototypes (-fd wide) up, the global and every client's prototypes down",
+        same_shape="features")
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -67,9 +72,9 @@ class FedPCLServer(Server):
         self.global_protos: dict[int, torch.Tensor] = {}  # c̄^k by class
         self.client_protos: dict[int, dict] = {}  # each client's last uploaded c_i^k
 
-    def build_model(self):
+    def build_model(self, name=None):
         """The representation network: the model's body, its classifier replaced by the identity."""
-        model = split_head(super().build_model())
+        model = split_head(super().build_model(name))
         model.head = nn.Identity()
         return model
 

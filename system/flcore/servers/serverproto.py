@@ -38,6 +38,7 @@ from flcore.servers.serverbase import Server
 from flcore.trainmodel.parts import split_head
 from utils.dp_support import DPSupport
 from utils.errors import FLError
+from utils.model_support import ModelSupport
 
 
 class FedProtoServer(Server):
@@ -50,6 +51,9 @@ class FedProtoServer(Server):
         refusal=("it uploads per-class means of the private training representations (prototypes), neither noised "
                  "nor accounted"),
     )
+
+    model_support = ModelSupport(  # --client_models: the paper's heterogeneous setting
+        refusal="", shares="class prototypes (-fd wide) up, their weighted means down", same_shape="features")
 
     @classmethod
     def add_args(cls, parser) -> None:
@@ -66,8 +70,8 @@ class FedProtoServer(Server):
         super().__init__(*args, **kwargs)
         self.global_protos: dict[int, torch.Tensor] = {}  # P̄_j by class
 
-    def build_model(self):
-        return split_head(super().build_model())
+    def build_model(self, name=None):
+        return split_head(super().build_model(name))
 
     def broadcast(self, client) -> dict:
         return self.global_protos

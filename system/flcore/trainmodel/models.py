@@ -61,6 +61,27 @@ class FedAvgCNN(nn.Module):
         return self.fc(self.fc1(torch.flatten(self.conv2(self.conv1(x)), 1)))
 
 
+class SmallCNN(nn.Module):
+    """A plain CNN of ``depth`` blocks (3x3 convolution with 'same' padding, ``width`` * 2^i channels in block
+    i -> ReLU -> 2x2 max-pool) -> fc1 (flat -> ``hidden``, ReLU) -> fc. ``-m CNN1`` (one block of 16) and
+    ``-m CNN3`` (three blocks, 32-64-128) are the shallow and the deep neighbours of the 4-layer CNN in the
+    heterogeneous-model presets (``assign.PRESETS``); ``-fd`` sets ``hidden``. Every side of 8 or more works."""
+
+    def __init__(self, shape: tuple[int, int, int], num_classes: int, depth: int, width: int, hidden: int = 512):
+        super().__init__()
+        blocks, cin = [], shape[0]
+        for i in range(depth):
+            cout = width * 2 ** i
+            blocks += [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2)]
+            cin = cout
+        self.features = nn.Sequential(*blocks)
+        self.fc1 = nn.Sequential(nn.Linear(_flat(self.features, shape), hidden), nn.ReLU(inplace=True))
+        self.fc = nn.Linear(hidden, num_classes)
+
+    def forward(self, x):
+        return self.fc(self.fc1(torch.flatten(self.features(x), 1)))
+
+
 class MclrLogistic(nn.Module):
     """Multinomial logistic regression (PFLlib's Mclr_Logistic, ``-m MLR``): flatten -> fc. Convex."""
 
@@ -284,6 +305,8 @@ MODEL_SPECS: dict[str, ModelSpec] = {
     "DNN": ModelSpec(lambda s, k, fd, v: DNN(_numel(s), k), (IMAGE, VECTOR, SERIES), source="PFLlib DNN"),
     "FedAvgMLP": ModelSpec(lambda s, k, fd, v: FedAvgMLP(_numel(s), k), (IMAGE, VECTOR, SERIES), source="PFLlib FedAvgMLP"),
     "CNN": ModelSpec(lambda s, k, fd, v: FedAvgCNN(s[0], k, tuple(s[1:]), hidden=fd), (IMAGE,), True, "PFLlib FedAvgCNN"),
+    "CNN1": ModelSpec(lambda s, k, fd, v: SmallCNN(s, k, 1, 16, fd), (IMAGE,), True, "one-convolution CNN"),
+    "CNN3": ModelSpec(lambda s, k, fd, v: SmallCNN(s, k, 3, 32, fd), (IMAGE,), True, "three-convolution CNN"),
     "BNCNN": ModelSpec(lambda s, k, fd, v: FedAvgCNN(s[0], k, tuple(s[1:]), hidden=fd, batch_norm=True), (IMAGE,), True,
                        "FedAvgCNN + BatchNorm (FedBN)"),
     "LeNet": ModelSpec(lambda s, k, fd, v: LeNet(s, k), (IMAGE,), source="PFLlib LeNet"),
@@ -370,6 +393,44 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, featu
         raise ModelError(f"-m {name} cannot take inputs of shape {list(shape)} ({first}); use larger inputs "
                          f"or -m {AUTO[modality]}") from None
     return model
+
+
+class ProjectedModel(nn.Module):
+    """``fc(proj(body(x)))``: a model whose classifier does not take ``-fd`` features, cut below it (``body``,
+    its ``fc`` replaced by the identity), then a projection ``proj`` (Linear(width, fd) + ReLU, as the
+    CNN's fc1) and a new classifier ``fc`` (Linear(fd, C)), so that it exposes features of the common width
+    (``build_client_model``)."""
+
+    def __init__(self, body: nn.Module, width: int, feature_dim: int, num_classes: int):
+        super().__init__()
+        self.body = body
+        self.proj = nn.Sequential(nn.Linear(width, feature_dim), nn.ReLU(inplace=True))
+        self.fc = nn.Linear(feature_dim, num_classes)
+
+    def forward(self, x):
+        return self.fc(self.proj(self.body(x)))
+
+
+def build_client_model(name: str, input_shape: tuple[int, ...], num_classes: int, feature_dim: int = FEATURE_DIM,
+                       vocab_size: int = 80, config: dict | None = None) -> nn.Module:
+    """``--client_models``: model ``name`` with its classifier ``fc`` a Linear(``feature_dim``, C), so every
+    client's features have one width whatever its architecture. A model that ``-fd`` sizes is built at
+    ``feature_dim`` (the CNNs' fc1, the text models' width); one whose classifier still takes another width
+    (ResNet's 512 at another -fd, MobileNetV2's 1280, TextCNN's 300, HARCNN's MLP head) becomes a
+    ``ProjectedModel``: its body, a projection to ``feature_dim`` and a new ``fc``."""
+    shape = tuple(int(s) for s in input_shape)
+    spec_name = resolve(name, shape, config)
+    spec = MODEL_SPECS[spec_name]
+    model = build_model(name, shape, num_classes, feature_dim if spec.sized_by_fd else FEATURE_DIM, vocab_size, config)
+    head = model.fc
+    if isinstance(head, nn.Linear) and head.in_features == feature_dim:
+        return model
+    model.fc = nn.Identity()
+    x = torch.zeros(1, *shape, dtype=torch.long if modality_of(shape, config, spec_name) == TEXT else torch.float32)
+    with torch.no_grad():
+        width = int(torch.flatten(model.eval()(x), 1).shape[1])
+    model.train()
+    return ProjectedModel(model, width, feature_dim, num_classes)
 
 
 def _probe(model: nn.Module, shape: tuple[int, ...], modality: str) -> None:

@@ -8,6 +8,7 @@ reads it). From that:
   tensors, or ``--ala_layers`` layers);
 - ``split_head``: the same network as ``base`` + ``head`` (FedRep, and the model-splitting family);
 - ``frozen``: a part that takes no gradient inside a block (FedRep's alternating epochs);
+- ``shared_shapes``: the shapes of what a model-heterogeneous algorithm exchanges (its head, features or logits);
 - ``batch_dependent``: layers whose output for one sample depends on the rest of its batch or on random
   draws (BatchNorm, dropout), which rule out reusing one sample's features across batches.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 
+import torch
 from torch import nn
 
 from utils.batching import has_batch_norm
@@ -129,3 +131,25 @@ def batch_dependent(model: nn.Module) -> bool:
     BatchNorm mixes the samples of a batch, dropout draws a random mask."""
     return has_batch_norm(model) or any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0
                                         for m in model.modules())
+
+
+def shared_shapes(model: nn.Module, part: str, x: torch.Tensor) -> dict[str, tuple[int, ...]]:
+    """The shapes of what a model-heterogeneous algorithm exchanges of ``model`` (``ModelSupport.same_shape``):
+    ``"head"`` its classifier's entries; ``"features"`` the shape of the classifier's input; ``"logits"``
+    that of its output (both per sample, from one eval-mode forward of the inputs ``x``). The classifier is
+    the split model's ``head`` (``split_head``), else ``fc`` (the head contract)."""
+    head = model.head if isinstance(model, BaseHeadSplit) else head_of(model)
+    if part == "head":
+        return {k: tuple(v.shape) for k, v in head.state_dict().items()}
+    seen = []
+    hook = head.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    was = model.training
+    try:
+        with torch.no_grad():
+            out = model.eval()(x)
+    finally:
+        hook.remove()
+        model.train(was)
+    if part == "features":
+        return {"features": tuple(seen[-1].shape[1:])}
+    return {"logits": tuple(out.shape[1:])}
