@@ -139,25 +139,22 @@ class Server:
                      self.cfg.feature_dim, self.cfg.vocab_size, config=self.data.config)
 
     def client_models(self) -> dict[int, torch.nn.Module]:
-        """``--client_models``: client id -> the initial model of its architecture (one model per
-        architecture, seeded by its name: clients of one architecture start alike, as every client does from
-        the common model without the flag): reshaped by ``build_model``, or, where the clients' own
-        architecture is a personal model beside the shared one (``model_support.personal``), as built. The
-        part ``model_support.same_shape`` names must have one shape on every architecture and the server's
-        model, or the run stops here with one line."""
+        """``--client_models``: client id -> the initial model of its architecture (one per architecture,
+        seeded by its name, as every client starts from one model without the flag): reshaped by
+        ``build_model``, or as built where it is a personal model beside the shared one
+        (``model_support.personal``). The part ``model_support.same_shape`` names must have one shape on
+        every architecture and the server's model, or the run stops here with one line."""
         support = self.model_support
         built = {}
         for name in dict.fromkeys(self.client_model_names):
             with torch_seeded(self.cfg.seed, self.run, "client-model", name):
-                model = (build_client_model(name, self.data.input_shape, self.data.num_classes, self.cfg.feature_dim,
-                                            self.cfg.vocab_size, config=self.data.config)
-                         if support.personal else self.build_model(name))
+                model = Server.build_model(self, name) if support.personal else self.build_model(name)
             built[name] = set_device_layout(model.to(self.device), self.device)
         if support.same_shape:
             x = self.data.clients[0].x_train[:1].to(self.device)
             shapes = {name: shared_shapes(m, support.same_shape, x) for name, m in built.items()}
             if support.same_shape == "head":
-                shapes[f"the server's {self.cfg.model}"] = shared_shapes(self.global_model, "head", x)
+                shapes["the server's model"] = shared_shapes(self.global_model, "head", x)
             check_same_shape(self.cfg, support.same_shape, shapes)
         return {cid: built[name] for cid, name in enumerate(self.client_model_names)}
 

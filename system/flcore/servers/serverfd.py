@@ -18,6 +18,8 @@ the last round's uploads (the paper has every device take part each round; with 
 participants). Before the first aggregation the clients train on CE alone. FAug (the paper's GAN-based
 augmentation) is not part of FD and is not implemented.
 
+Only logits cross the wire, so with ``--client_models`` every client's model is its own architecture.
+
 Flags: ``-lam`` λ = 1 (PFLlib's default; the paper gives no value). ``-ala`` is refused: there is no
 global model to initialise from. ``-dp`` is refused: the uploaded per-label mean logits are computed from
 the private data with no noise.

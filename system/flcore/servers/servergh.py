@@ -15,6 +15,9 @@ id and classes ascending, and broadcasts only the header:
 
     θ ← θ - η_θ ∇_θ CE(θ(R_k^s), s)   for each uploading k, each class s of k.
 
+With ``--client_models`` the extractors φ_k are the clients' own architectures, the paper's setting
+(heterogeneous extractors, one header over representations of one dimension, here ``-fd``).
+
 No body and no trained header leave a client (``personal_keys = ("",)``); each client is evaluated on its
 own body under the header it received. With ``-ala`` the received header is initialised by ALA under the
 client's own body (the header is one layer: ``-p`` 1 or 2, the default). ``-dp`` is refused: the

@@ -24,9 +24,11 @@ of the global mentee and (re)starts its mentee from that copy (with ``-ala``: AL
 ``rs_bytes_up`` / ``rs_bytes_down`` count the factors.
 
 Flags: ``-mlr`` mentee learning rate = -lr (the paper trains both models at one rate; PFLlib's default
-0.005), ``-Ts`` T_start = 0.95 and ``-Te`` T_end = 0.98 (the paper's and PFLlib's). The mentor and the
-mentee share the architecture ``-m`` (as in PFLlib; the paper's mentee is a smaller model), start from the
-common initialisation, and W_h (no bias) learns at -lr. ``-dp``: the joint step is DP-SGD (one clipped
+0.005), ``-Ts`` T_start = 0.95 and ``-Te`` T_end = 0.98 (the paper's and PFLlib's). Without
+``--client_models`` the mentor and the mentee share the architecture ``-m`` (as in PFLlib) and start from
+the common initialisation; with it, as in the paper (a large personal mentor, a shared mentee), each
+mentor is the client's own architecture and the mentee stays ``-m``. W_h (no bias, mentee width -> mentor
+width) learns at -lr. ``-dp``: the joint step is DP-SGD (one clipped
 per-sample gradient over mentor, mentee and W_h); the SVD only post-processes the private mentee.
 
 Where PFLlib differs: it compresses the mentee's parameters, not its update; its rank search keeps

@@ -15,7 +15,8 @@ PFLlib, it is the classifier ``fc``. The paper can also pre-train the whole mode
 split; like PFLlib, no pre-training is done here. With ``-ala`` the received head is initialised by ALA
 under the client's own base (the head is one layer on the library's models: ``-p`` 1, the default, or 0;
 larger values are refused).
-With ``-dp`` the local training is DP-SGD (the base training loop). No flags of its own.
+With ``-dp`` the local training is DP-SGD (the base training loop). With ``--client_models`` each
+client's base is its own architecture under the shared head (-fd x C). No flags of its own.
 """
 from flcore.clients.clientlg import LGFedAvgClient
 from flcore.servers.partsharing import PartSharingServer

@@ -16,6 +16,9 @@ over the m clients that have uploaded prototypes. The first round only collects 
 nothing to contrast with yet). A client is evaluated by its nearest own prototype (squared Euclidean
 distance of z, as the official code's evaluation).
 
+With ``--client_models`` every client's encoder is its own architecture: prototypes of one dimension
+(``-fd``) are all that is shared.
+
 Flags: ``-tau`` τ = 0.07 (the official code's contrastive temperature; PFLlib's default is 1.0).
 
 Refuses ``-ala`` (there is no global model to initialise from) and ``-dp`` (the uploaded prototypes

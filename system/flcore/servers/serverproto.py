@@ -15,7 +15,9 @@ averages them per class, weighted by the counts (the paper's Eq. 6, read as a we
 
 and broadcasts {P̄_j}. A client is evaluated by the nearest global prototype (squared Euclidean
 distance of f_i(x) to each P̄_j, as PFLlib), or by its local head before any prototype exists (round 0).
-Only the feature dimension must agree between clients: nothing here assumes one model for all.
+Only the feature dimension must agree between clients: nothing here assumes one model for all. With
+``--client_models`` each client's model is its own architecture, the paper's heterogeneous setting (its
+Section 4: clients whose models differ, sharing only the representation's dimension, here ``-fd``).
 
 Flags: ``-lam`` λ = 1.0 (the official code's ``--ld`` default; PFLlib's too).
 
