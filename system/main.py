@@ -66,8 +66,8 @@ def ensure_split(cfg: Config) -> None:
 
 
 def provenance(server) -> dict:
-    """What a result file says about how it was made, beyond the flags: the model actually built, the
-    library's commit (when run from a git checkout) and the torch version."""
+    """What a result file says about how it was made, beyond the flags: the model actually built (and with
+    --client_models each client's architecture), the library's commit (when run from a git checkout) and the torch version."""
     import torch
 
     repo = Path(__file__).resolve().parents[1]
@@ -81,8 +81,10 @@ def provenance(server) -> dict:
     except (OSError, subprocess.SubprocessError):
         pass
     model = server.global_model
-    return {"model_built": type(model).__name__, "model_parameters": sum(p.numel() for p in model.parameters()),
-            "git_commit": commit, "torch_version": torch.__version__}
+    built = {"model_built": type(model).__name__, "model_parameters": sum(p.numel() for p in model.parameters())}
+    if server.client_model_names is not None:  # --client_models: each client's architecture, by id
+        built["client_models_built"] = list(server.client_model_names)
+    return {**built, "git_commit": commit, "torch_version": torch.__version__}
 
 
 def label(cfg: Config) -> str:

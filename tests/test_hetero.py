@@ -193,6 +193,8 @@ def test_two_architectures_learn(algo, digits_tiny_root, tmp_path):
     """3 rounds on CNN1 / CNN3 clients: well above chance (0.1; the tiny split's clients hold 3-10 classes)."""
     assert main.main(cli(digits_tiny_root, tmp_path, "-algo", algo, "-gr", "3", "-lr", "0.1", *TWO)) == 0
     assert final_acc(tmp_path, algo) > 0.4, algo
+    meta = json.loads((tmp_path / f"Digits_{algo}_test_0.json").read_text())
+    assert meta["client_models_built"] == ["CNN1", "CNN3", "CNN1", "CNN3", "CNN1"]
 
 
 def series(out, algo) -> dict:

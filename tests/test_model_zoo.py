@@ -22,7 +22,8 @@ VOCAB, FD = 50, 32  # tiny text models: -fd 32 (the Transformer's 8 heads divide
 # The big torchvision models on one shape each (32x32, AlexNet's smallest is 63), batch 2.
 ZOO = {
     "MLR": [IMG8, IMG28, IMG32, VEC, SERIES], "DNN": [IMG8, IMG28, IMG32, VEC, SERIES],
-    "FedAvgMLP": [IMG8, IMG32, VEC, SERIES], "CNN": [IMG8, IMG28, IMG32], "BNCNN": [IMG8, IMG32],
+    "FedAvgMLP": [IMG8, IMG32, VEC, SERIES], "CNN": [IMG8, IMG28, IMG32], "CNN1": [IMG8, IMG32],
+    "CNN3": [IMG8, IMG28], "BNCNN": [IMG8, IMG32],
     "LeNet": [IMG28, IMG32], "Digit5CNN": [IMG8, (3, 8, 8)], "ResNet10": [IMG8, IMG32], "ResNet18": [IMG28],
     "ResNet34": [IMG32], "AlexNet": [GRAY64], "MobileNet": [GRAY32], "GoogleNet": [GRAY32],
     "fastText": [TEXT], "TextCNN": [TEXT], "LSTM": [TEXT], "BiLSTM": [TEXT], "Transformer": [TEXT],
@@ -31,7 +32,7 @@ ZOO = {
 # The paper's "layers" (parts.layer_groups), counted by hand from each architecture; a normalisation layer
 # joins the layer below it, a residual stage is one layer.
 LAYERS = {
-    "MLR": 1, "DNN": 2, "FedAvgMLP": 2, "CNN": 4, "BNCNN": 4,
+    "MLR": 1, "DNN": 2, "FedAvgMLP": 2, "CNN": 4, "BNCNN": 4, "CNN1": 3, "CNN3": 5,  # convs, fc1, fc
     "LeNet": 4,  # conv, conv, bottleneck (+ its BatchNorm1d), fc
     "Digit5CNN": 6,  # conv1..conv3 (+ BN each), linear.fc1 (+bn4), linear.fc2 (+bn5), fc
     "ResNet10": 6, "ResNet18": 6, "ResNet34": 6,  # stem, layer1..layer4, fc
