@@ -264,6 +264,38 @@ def base_parser() -> OneLineParser:
                    help="who runs ALA on each broadcast: the round's selected clients (the others are evaluated "
                         "on their own last model) or every client, before every evaluation (PFLlib; with -jr < 1 "
                         "ALA then costs N clients per round instead of jr*N)")
+    g = p.flag_group("server optimizers, robust aggregation and attacks (any algorithm whose server averages a "
+                     "model; README: Server optimizers, Attacks and robust aggregation)")
+    g.add_argument("--server_opt", default=None, choices=["sgd", "avgm", "adagrad", "adam", "yogi"],
+                   help="step the averaged model as a pseudo-gradient, g = global - aggregate (Reddi et al. 2021; "
+                        "avgm: FedAvgM, Hsu et al. 2019); unset: the aggregate is the new model")
+    g.add_argument("-slr", "--server_learning_rate", type=float, default=None,
+                   help="server learning rate η (PFLlib's flag): --server_opt's step size, SCAFFOLD's and FedGH's "
+                        "server step (default: 1 for sgd, avgm, SCAFFOLD and FedGH; 0.1 adagrad; 0.01 adam, yogi)")
+    g.add_argument("--server_momentum", type=float, default=0.9,
+                   help="--server_opt β1 of avgm, adagrad, adam, yogi (Reddi et al. and Hsu et al.: 0.9)")
+    g.add_argument("--server_beta2", type=float, default=0.99,
+                   help="--server_opt β2 of adam and yogi (Reddi et al.: 0.99)")
+    g.add_argument("--server_tau", type=float, default=1e-3,
+                   help="--server_opt adaptivity τ of adagrad, adam, yogi (Reddi et al.'s grid 1e-5..1e-1)")
+    g.add_argument("--aggregator", default="mean",
+                   choices=["mean", "median", "trimmed_mean", "krum", "multikrum", "geomed"],
+                   help="how the uploads are combined: the sample-weighted mean (FedAvg), the coordinate-wise "
+                        "median or trimmed mean (Yin et al. 2018), Krum or Multi-Krum (Blanchard et al. 2017), "
+                        "the weighted geometric median (Weiszfeld; RFA, Pillutla et al. 2022)")
+    g.add_argument("--trim_frac", type=float, default=0.2,
+                   help="--aggregator trimmed_mean: share of the uploads dropped at each end, per coordinate")
+    g.add_argument("--krum_f", type=int, default=None,
+                   help="--aggregator krum / multikrum: the number f of Byzantine uploads assumed "
+                        "(default: the attack's malicious clients, 0 without --attack)")
+    g.add_argument("--attack", default=None, choices=["signflip", "gaussian", "labelflip", "scaled"],
+                   help="malicious clients flip their training labels (y -> C-1-y) or poison their upload: "
+                        "W - s(W_i - W), W + N(0, s^2), W + s(W_i - W) (default: none)")
+    g.add_argument("--attack_frac", type=float, default=None,
+                   help="share of the clients that are malicious, a fixed set drawn from --seed "
+                        "(default: 0.2 with --attack)")
+    g.add_argument("--attack_scale", type=float, default=None,
+                   help="s of the upload attacks (default: 1 signflip, 1 gaussian, 10 scaled)")
     g = p.flag_group("privacy (any algorithm): DLG/iDLG evaluation and DP-SGD, see docs/privacy.md")
     g.add_argument("-dlg", "--dlg_eval", action="store_true",
                    help="attack a few clients every -dlgg rounds by gradient inversion (PFLlib's flag)")
@@ -460,6 +492,7 @@ def parse_config(argv=None) -> Config:
 
         check_model_support(cfg, server_cls)  # the algorithm's --client_models declaration
         read_client_models(cfg.client_models)  # a bad list or file fails here, before any work
+    cfg = server_options(cfg, server_cls, given={a.split("=", 1)[0] for a in argv})
     server_cls.check_config(cfg)
     if cfg.tensorboard is not None:
         import importlib.util
@@ -472,6 +505,49 @@ def parse_config(argv=None) -> Config:
     if cfg.num_new_clients and server_cls.new_client_refusal:
         raise FLError(f"-nnc: {cfg.algorithm} cannot evaluate new clients: {server_cls.new_client_refusal}")
     return cfg
+
+
+def server_options(cfg: Config, server_cls, given: set[str]) -> Config:
+    """``--server_opt``, ``--aggregator`` and ``--attack``: refused where the algorithm's server does not
+    average a model (its ``averaging_refusal``), checked, and their defaults resolved (-slr's by optimizer,
+    or the algorithm's own ``slr_default``; the attack's share)."""
+    robust = [f for f, on in (("--server_opt", cfg.server_opt is not None), ("--aggregator", cfg.aggregator != "mean"),
+                              ("--attack", cfg.attack in ("signflip", "gaussian", "scaled"))) if on]
+    if robust and server_cls.averaging_refusal:
+        raise FLError(f"{' / '.join(robust)}: {cfg.algorithm} cannot take it: {server_cls.averaging_refusal}")
+    checks = [
+        (cfg.server_learning_rate is None or cfg.server_learning_rate > 0, "-slr must be > 0"),
+        (0 <= cfg.server_momentum < 1, "--server_momentum must be in [0, 1)"),
+        (0 <= cfg.server_beta2 < 1, "--server_beta2 must be in [0, 1)"), (cfg.server_tau > 0, "--server_tau must be > 0"),
+        (0 <= cfg.trim_frac < 0.5, "--trim_frac must be in [0, 0.5)"),
+        (cfg.krum_f is None or cfg.krum_f >= 0, "--krum_f must be >= 0"),
+        (cfg.krum_f is None or cfg.aggregator in ("krum", "multikrum"), "--krum_f needs --aggregator krum or multikrum"),
+        (cfg.attack is not None or (cfg.attack_frac is None and cfg.attack_scale is None),
+         "--attack_frac and --attack_scale need --attack"),
+        (cfg.attack_frac is None or 0 < cfg.attack_frac < 1, "--attack_frac must be in (0, 1)"),
+        (cfg.attack != "labelflip" or cfg.attack_scale is None, "--attack labelflip takes no --attack_scale"),
+        (cfg.attack_scale is None or cfg.attack_scale > 0, "--attack_scale must be > 0"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise FLError(msg)
+    lr = cfg.server_learning_rate
+    if cfg.server_opt is not None:
+        from utils.server_opt import DEFAULT_LR
+
+        lr = DEFAULT_LR[cfg.server_opt] if lr is None else lr
+    elif server_cls.slr_default is not None:
+        lr = server_cls.slr_default if lr is None else lr
+    elif lr is not None:
+        shown = "-slr" if "-slr" in given else "--server_learning_rate"
+        print(f"warning: -algo {cfg.algorithm} does not use {shown} without --server_opt; ignored", file=sys.stderr)
+        lr = None
+    frac = cfg.attack_frac
+    if cfg.attack is not None and frac is None:
+        from utils.attacks import DEFAULT_FRACTION
+
+        frac = DEFAULT_FRACTION
+    return cfg.replace(server_learning_rate=lr, attack_frac=frac)
 
 
 def validate(cfg: Config) -> None:
@@ -523,7 +599,7 @@ def validate(cfg: Config) -> None:
 # are its server's ``pfllib_defaults``.
 PFLLIB_DEFAULTS = {
     "dataset": "MNIST", "model": "CNN", "num_classes": 10, "num_clients": 20, "save_folder_name": "items",
-    "layer_idx": 2, "dp_sigma": 0.0, "bn_stats": "local", "ala_clients": "all",
+    "layer_idx": 2, "dp_sigma": 0.0, "bn_stats": "local", "ala_clients": "all", "server_learning_rate": 1.0,
 }
 
 

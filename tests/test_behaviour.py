@@ -152,7 +152,8 @@ def test_personalized_beats_fedavg_on_a_pathological_split(algo, setting, roots,
 
 
 # Traditional FL: clients are evaluated on the one global model (personalized = False).
-TRADITIONAL = {"FedAvg", "FedProx", "SCAFFOLD", "FedDyn", "MOON", "FedLC", "FedGen", "FedNTD", "FedCross"}
+TRADITIONAL = {"FedAvg", "FedProx", "SCAFFOLD", "FedDyn", "MOON", "FedLC", "FedGen", "FedNTD", "FedCross", "FedAvgM",
+               "FedAdagrad", "FedAdam", "FedYogi"}
 
 
 def test_traditional_algorithms_are_declared():

@@ -163,7 +163,9 @@ def test_ray_matches_sequential(algo, digits_tiny_root, tmp_path, sequential_run
 # and their dispatch stream (FedCross: 5 rounds, so a lost stream shows), APFL's v and alpha.
 RESUMED = [("FedAMP",), ("FedFomo",), ("APPLE",), ("FedALA", "--client_state", "cpu"), ("FedMTL", "-lam", "0.5"),
            ("FedDyn", "--client_state", "cpu"), ("MOON",), ("FedGen", "-se", "5"), ("FedCross", "-gr", "5"),
-           ("APFL", "--client_state", "cpu")]
+           ("APFL", "--client_state", "cpu"),
+           # the server optimizer's per-entry state; with a robust aggregator and an attack on a split model
+           ("FedAdam",), ("FedRep", "--server_opt", "yogi", "--aggregator", "geomed", "--attack", "gaussian", "-pls", "1")]
 
 
 @pytest.mark.parametrize("executor", ["fork", "sequential"])

@@ -40,8 +40,7 @@ def test_pfllib_line_parses_with_its_meaning(line, expected, digits_root, tmp_pa
 @pytest.mark.parametrize("line,unused,dests", [
     ("-algo FedAvg -mu 0.01", "-mu", ["mu"]),
     ("-algo FedALA -lam 15", "-lam", ["lamda"]),
-    ("-algo Local -slr 1 -se 10 -tau 0.5 -hd 64 -al 0.1", "-al, -hd, -se, -slr, -tau",
-     ["server_learning_rate", "server_epochs", "tau", "hidden_dim", "alpha"]),
+    ("-algo Local -se 10 -tau 0.5 -hd 64 -al 0.1", "-al, -hd, -se, -tau", ["server_epochs", "tau", "hidden_dim", "alpha"]),
 ])
 def test_other_algorithms_flags_are_accepted_with_a_warning(line, unused, dests, digits_root, tmp_path, capsys):
     cfg = main.parse_config(cli(digits_root, tmp_path, *line.split()))

@@ -48,6 +48,10 @@ ALGORITHMS = {
     "FedPCL": "flcore.servers.serverpcl:FedPCLServer",
     "FedPAC": "flcore.servers.serverpac:FedPACServer",
     "PFL-DA": "flcore.servers.serverda:PFLDAServer",
+    "FedAvgM": "flcore.servers.serveravgm:FedAvgMServer",
+    "FedAdagrad": "flcore.servers.serveradagrad:FedAdagradServer",
+    "FedAdam": "flcore.servers.serveradam:FedAdamServer",
+    "FedYogi": "flcore.servers.serveryogi:FedYogiServer",
 }
 
 

@@ -229,7 +229,9 @@ def local_split(data: ClientData, cfg, run: int, cid: int) -> ClientData:
     """One client's data as its run sees it: with ``-fs K`` K training samples per class
     (``few_shot_indices``), then with ``--val_ratio r`` a validation split of round(r * n) of those (at
     least one, and one left to train on) held out of training. Both are drawn from the client's own
-    (seed, run, id) streams; the test split is never touched."""
+    (seed, run, id) streams; the test split is never touched. With ``--attack labelflip`` a malicious
+    client's training labels are flipped (utils/attacks.py)."""
+    from utils.attacks import flip_labels, flips_labels
     from utils.seeding import torch_gen
 
     x, y = data.x_train, data.y_train
@@ -244,4 +246,6 @@ def local_split(data: ClientData, cfg, run: int, cid: int) -> ClientData:
         n_val = min(max(1, round(cfg.val_ratio * len(y))), len(y) - 1)
         val, keep = perm[:n_val], perm[n_val:].sort().values
         x_val, y_val, x, y = x[val], y[val], x[keep], y[keep]
+    if flips_labels(cfg, run, cid):  # --attack labelflip: a malicious client trains on y -> C-1-y
+        y = flip_labels(y, cfg.num_classes)
     return ClientData(x, y, data.x_test, data.y_test, x_val, y_val)

@@ -6,7 +6,6 @@ from torch import nn
 
 from flcore.servers.serverbase import Server
 from flcore.trainmodel.parts import split_head
-from utils.aggregate import weighted_average
 
 
 class PartSharingServer(Server):
@@ -29,5 +28,4 @@ class PartSharingServer(Server):
     def aggregate(self, uploads) -> None:
         """Sample-weighted mean of the uploaded entries; the others keep their values (never used)."""
         if uploads:
-            avg = weighted_average([u.state for u in uploads], [u.weight for u in uploads])
-            self.load_aggregate(self.global_model, {**self.global_model.state_dict(), **avg})
+            self.average_uploads(uploads)

@@ -84,6 +84,7 @@ def heur_attention(cos: torch.Tensor, xi_ii: float, sigma: float) -> torch.Tenso
 
 class FedAMPServer(Server):
     client_class = FedAMPClient
+    averaging_refusal = "each client's cloud model is its own attention-weighted mix, not one average"
     pfllib_defaults = {"alphaK": 1.0, "lamda": 1.0, "sigma": 1.0}
     # -nnc is refused (serverbase.py): why
     new_client_refusal = ("its cloud model u_i mixes the stored models by the attention of client i's own model, "

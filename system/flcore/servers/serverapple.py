@@ -55,6 +55,7 @@ from utils.errors import FLError
 
 class APPLEServer(Server):
     client_class = APPLEClient
+    averaging_refusal = "its server keeps every client's core model; none is averaged"
     pfllib_defaults = {"dr_learning_rate": 0.0, "mu": 0.0, "L": 1.0}
     # -nnc is refused (serverbase.py): why
     new_client_refusal = ("a personal model mixes the trained clients' core models by the client's own learnt "

@@ -47,7 +47,8 @@ from runtime import checkpoint, state
 from runtime.choose import make_executor
 from runtime.executors import ClientFactory, WorkerLost
 from runtime.faults import SlowClients
-from utils.aggregate import weighted_average
+from utils import robust
+from utils.attacks import Attack
 from utils.comm import payload_bytes
 from utils.data_utils import FederatedData
 from utils.dp_support import DPSupport
@@ -58,6 +59,7 @@ from utils.privacy_monitor import PrivacyMonitor
 from utils.results import RunRecorder
 from utils.seeding import np_rng, torch_seeded
 from utils.selection import select
+from utils.server_opt import ServerOptimizer
 
 
 class Server:
@@ -74,6 +76,11 @@ class Server:
     # --client_models: the one declaration (utils/model_support.py ModelSupport) of whether clients may train
     # different architectures, what they then share and which part must have one shape; by default refused.
     model_support = ModelSupport()
+    # --server_opt / --aggregator / upload attacks: why this server does not average a model (refused at
+    # start-up), "" when its ``aggregate`` averages uploads through ``average_uploads`` (the one path).
+    averaging_refusal = ""
+    # -slr's default where the algorithm's own server step reads it without --server_opt (SCAFFOLD, FedGH).
+    slr_default: float | None = None
 
     # PFLlib's defaults (its main.py) of the flags this class adds, where PFLlib has them: the start-up print
     # marks run values that differ (cli.print_config).
@@ -121,6 +128,12 @@ class Server:
             count = (f"top {cfg.ala_layers or 'all'} layer(s)" if cfg.ala_layers is not None
                      else f"last {cfg.layer_idx or 'all'} tensor(s), -p")
             print(f"ALA adapts {len(names)} tensor(s) ({count}): {', '.join(names)}")
+        # --server_opt: its per-entry state; --attack: the malicious set (both part of the checkpointed state)
+        self.server_opt = ServerOptimizer.from_config(cfg)
+        self.attack = Attack.from_config(cfg, run)
+        if self.attack is not None and recorder is not None:
+            recorder.meta["malicious_clients"] = list(self.attack.malicious)
+        self.averaged = False  # whether this round's aggregate went through average_uploads
         self.selected: list[Client] = []
         self.round_idx = 0
         self.bytes_down = self.bytes_up = 0  # of the current round: what _send_models / _receive_models moved
@@ -235,11 +248,35 @@ class Server:
 
     def aggregate(self, uploads: list[Upload]) -> None:
         """Sample-weighted FedAvg over every floating state entry (BatchNorm statistics included unless
-        ``--bn_stats local``)."""
-        if not uploads:
-            return
-        avg = weighted_average([u.state for u in uploads], [u.weight for u in uploads])
-        self.load_aggregate(self.global_model, avg)
+        ``--bn_stats local``), through ``average_uploads``."""
+        if uploads:
+            self.average_uploads(uploads)
+
+    def average_uploads(self, uploads: list[Upload], target: torch.nn.Module | None = None, prefix: str = "") -> None:
+        """The one path by which a server averages uploaded model entries into one of its models (``target``,
+        by default the global model): the uploads' entries whose names start with ``prefix`` (taken off to
+        name ``target``'s entries) are combined by ``--aggregator`` (utils/robust.py; the sample-weighted
+        mean by default), stepped by ``--server_opt`` (utils/server_opt.py: parameters only, BatchNorm
+        statistics take the aggregate) and loaded by ``load_aggregate``; ``target``'s other entries keep
+        their values. A split model's shared part: the uploads name global entries; FedRep's body:
+        ``target=self.global_model.base``."""
+        cfg = self.cfg
+        keys = [k for k in uploads[0].state if k.startswith(prefix)]
+        f = cfg.krum_f if cfg.krum_f is not None else len(self.attack.malicious) if self.attack else 0
+        try:
+            agg = robust.aggregate([u.state for u in uploads], [u.weight for u in uploads], cfg.aggregator, keys,
+                                   cfg.trim_frac, f)
+        except ValueError as e:  # too few uploads for Krum or the trimmed mean this round
+            raise FLError(f"--aggregator {cfg.aggregator}, round {self.round_idx}: {e}; lower --krum_f or "
+                          f"--trim_frac, or select more clients (-jr); results so far are kept") from None
+        agg = {k[len(prefix):]: v for k, v in agg.items()}
+        current = target.state_dict() if target is not None else self.global_model.state_dict()
+        target = self.global_model if target is None else target
+        if self.server_opt is not None:
+            params = [k for k, _ in target.named_parameters() if k in agg]
+            agg = self.server_opt.step(current, agg, params)
+        self.load_aggregate(target, {**current, **agg})
+        self.averaged = True
 
     def load_aggregate(self, target: torch.nn.Module, state: dict) -> None:
         """Load an aggregated ``state`` into a server model. With ``--bn_stats local`` only parameters are
@@ -263,6 +300,10 @@ class Server:
         tests = np.array(tests, dtype=np.float64)
         trains = np.array(trains, dtype=np.float64) if train_loss else np.zeros((len(self.clients), 2))
         summary = summarize(tests[:, 0], tests[:, 1], tests[:, 2], trains[:, 0], trains[:, 1])
+        if self.attack is not None:  # the same summary over the benign clients only (benign_test_acc, ...)
+            ok = self.attack.benign_mask([c.id for c in self.clients])
+            benign = summarize(tests[ok, 0], tests[ok, 1], tests[ok, 2], trains[ok, 0], trains[ok, 1])
+            summary.update({f"benign_{k}": v for k, v in benign.items() if k != "client_test_acc"})
         if self.cfg.val_ratio > 0:  # sample-weighted, as test_acc
             correct, n = np.array(self.call_clients(self.clients, "val_metrics"), dtype=np.float64).sum(0)
             summary["val_acc"] = float(correct / n)
@@ -279,7 +320,8 @@ class Server:
         dp = f" | DP epsilon max {summary['dp_epsilon_max']:.3f}" if "dp_epsilon_max" in summary else ""
         loss = "" if self.cfg.train_loss_eval == "off" else f" | train loss {summary['train_loss']:.4f}"
         val = f" | val acc {summary['val_acc']:.4f}" if "val_acc" in summary else ""
-        tqdm.write(f"round {self.round_idx:4d} | acc {summary['test_acc']:.4f} "
+        benign = f"benign acc {summary['benign_test_acc']:.4f}, all " if "benign_test_acc" in summary else ""
+        tqdm.write(f"round {self.round_idx:4d} | {benign}acc {summary['test_acc']:.4f} "
                    f"(clients {summary['test_acc_mean']:.4f} ± {summary['test_acc_std']:.4f}, worst "
                    f"{summary['test_acc_min']:.4f}){val} | auc {summary['test_auc']:.4f}{loss}{dp}")
         if self.recorder is not None:
@@ -368,11 +410,17 @@ class Server:
             self.privacy.before_training(t, active)
         self._train_clients(active)
         uploads = self._receive_models(active)
+        if self.attack is not None:  # --attack: the malicious clients' uploads, poisoned
+            uploads = self.attack.poison(uploads, self.global_model, t)
         if self.privacy is not None:  # -dlg: attack what they upload, before aggregation
             self.privacy.after_upload(t, active, uploads)
             # --dp_level client: every upload becomes the clipped, noised mean update (utils/dp_client.py)
             uploads = self.privacy.release(uploads, self.global_model, len(self.selected), len(self.clients))
+        self.averaged = False
         self.aggregate(uploads)
+        if uploads and not self.averaged and (self.server_opt is not None or cfg.aggregator != "mean"):
+            raise FLError(f"--server_opt / --aggregator: {cfg.algorithm}'s aggregate does not go through "
+                          f"average_uploads; it must declare averaging_refusal")
         self.after_round()
         if self.recorder is not None:
             self.recorder.round_time.append(time.perf_counter() - start)

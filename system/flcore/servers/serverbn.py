@@ -27,7 +27,6 @@ Flags: none of its own (PFLlib: none).
 from flcore.clients.clientbn import FedBNClient, bn_prefixes
 from flcore.servers.serverbase import Server
 from flcore.trainmodel.models import build_model, resolve
-from utils.aggregate import weighted_average
 from utils.dp_support import DPSupport
 from utils.errors import FLError
 
@@ -53,5 +52,4 @@ class FedBNServer(Server):
         """Sample-weighted mean of the uploaded (non-BatchNorm) entries; the global model's BatchNorm
         entries are never used by the clients and stay as initialised."""
         if uploads:
-            avg = weighted_average([u.state for u in uploads], [u.weight for u in uploads])
-            self.global_model.load_state_dict(avg, strict=False)
+            self.average_uploads(uploads)

@@ -57,6 +57,7 @@ def collaborators(overlap: torch.Tensor, progress: float) -> list[list[int]]:
 
 class FedCACServer(Server):
     client_class = FedCACClient
+    averaging_refusal = "each client starts from its own mean over its collaborators' critical parameters"
     pfllib_defaults = {"tau": 1.0, "beta": 0.0}
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         client_refusal=("its clients also upload their critical-parameter masks, and each client receives its own "

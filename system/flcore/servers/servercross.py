@@ -91,6 +91,7 @@ def cross_aggregate(states, partners, alpha: float) -> list[dict]:
 
 class FedCrossServer(Server):
     client_class = FedCrossClient
+    averaging_refusal = "its middleware models are pairwise mixes, not one average"
     pfllib_defaults = {"first_stage_bound": 0, "fedcross_alpha": 0.99, "collaborative_model_select_strategy": 1}
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         client_refusal="each client receives a different middleware model, not one mean of updates",

@@ -57,6 +57,7 @@ def dyn_server_step(global_params: dict, mean: dict, h: dict, deltas_sum: dict, 
 
 class FedDynServer(Server):
     client_class = FedDynClient
+    averaging_refusal = "its server corrects the mean by its own state h"
     pfllib_defaults = {"alpha": 1.0}
     personalized = False
 

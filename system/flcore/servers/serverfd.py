@@ -46,6 +46,7 @@ from utils.model_support import ModelSupport
 
 class FDServer(Server):
     client_class = FDClient
+    averaging_refusal = "its clients upload per-label logits, no model"
     pfllib_defaults = {"lamda": 1.0}
     # -nnc is refused (serverbase.py): why
     new_client_refusal = ("the server sends per-label logits, no model: a new client's model would be its random "

@@ -35,6 +35,7 @@ from utils.errors import FLError
 
 class FedFomoServer(Server):
     client_class = FedFomoClient
+    averaging_refusal = "each client weighs its neighbours' models itself; the server averages none"
     pfllib_defaults = {"M": 5}
     # -nnc is refused (serverbase.py): why
     new_client_refusal = ("a client builds its model from the neighbours its own affinities choose, which a client "

@@ -57,7 +57,6 @@ from torch.nn import functional as F
 from flcore.clients.clientgen import FedGenClient, Generator
 from flcore.servers.serverbase import Server
 from flcore.trainmodel.parts import split_head
-from utils.aggregate import weighted_average
 from utils.dp_support import DPSupport
 from utils.errors import FLError
 from utils.seeding import torch_gen, torch_seeded
@@ -169,5 +168,4 @@ class FedGenServer(Server):
         self.train_generator(uploads)
         if not self.cfg.localize_feature_extractor:
             return super().aggregate(uploads)
-        avg = weighted_average([u.state for u in uploads], [u.weight for u in uploads])
-        self.load_aggregate(self.global_model.head, {k[5:]: v for k, v in avg.items()})
+        self.average_uploads(uploads, self.global_model.head, prefix="head.")

@@ -42,7 +42,6 @@ from torch import nn
 from flcore.clients.clientgh import FedGHClient
 from flcore.servers.partsharing import PartSharingServer
 from utils.dp_support import DPSupport
-from utils.errors import FLError
 from utils.model_support import ModelSupport
 
 
@@ -60,24 +59,14 @@ def train_header(head: nn.Module, reps: torch.Tensor, labels: torch.Tensor, lr: 
 
 class FedGHServer(PartSharingServer):
     client_class = FedGHClient
-    pfllib_defaults = {"server_learning_rate": 1.0}
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         refusal=("it uploads per-class mean representations of client data, not model steps or updates that -dp "
                  "privatises"),
     )
-
+    slr_default = 1.0  # -slr: η_θ, the server's SGD rate on the global header (PFLlib: 1)
+    averaging_refusal = "its server trains a header on uploaded class means; no model is averaged"
     model_support = ModelSupport(  # --client_models: the paper's heterogeneous feature extractors
         refusal="", shares="class-mean representations (-fd wide) up, the global header down", same_shape="head")
-
-    @classmethod
-    def add_args(cls, parser) -> None:
-        parser.add_argument("-slr", "--server_learning_rate", type=float, default=1.0,
-                            help="η_θ, the server's SGD rate on the global header (PFLlib: 1)")
-
-    @classmethod
-    def check_config(cls, cfg) -> None:
-        if cfg.server_learning_rate <= 0:
-            raise FLError(f"-slr must be > 0 (got {cfg.server_learning_rate})")
 
     def aggregate(self, uploads) -> None:
         """The header's SGD steps on every uploaded (class mean, label) pair."""

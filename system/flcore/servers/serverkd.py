@@ -54,6 +54,7 @@ from utils.model_support import ModelSupport
 
 class FedKDServer(Server):
     client_class = FedKDClient
+    averaging_refusal = "its server averages compressed updates of a mentee, not models"
     # -nnc is refused (serverbase.py): why
     new_client_refusal = ("the server sends updates that each client applies to the global mentee it rebuilt from "
                           "every download since round 0")

@@ -13,6 +13,7 @@ from utils.model_support import ModelSupport
 
 class LocalServer(Server):
     client_class = LocalClient
+    averaging_refusal = "nothing is aggregated"
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         client_refusal="its clients upload no model update",
     )

@@ -50,6 +50,7 @@ from utils.errors import FLError
 
 class FedMTLServer(Server):
     client_class = FedMTLClient
+    averaging_refusal = "its server keeps every client's model for the task-relationship term"
     pfllib_defaults = {"lamda": 1.0, "itk": 4000}
     # -nnc is refused (serverbase.py): why
     new_client_refusal = ("the coupling of client t is row t of the relationship matrix Omega, learnt only over the "

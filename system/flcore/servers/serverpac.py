@@ -120,9 +120,7 @@ class FedPACServer(Server):
         if not uploads:
             return
         states = [u.state for u in uploads]
-        base = [k for k in states[0] if k.startswith("base.")]
-        avg = weighted_average(states, [u.weight for u in uploads], keys=base)
-        self.load_aggregate(self.global_model.base, {k[len("base."):]: t for k, t in avg.items()})
+        self.average_uploads(uploads, self.global_model.base, prefix="base.")
         new = aggregate_prototypes([u.extras["protos"] for u in uploads], [u.extras["counts"] for u in uploads])
         self.global_protos = {**self.global_protos, **{c: p.to(self.device) for c, p in new.items()}}
         v = torch.stack([u.extras["v"].cpu() for u in uploads])

@@ -46,6 +46,7 @@ from utils.model_support import ModelSupport
 
 class FedPCLServer(Server):
     client_class = FedPCLClient
+    averaging_refusal = "its clients upload class prototypes, no model"
     pfllib_defaults = {"tau": 1.0}
     # -nnc is refused (serverbase.py): why
     new_client_refusal = ("the server sends prototypes, no model: a new client's encoder would be its random "

@@ -39,6 +39,7 @@ from utils.personal_aggregation import lerp_state
 
 class PFedMeServer(Server):
     client_class = PFedMeClient
+    averaging_refusal = "its server steps the mean by its own β"
     pfllib_defaults = {"lamda": 1.0, "K": 5, "p_learning_rate": 0.01, "beta": 0.0}
 
     @classmethod

@@ -45,6 +45,7 @@ from utils.model_support import ModelSupport
 
 class FedProtoServer(Server):
     client_class = FedProtoClient
+    averaging_refusal = "its clients upload class prototypes, no model"
     pfllib_defaults = {"lamda": 1.0}
     # -nnc is refused (serverbase.py): why
     new_client_refusal = ("the server sends class prototypes, no model: a new client's encoder would be its random "

@@ -22,7 +22,6 @@ same split (``--local_ep 11 --local_rep_ep 1``).
 """
 from flcore.clients.clientrep import FedRepClient
 from flcore.servers.partsharing import PartSharingServer
-from utils.aggregate import weighted_average
 from utils.errors import FLError
 
 
@@ -45,5 +44,4 @@ class FedRepServer(PartSharingServer):
     def aggregate(self, uploads: list[dict]) -> None:
         """Sample-weighted mean of the uploaded bodies; the global head is never used."""
         if uploads:
-            avg = weighted_average([u.state for u in uploads], [u.weight for u in uploads])
-            self.load_aggregate(self.global_model.base, avg)
+            self.average_uploads(uploads, self.global_model.base)

@@ -22,17 +22,13 @@ from utils.personal_aggregation import lerp_state
 
 class SCAFFOLDServer(Server):
     client_class = SCAFFOLDClient
-    pfllib_defaults = {"server_learning_rate": 1.0}
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         client_refusal=("its clients also upload control-variate updates, which the clipped model update does not "
                         "bound"),
     )
     personalized = False
-
-    @classmethod
-    def add_args(cls, parser):
-        parser.add_argument("-slr", "--server_learning_rate", type=float, default=1.0,
-                            help="global step size η_g (SCAFFOLD paper and PFLlib: 1)")
+    slr_default = 1.0  # -slr: the global step size η_g (SCAFFOLD paper and PFLlib: 1)
+    averaging_refusal = "its server steps the mean by its own -slr and control variates"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -1,0 +1,22 @@
+"""FedAdagrad: Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar, McMahan. Adaptive Federated Optimization.
+ICLR 2021. https://arxiv.org/abs/2003.00295
+
+FedAvg with ``--server_opt adagrad`` (utils/server_opt.py), which any averaging algorithm takes: clients train
+as in FedAvg and the server, instead of taking the sample-weighted mean Θ̄ as the new model, applies Adagrad
+on the pseudo-gradient g = Θ - Θ̄ (Θ̄ the round's aggregate): m <- β1 m + (1 - β1) g, v <- v + g², Θ <- Θ - η
+m / (√v + τ). Only parameters are stepped; BatchNorm statistics take the aggregate. The optimizer's state
+lives on the server and is checkpointed with it.
+
+Flags (the common server-optimizer flags, with this algorithm's defaults): ``-slr`` η = 0.1,
+``--server_momentum`` β1 = 0.9, ``--server_tau`` τ = 1e-3; every one can be changed.
+"""
+from flcore.clients.clientadagrad import FedAdagradClient
+from flcore.servers.serveravg import FedAvgServer
+
+
+class FedAdagradServer(FedAvgServer):
+    client_class = FedAdagradClient
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        parser.set_defaults(server_opt="adagrad")

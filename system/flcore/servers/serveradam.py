@@ -1,0 +1,23 @@
+"""FedAdam: Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar, McMahan. Adaptive Federated Optimization.
+ICLR 2021. https://arxiv.org/abs/2003.00295
+
+FedAvg with ``--server_opt adam`` (utils/server_opt.py), which any averaging algorithm takes: clients train as
+in FedAvg and the server, instead of taking the sample-weighted mean Θ̄ as the new model, applies Adam on the
+pseudo-gradient g = Θ - Θ̄ (Θ̄ the round's aggregate): m <- β1 m + (1 - β1) g, v <- β2 v + (1 - β2) g², Θ <- Θ
+- η m / (√v + τ) (no bias correction, as in the paper). Only parameters are stepped; BatchNorm statistics take
+the aggregate. The optimizer's state lives on the server and is checkpointed with it.
+
+Flags (the common server-optimizer flags, with this algorithm's defaults): ``-slr`` η = 0.01,
+``--server_momentum`` β1 = 0.9, ``--server_beta2`` β2 = 0.99, ``--server_tau`` τ = 1e-3; every one can be
+changed.
+"""
+from flcore.clients.clientadam import FedAdamClient
+from flcore.servers.serveravg import FedAvgServer
+
+
+class FedAdamServer(FedAvgServer):
+    client_class = FedAdamClient
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        parser.set_defaults(server_opt="adam")

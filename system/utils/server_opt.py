@@ -1,0 +1,80 @@
+"""Server optimizers (``--server_opt``): the server treats the round's aggregate as a pseudo-gradient step.
+
+Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar, McMahan. "Adaptive Federated Optimization", ICLR
+2021 (arXiv 2003.00295), Algorithm 2; FedAvgM: Hsu, Qi, Brown, "Measuring the Effects of Non-Identical
+Data Distribution for Federated Visual Classification", 2019 (arXiv 1909.06335).
+
+For every parameter entry x of the model the server averages (the whole model, or the shared part of a
+split model), with x̄ the round's aggregate of the uploads (``--aggregator``), the pseudo-gradient is
+g = x - x̄ and, entry-wise:
+
+    sgd      x <- x - η g
+    avgm     m <- β1 m + g;                                   x <- x - η m          (Hsu et al.: η 1, β1 0.9)
+    adagrad  m <- β1 m + (1 - β1) g;  v <- v + g²;                                    x <- x - η m / (√v + τ)
+    adam     m <- β1 m + (1 - β1) g;  v <- β2 v + (1 - β2) g²;                        x <- x - η m / (√v + τ)
+    yogi     m <- β1 m + (1 - β1) g;  v <- v - (1 - β2) g² sign(v - g²);              x <- x - η m / (√v + τ)
+
+with m = 0 and v = τ² before the first round (the paper's v_{-1} >= τ², taken at equality) and no bias
+correction (as in the paper). sgd at η = 1 is FedAvg up to rounding. η = ``-slr``, β1 =
+``--server_momentum``, β2 = ``--server_beta2``, τ = ``--server_tau``. The paper fixes β1 = 0.9 and
+β2 = 0.99 in every experiment and tunes η and τ per task on grids 10^{-3..1} and 10^{-5..-1}; the defaults
+here (η 0.1 for adagrad, 0.01 for adam and yogi, τ 10^-3) lie in the region its image-classification
+tasks found best. BatchNorm running statistics and integer entries are not parameters: they take the
+aggregate's value, never a step. The state (m, v) is kept per entry name and carries across rounds; it is
+part of the server's checkpointed state (runtime/state.py saves this object's attributes).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+
+NAMES = ("sgd", "avgm", "adagrad", "adam", "yogi")
+DEFAULT_LR = {"sgd": 1.0, "avgm": 1.0, "adagrad": 0.1, "adam": 0.01, "yogi": 0.01}
+
+
+class ServerOptimizer:
+    """One server optimizer's hyper-parameters and its per-entry state ``m`` and ``v``."""
+
+    def __init__(self, name: str, lr: float, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3):
+        if name not in NAMES:
+            raise ValueError(f"unknown server optimizer '{name}'; choose one of {', '.join(NAMES)}")
+        self.name, self.lr, self.beta1, self.beta2, self.tau = name, float(lr), float(beta1), float(beta2), float(tau)
+        self.m: dict[str, torch.Tensor] = {}
+        self.v: dict[str, torch.Tensor] = {}
+
+    @classmethod
+    def from_config(cls, cfg) -> "ServerOptimizer | None":
+        """The run's optimizer (``--server_opt`` and its flags, -slr already resolved), None without one."""
+        if cfg.server_opt is None:
+            return None
+        return cls(cfg.server_opt, cfg.server_learning_rate, cfg.server_momentum, cfg.server_beta2, cfg.server_tau)
+
+    def step(self, current: Mapping[str, torch.Tensor], aggregate: Mapping[str, torch.Tensor],
+             params: Iterable[str]) -> dict[str, torch.Tensor]:
+        """``aggregate`` with each entry named in ``params`` replaced by its optimizer step from ``current``
+        (the server's model before the round); the state of those entries is updated."""
+        out = dict(aggregate)
+        for k in params:
+            x = current[k].detach()
+            g = x - aggregate[k].to(x.device, x.dtype)
+            if self.name == "sgd":
+                out[k] = x - self.lr * g
+                continue
+            m = self.m.get(k, torch.zeros_like(x))
+            if self.name == "avgm":
+                self.m[k] = m = self.beta1 * m + g
+                out[k] = x - self.lr * m
+                continue
+            self.m[k] = m = self.beta1 * m + (1 - self.beta1) * g
+            v = self.v.get(k, torch.full_like(x, self.tau ** 2))
+            g2 = g * g
+            if self.name == "adagrad":
+                v = v + g2
+            elif self.name == "adam":
+                v = self.beta2 * v + (1 - self.beta2) * g2
+            else:  # yogi
+                v = v - (1 - self.beta2) * g2 * torch.sign(v - g2)
+            self.v[k] = v
+            out[k] = x - self.lr * m / (v.sqrt() + self.tau)
+        return out

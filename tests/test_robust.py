@@ -1,0 +1,114 @@
+"""Robust aggregators (--aggregator, utils/robust.py) against numbers computed by hand, the geometric median
+against a brute-force minimiser, and the option on a real server."""
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import minimize
+
+import main
+from conftest import cli
+from test_executors import build
+from utils import robust
+
+# Five uploads: a 2-vector and an integer counter, with unequal sample weights.
+W = [[1.0, 10.0], [2.0, -3.0], [9.0, 0.0], [4.0, 5.0], [-6.0, 7.0]]
+N = [4, 6, 8, 2, 10]
+WEIGHTS = [1, 2, 3, 4, 5]
+STATES = [{"w": torch.tensor(w), "n": torch.tensor(n)} for w, n in zip(W, N)]
+
+
+def test_median_and_trimmed_mean_by_hand():
+    med = robust.aggregate(STATES, WEIGHTS, "median")
+    assert med["w"].tolist() == [2.0, 5.0]  # sorted columns: -6 1 [2] 4 9 and -3 0 [5] 7 10
+    # the counter: rounded weighted mean (4 + 12 + 24 + 8 + 50) / 15 = 6.53 -> 7, in its own dtype
+    assert med["n"].item() == 7 and med["n"].dtype == torch.long
+    even = robust.aggregate(STATES[:4], WEIGHTS[:4], "median")["w"]
+    assert even.tolist() == [3.0, 2.5]  # 1 2 | 4 9 and -3 0 | 5 10: the two middle values' mean
+    trimmed = robust.aggregate(STATES, WEIGHTS, "trimmed_mean", trim_frac=0.2)["w"]  # k = 1 off each end
+    assert torch.allclose(trimmed, torch.tensor([7 / 3, 4.0]))  # (1 + 2 + 4) / 3, (0 + 5 + 7) / 3
+    assert torch.equal(robust.aggregate(STATES, WEIGHTS, "trimmed_mean", trim_frac=0.0)["w"],
+                       torch.tensor(W).mean(0))  # nothing trimmed: the unweighted mean
+
+
+def test_median_and_trimmed_mean_ignore_the_weights_and_the_mean_uses_them():
+    other = [5, 4, 3, 2, 1]
+    for rule in ("median", "trimmed_mean"):
+        assert torch.equal(robust.aggregate(STATES, WEIGHTS, rule)["w"], robust.aggregate(STATES, other, rule)["w"])
+    assert torch.allclose(robust.aggregate(STATES, WEIGHTS, "mean")["w"], torch.tensor([18 / 15, 59 / 15]))  # (1+4+27+16-30)/15, (10-6+20+35)/15
+
+
+# Five points in the plane: squared distances a-b 1, a-c 4, a-d 18, a-e 100, b-c 5, b-d 13, b-e 81, c-d 10,
+# c-e 104, d-e 58.
+POINTS = [[0.0, 0.0], [1.0, 0.0], [0.0, 2.0], [3.0, 3.0], [10.0, 0.0]]
+
+
+def test_krum_scores_by_hand():
+    x = torch.tensor(POINTS, dtype=torch.float64)
+    # f = 1: the n - f - 2 = 2 nearest of each point: a 1+4, b 1+5, c 4+5, d 10+13, e 58+81
+    assert robust.krum_scores(x, 1).tolist() == [5.0, 6.0, 9.0, 23.0, 139.0]
+    # f = 0: its 3 nearest
+    assert robust.krum_scores(x, 0).tolist() == [23.0, 19.0, 19.0, 41.0, 239.0]
+    with pytest.raises(ValueError, match="more than 2f"):
+        robust.krum_scores(x, 2)  # n = 5 <= 2f + 2
+
+
+def test_krum_picks_one_upload_and_multikrum_averages_the_best_with_their_weights():
+    states = [{"w": torch.tensor(p)} for p in POINTS]
+    assert robust.aggregate(states, WEIGHTS, "krum", krum_f=1)["w"].tolist() == POINTS[0]
+    # Multi-Krum keeps n - f = 4 (a, b, c, d), weighted 1, 2, 3, 4: (0 + 2 + 0 + 12) / 10, (0 + 0 + 6 + 12) / 10
+    assert torch.allclose(robust.aggregate(states, WEIGHTS, "multikrum", krum_f=1)["w"], torch.tensor([1.4, 1.8]))
+    # with f = 0 it keeps everyone: FedAvg
+    assert torch.allclose(robust.aggregate(states, WEIGHTS, "multikrum", krum_f=0)["w"],
+                          robust.aggregate(states, WEIGHTS, "mean")["w"])
+
+
+@pytest.mark.parametrize("weights", [[1, 1, 1, 1, 1], [1, 2, 3, 4, 5], [5, 1, 1, 1, 20]])
+def test_geometric_median_is_the_minimiser(weights):
+    pts = np.array(POINTS + [[2.0, 7.0]])[1:]  # five points, not collinear
+    w = np.array(weights, dtype=float)
+
+    def cost(z):
+        return float((w * np.linalg.norm(pts - z, axis=1)).sum())
+
+    best = minimize(cost, pts.mean(0), method="Nelder-Mead", options={"xatol": 1e-10, "fatol": 1e-12, "maxiter": 10000})
+    states = [{"w": torch.tensor(p, dtype=torch.float64)} for p in pts]
+    got = robust.aggregate(states, weights, "geomed")["w"].numpy()
+    # Near a data point (here (3, 3)) the cost is flat and Weiszfeld's steps shrink: the cost is matched to
+    # 1e-7 of its value, the point to 1e-3 (an optimum on a data point is approached, not reached).
+    assert cost(got) <= best.fun * (1 + 1e-7), (cost(got), best.fun)
+    assert np.allclose(got, best.x, atol=1e-3), (got, best.x)
+
+
+def test_geometric_median_on_a_data_point_stays_finite():
+    """With one point carrying most of the weight the median is that point: the floored distance keeps the
+    iteration finite when an iterate lands on it."""
+    x = torch.tensor(POINTS, dtype=torch.float64)
+    z = robust.geometric_median(x, torch.tensor([100.0, 1, 1, 1, 1], dtype=torch.float64))
+    assert torch.isfinite(z).all() and torch.allclose(z, x[0], atol=1e-6)
+
+
+def test_median_on_a_server_is_the_coordinate_wise_median_of_the_uploads(digits_tiny_root, monkeypatch):
+    server = build(digits_tiny_root, "FedAvg", "--aggregator", "median", "--train_loss_eval", "off")
+    seen = []
+    average = server.average_uploads
+    monkeypatch.setattr(server, "average_uploads", lambda uploads: (seen.append(uploads), average(uploads)))
+    server.run_round(0)
+    uploads = seen[0]
+    assert len(uploads) == 5
+    for k, v in server.global_model.state_dict().items():
+        expect = np.median(np.stack([u.state[k].numpy() for u in uploads]), axis=0)
+        assert np.allclose(v.numpy(), expect, atol=1e-7), k
+
+
+def test_too_few_uploads_for_krum_is_one_clear_line(digits_tiny_root, tmp_path, capsys):
+    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", "--aggregator", "krum", "--krum_f", "2")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Krum needs more than 2f + 2 = 6 uploads, got 5" in err[0], err
+    assert (tmp_path / "Digits_FedAvg_test_0.h5").exists()  # the round-0 evaluation is kept
+
+
+@pytest.mark.parametrize("flags", [("--krum_f", "1"), ("--trim_frac", "0.5"), ("--attack_frac", "0.2"),
+                                   ("--attack", "labelflip", "--attack_scale", "2"), ("--server_opt", "adam", "-slr", "0")])
+def test_bad_option_values_are_refused(flags, digits_tiny_root, tmp_path, capsys):
+    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", *flags)) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
