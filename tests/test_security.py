@@ -2,7 +2,7 @@
 file runs no code (the pickle's marker file is never created) and is refused with one line, as is a damaged
 one; a symlink planted where a temporary file goes is never followed; nothing is written outside
 --results_dir; runs sharing --client_state_dir do not see each other's files; --resume never replaces a
-finished result it cannot continue."""
+finished result it cannot continue; docs/security.md's table of every case tried names tests that exist."""
 import pickle
 import subprocess
 import sys
@@ -191,3 +191,27 @@ def test_resume_does_not_replace_a_finished_result_without_checkpoint(digits_tin
     assert main.main(argv + ["--resume"]) == 2
     assert "has no checkpoint" in one_line(capsys)
     assert (tmp_path / f"{STEM}.h5").read_bytes() == before
+
+
+def test_the_case_table_names_tests_that_exist():
+    """docs/security.md's table of cases: rows 1..N without a gap, each naming tests that exist (a test
+    function of tests/, a case of test_fuzz_inputs.py's BAD table), so a renamed test cannot leave it stale."""
+    import re
+
+    from test_fuzz_inputs import BAD
+
+    text = (REPO / "docs" / "security.md").read_text()
+    table = [r for r in text[text.index("## Every case tried"):].splitlines() if re.match(r"\| \d", r)]
+    cases = []
+    for row in table:
+        first, last = re.match(r"\| (\d+)(?:-(\d+))? ", row).groups()
+        cases += range(int(first), int(last or first) + 1)
+    assert cases == list(range(1, len(cases) + 1)), cases
+    defined = {m for f in (REPO / "tests").glob("test_*.py") for m in re.findall(r"^def (test_\w+)\(", f.read_text(),
+                                                                                  re.M)}
+    for row in table:
+        named = re.findall(r"\b(test_\w+)\b(?!\.py)", row.split(" | ")[-1])
+        bad = re.findall(r"BAD\[([^\]]+)\]", row)
+        assert named or bad, row
+        assert [n for n in named if n not in defined] == [] and [k for k in bad if k not in BAD] == [], row
+    assert f"({len(cases)} cases)" in (REPO / "README.md").read_text()
