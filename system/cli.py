@@ -148,10 +148,10 @@ def base_parser() -> OneLineParser:
            "PFLlib's meaning) and of the CNNs' fc1 layer; the other models have fixed widths, except with "
            "--client_models, where every model's classifier takes -fd features")
     a("--client_models", default=None,
-      help="different architectures on different clients: a preset (HtFE-cnn, HtFE-img, HtFE-img-large, HtFE-text), a comma "
-           "list of -m names assigned to clients in turn, or a .json file mapping client ids to names; only "
-           "algorithms that exchange no whole model take it (README: Clients with different models; default: "
-           "every client trains -m)")
+      help="different architectures on different clients: a preset (HtFE-cnn, HtFE-img, HtFE-img-large, "
+           "HtFE-text), a comma list of -m names assigned to clients in turn, or a .json file mapping client ids "
+           "to names; only algorithms that exchange no whole model take it (README: Clients with different "
+           "models; default: every client trains -m)")
     a("-vs", "--vocab_size", type=int, default=80,
       help="vocabulary size of the text models when the split's config does not record one")
     a("-lbs", "--batch_size", type=int, default=10, help="local batch size")

@@ -236,3 +236,24 @@ def test_lg_fedavg_sends_only_the_head_of_one_shape(digits_tiny_root, tmp_path):
     head = (48 * 10 + 10) * 4
     assert got["rs_bytes_down"][0] == pytest.approx(5 * head, rel=0.05)
     assert got["rs_bytes_up"][0] == pytest.approx(5 * head, rel=0.05)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_builds_features_of_the_common_width(preset):
+    text = preset.endswith("text")
+    shape, config = ((20,), {"modality": "text", "vocab_size": 50}) if text else ((3, 32, 32), None)
+    x = torch.ones(2, 20, dtype=torch.long) if text else torch.zeros(2, 3, 32, 32)
+    for name in PRESETS[preset]:
+        model = models.build_client_model(name, shape, 7, 32, config=config)
+        assert shared_shapes(model, "features", x) == {"features": (32,)}, name
+        assert shared_shapes(model, "logits", x) == {"logits": (7,)}, name
+
+
+@pytest.mark.optional_deps("ray")
+def test_ray_gives_the_sequential_numbers(digits_tiny_root, tmp_path):
+    torch.set_num_threads(1)
+    flags = ("-algo", "FedKD", "-gr", "2", *FAST, *TWO)
+    assert main.main(cli(digits_tiny_root, tmp_path / "seq", *flags, "--executor", "sequential")) == 0
+    assert main.main(cli(digits_tiny_root, tmp_path / "ray", *flags, "--executor", "ray", "--workers", "2")) == 0
+    a, b = series(tmp_path / "seq", "FedKD"), series(tmp_path / "ray", "FedKD")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k], equal_nan=True) for k in a)

@@ -107,8 +107,8 @@ class Server:
         self.cfg, self.data, self.run = cfg, data, run
         self.device = torch.device(cfg.device)
         # --client_models: each client's architecture, trained clients then new ones (-nnc); None without it
-        self.client_model_names = (None if cfg.client_models is None else
-                                   assign(read_client_models(cfg.client_models), len(data.clients) + len(data.new_clients)))
+        self.client_model_names = None if cfg.client_models is None else assign(
+            read_client_models(cfg.client_models), len(data.clients) + len(data.new_clients))
         self.global_model = self.initial_model()
         self.executor = executor if executor is not None else make_executor(cfg)
         self.clients = self.executor.start(self.client_factory(), data.clients)

@@ -9,9 +9,9 @@ learn from each other by deep mutual learning, one SGD step on both per batch:
     L_local = α CE(θ_i) + (1 - α) KL(p_w || p_θ),      L_meme = β CE(w) + (1 - β) KL(p_θ || p_w),
 
 each KL target being the other model's (detached) prediction. The server averages the meme models,
-weighted by training samples (FedAvg). With ``-ala`` ALA initialises the meme model from the global one. With ``--client_models`` the local models are
-the clients' own architectures (the paper's heterogeneous local models, built from scratch) and the meme
-model stays ``-m`` on every client.
+weighted by training samples (FedAvg). With ``-ala`` ALA initialises the meme model from the global one.
+With ``--client_models`` the local models are the clients' own architectures (the paper's heterogeneous
+local models) and the meme model stays ``-m`` on every client.
 With ``-dp`` the joint step on both models is DP-SGD (one clipped per-sample gradient over both).
 
 Flags: ``-al`` α = 0.5 and ``-bt`` β = 0.5 (the paper's setting). PFLlib's defaults ``-al 1 -bt 0``

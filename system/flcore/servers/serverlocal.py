@@ -2,7 +2,8 @@
 
 The lower bound every pFL method must beat on shared knowledge (and the upper bound on personalisation
 in the most skewed splits). Each client keeps its own model from the common initialisation; the server
-never sends nor averages anything (with ``--client_models`` each client trains its own architecture). No flags of its own. ``-ala`` is rejected (there is no global model).
+never sends nor averages anything (with ``--client_models`` each client trains its own architecture). No
+flags of its own. ``-ala`` is rejected (there is no global model).
 """
 from flcore.clients.clientlocal import LocalClient
 from flcore.servers.serverbase import Server
