@@ -2,9 +2,13 @@
 
     python scripts/curves.py --out results/curves_before.json            # record
     python scripts/curves.py --out results/curves_after.json --compare results/curves_before.json
+    python scripts/curves.py --out results/curves_dp.json --flags="-dp" --no-ala     # the same, with DP-SGD
+    python scripts/curves.py --out results/curves_dpc.json --flags="-dp --dp_level client -dps 0.5" --no-ala
 
 Each algorithm runs ``-gr`` rounds (default 3) with the sequential executor, one thread and a fixed seed, once
-plain and once with ``-ala`` (an algorithm that refuses ``-ala`` is recorded as refused). The JSON file maps
+plain and once with ``-ala`` (an algorithm that refuses ``-ala`` is recorded as refused; ``--no-ala``: plain
+only). ``--flags`` adds the same main.py flags to every run (an algorithm that refuses them, as one that
+refuses ``-dp``, is recorded as refused). The JSON file maps
 ``<algo>`` / ``<algo>+ALA`` to every per-round series of its result file (accuracy, loss, AUC, ...; wall times
 left out) at full float precision. ``--compare`` exits 1 naming every curve that is not identical bit for bit.
 """
@@ -14,6 +18,7 @@ import argparse
 import contextlib
 import io
 import json
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -33,13 +38,14 @@ def make_split(root: Path) -> None:
                               "--subsample", "500", "--seed", "1"])
 
 
-def curve(root: Path, out: Path, algo: str, rounds: int, ala: bool) -> dict | str:
+def curve(root: Path, out: Path, algo: str, rounds: int, ala: bool, extra: list[str]) -> dict | str:
     import main
     from utils.results import read_h5
 
     flags = ["-data", "Digits", "--dataset_root", str(root), "--results_dir", str(out), "-dev", "cpu",
              "--executor", "sequential", "--seed", "0", "--no-progress", "--no-print_config", "--overwrite",
-             "-algo", algo, "-gr", str(rounds), "-lr", "0.1", *FLAGS.get(algo, []), *(["-ala"] if ala else [])]
+             "-algo", algo, "-gr", str(rounds), "-lr", "0.1", *FLAGS.get(algo, []), *extra,
+             *(["-ala"] if ala else [])]
     err = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         try:
@@ -64,6 +70,8 @@ def main(argv=None) -> int:
     p.add_argument("--compare", default=None, help="a JSON file written before: report every curve that differs")
     p.add_argument("-gr", type=int, default=3)
     p.add_argument("--algos", default=None, help="comma-separated subset (default: every registered algorithm)")
+    p.add_argument("--flags", default="", help='main.py flags added to every run, one string (--flags="-dp -dps 0.5")')
+    p.add_argument("--no-ala", action="store_true", help="plain runs only (no +ALA curves)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     names = args.algos.split(",") if args.algos else list(ALGORITHMS)
@@ -72,9 +80,9 @@ def main(argv=None) -> int:
         root, out = Path(tmp) / "data", Path(tmp) / "results"
         make_split(root)
         for algo in names:
-            for ala in (False, True):
+            for ala in (False,) if args.no_ala else (False, True):
                 key = algo + ("+ALA" if ala else "")
-                curves[key] = curve(root, out, algo, args.gr, ala)
+                curves[key] = curve(root, out, algo, args.gr, ala, shlex.split(args.flags))
                 shown = curves[key] if isinstance(curves[key], str) else curves[key]["rs_test_acc"]
                 print(f"{key}: {shown}", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
