@@ -21,7 +21,8 @@ import torch
 import main
 from conftest import REPO, cli
 from flcore.registry import ALGORITHMS, get_server_class
-from utils import dp_sgd, dp_support
+from flcore.clients.clientbase import Client
+from utils import dp_support
 from utils.errors import FLError
 
 DOC = REPO / "docs" / "privacy.md"
@@ -46,7 +47,8 @@ def refused(algo: str, root: Path) -> bool:
 
 
 class Counted:
-    """A server built in-process, every call of ``DPSGD.backward`` counted as (client id, sigma, q) with q =
+    """A server built in-process, every DP-SGD step (``Client.dp_backward``, the one seam) counted as (client id,
+    sigma, q) with q =
     max(-lbs, batch) / (the samples the client's batches are drawn from: its ``train_indices``, else its whole
     training split), and each evaluation's summary kept with the number of calls made before it."""
 
@@ -56,16 +58,16 @@ class Counted:
         self.cfg = main.parse_config(flags(algo, root, *extra))
         self.calls: list[tuple[int, float, float]] = []
         self.records: list[tuple[dict, int]] = []
-        backward = dp_sgd.DPSGD.backward
+        backward = Client.dp_backward
         bs = self.cfg.batch_size
 
-        def counting(dp, client, objective, optimizer, x, y):
+        def counting(client, objective, optimizer, x, y, modules=None, noise=None):
             pool = client.train_indices()  # what ``Client.batches`` draws from (None: the whole training split)
             n = len(client.y_train) if pool is None else len(pool)
-            self.calls.append((client.id, dp.sigma, min(1.0, max(bs, len(x)) / n)))
-            return backward(dp, client, objective, optimizer, x, y)
+            self.calls.append((client.id, client.dp.sigma, min(1.0, max(bs, len(x)) / n)))
+            return backward(client, objective, optimizer, x, y, modules, noise)
 
-        monkeypatch.setattr(dp_sgd.DPSGD, "backward", counting)
+        monkeypatch.setattr(Client, "dp_backward", counting)
         data = load_split("Digits", root, int(NC))
         self.server = get_server_class(algo)(self.cfg.replace(num_classes=10), data)
         record = self.server._record
@@ -199,8 +201,6 @@ def test_each_uncovered_step_is_in_docs_and_warned(digits_tiny_root, capsys):
 @pytest.mark.optional_deps("opacus")
 def test_training_that_bypasses_dp_is_an_error(digits_tiny_root, monkeypatch):
     """The guard: a client that trained under -dp with an empty accountant stops the run (no epsilon 0)."""
-    from flcore.clients.clientbase import Client
-
     monkeypatch.setattr(Client, "local_update", lambda self, r: None)  # trains without any DP-SGD step
     with pytest.raises(FLError, match="DP accountant is empty"):
         main.run(main.parse_config(flags("FedAvg", digits_tiny_root, "-gr", "1", "--results_dir",

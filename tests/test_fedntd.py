@@ -106,7 +106,7 @@ def test_dp_per_sample_gradients_include_the_distillation_term(digits_root):
     client.loss(x, y).backward()
     want = [p.grad.clone() for p in client.model.parameters()]
     client.optimizer.zero_grad()
-    client.dp.backward(client, client.loss, client.optimizer, x, y)
+    client.dp_backward(client.loss, client.optimizer, x, y)
     for p, w in zip(client.model.parameters(), want):
         torch.testing.assert_close(p.grad, w, atol=1e-5, rtol=1e-4)
     assert all(t.grad is None for t in client.teacher.parameters())

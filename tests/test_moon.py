@@ -107,7 +107,7 @@ def test_dp_gradient_of_the_contrastive_objective_without_noise_or_clipping(digi
     c0.dp.sigma, c0.dp.clip = 0.0, 1e9
     x, y = c0.x_train[:7], c0.y_train[:7]
     want = torch.autograd.grad(c0.loss(x, y), list(c0.model.parameters()))
-    c0.dp.backward(c0, c0.loss, c0.optimizer, x, y)
+    c0.dp_backward(c0.loss, c0.optimizer, x, y)
     for p, w in zip(c0.model.parameters(), want):
         torch.testing.assert_close(p.grad, w, atol=1e-6, rtol=1e-4)
     assert all(p.grad is None for p in c0.global_model.parameters())

@@ -202,12 +202,52 @@ def test_dp_sgd_without_noise_or_clipping_is_plain_sgd(digits_root):
     client = Client(cfg, 0, data.clients[0], model)
     client.dp.sigma = 0.0
     x, y = client.x_train[:7], client.y_train[:7]
-    loss = client.dp.backward(client, client.loss, client.optimizer, x, y)
+    loss = client.dp_backward(client.loss, client.optimizer, x, y)
     ref = dlg.model_gradient(client.model, x, y)
     for n, p in client.model.named_parameters():
         assert torch.allclose(p.grad, ref[n], atol=1e-6), n
     assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(client.model(x), y).item(), rel=1e-5)
     assert client.dp.history == [(0.0, cfg.batch_size / client.train_samples, 1)]
+
+
+@pytest.mark.optional_deps("opacus")
+def test_dp_sgd_privatises_the_modules_the_client_names_and_refuses_others(digits_root):
+    """The seam: DP-SGD's per-sample gradients reach every module ``dp_modules`` names (here a second module
+    trained beside the model: without noise or clipping its gradient is the plain one), and a parameter the
+    optimizer trains outside those modules is refused instead of stepped without privacy."""
+    cfg = main.parse_config(cli(digits_root, digits_root, "-dp", "-dps", "1", "--dp_clip", "1e9", "-gr", "1",
+                                "--executor", "sequential"))
+    from utils.data_utils import load_split
+    from flcore.clients.clientbase import Client
+
+    class TwoModules(Client):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            with torch_seeded(0, 0, "extra"):
+                self.extra = torch.nn.Linear(10, 10)
+            self.both = torch.optim.SGD([*self.model.parameters(), *self.extra.parameters()], lr=0.1)
+
+        def stacked(self, x, y):
+            return self.loss_fn(self.extra(self.model(x)), y)
+
+    class Declared(TwoModules):
+        def dp_modules(self):
+            return {"model": self.model, "extra": self.extra}
+
+    data = load_split("Digits", digits_root)
+    with torch_seeded(0, 0, "model"):
+        model = DNN(64, 10)
+    undeclared = TwoModules(cfg, 0, data.clients[0], model)
+    x, y = undeclared.x_train[:7], undeclared.y_train[:7]
+    with pytest.raises(ValueError, match="2 parameter.*outside the modules named for DP-SGD"):
+        undeclared.dp_backward(undeclared.stacked, undeclared.both, x, y)
+    client = Declared(cfg, 0, data.clients[0], model)
+    client.dp.sigma = 0.0
+    client.dp_backward(client.stacked, client.both, x, y)
+    params = [*client.model.parameters(), *client.extra.parameters()]
+    ref = torch.autograd.grad(client.stacked(x, y), params)
+    assert all(torch.allclose(p.grad, r, atol=1e-6) for p, r in zip(params, ref))
+    assert client.extra.weight.grad.abs().sum() > 0
 
 
 @pytest.mark.optional_deps("opacus")

@@ -6,7 +6,8 @@ Privacy". CCS 2016. https://arxiv.org/abs/1607.00133
     Each step clips every per-sample gradient to L2 norm C and adds N(0, sigma^2 C^2 I) to their sum:
     g = (sum_i g_i * min(1, C / ||g_i||) + N(0, sigma^2 C^2 I)) / B.
     Per-sample gradients come from ``torch.func.vmap(grad(...))`` over the client's own ``loss`` hook,
-    evaluated with ``functional_call`` on a holder of the client's modules. That keeps the base training
+    evaluated with ``functional_call`` on a holder of the modules the client trains (the one seam:
+    ``Client.dp_modules`` names them, ``Client.dp_backward`` releases one step). That keeps the base training
     loop, the optimizer and every algorithm's loss (proximal or contrastive terms included) as they are,
     whereas opacus' GradSampleModule would wrap the model (renaming its state keys, which the server
     aggregates by name) and replace the optimizer and data loader. Models with BatchNorm are refused:
@@ -127,8 +128,8 @@ class DPSGD:
                  secure: torch.Generator | None = None):
         self.clip, self.sigma, self.n = clip, sigma, n_samples
         self.batch_size, self.generator = batch_size, generator
-        # --dp_secure_rng: one OS-seeded stream for all of this client's noise (fine-tuning included); an
-        # algorithm that swaps ``generator`` for a stream of its own then changes nothing.
+        # --dp_secure_rng: one OS-seeded stream for all of this client's noise (fine-tuning included), which
+        # replaces any stream a caller names.
         self.secure = secure
         self.history: list[tuple[float, float, int]] = []
 
@@ -147,24 +148,29 @@ class DPSGD:
         return cls(cfg.dp_clip, cfg.dp_sigma, n_samples, cfg.batch_size,
                    torch_gen(cfg.seed, run, "dp-noise", cid, device=cfg.device), secure)
 
-    def backward(self, client, objective, optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Set ``.grad`` of every parameter ``optimizer`` trains to the DP-SGD gradient of
-        ``objective(x, y)`` (the client's ``loss`` hook, or the objective ``run_epochs`` was given), the
-        per-sample parameters swapped into the client's modules; returns the batch's mean loss (detached).
-        One accountant step at q = max(B, len(x)) / n, n the samples the client's batches are drawn from
-        (``train_count``: FedFomo's training part, PartialFed's trained slice), at most its training set;
-        an epoch's last, smaller batch counts at the full rate."""
-        modules = {k: v for k, v in vars(client).items() if isinstance(v, nn.Module)}
+    def backward(self, modules: dict[str, nn.Module], objective, optimizer, x: torch.Tensor, y: torch.Tensor,
+                 pool: int, noise: torch.Generator | None = None) -> torch.Tensor:
+        """Set ``.grad`` of every parameter ``optimizer`` trains to the DP-SGD gradient of ``objective(x, y)``
+        and return the batch's mean loss (detached). ``modules`` (the client's ``dp_modules``, or the modules
+        a caller names) hold those parameters: their per-sample copies are swapped in while ``objective``
+        runs; a trained parameter outside them is refused, as it would step without privacy. ``noise``: the
+        stream the noise is drawn from (default this client's training stream; ``--dp_secure_rng``'s OS-seeded
+        one replaces any). One accountant step at q = max(B, len(x)) / n, n the samples the batches are drawn
+        from (``pool``: ``Client.train_count``, FedFomo's training part, PartialFed's trained slice), at most
+        the training set; an epoch's last, smaller batch counts at the full rate."""
         holder = _LossHolder(modules, objective)
-        trained = {id(p) for g in optimizer.param_groups for p in g["params"] if p.requires_grad}
         named = dict(holder.named_parameters())
+        trained = {id(p) for g in optimizer.param_groups for p in g["params"] if p.requires_grad}
         names = [n for n, p in named.items() if id(p) in trained]
+        if len(names) != len(trained):
+            raise ValueError(f"-dp: the optimizer trains {len(trained) - len(names)} parameter(s) outside the "
+                             f"modules named for DP-SGD ({', '.join(modules)}); name their module in the "
+                             f"client's dp_modules")
         grads, losses = per_sample_gradients(holder, names, x, y)
-        noise = self.generator if self.secure is None else self.secure
+        noise = self.secure if self.secure is not None else self.generator if noise is None else noise
         for n, g in privatize(grads, self.clip, self.sigma, noise).items():
             named[n].grad = g
-        pool = min(self.n, client.train_count())
-        q = min(1.0, max(self.batch_size, len(x)) / max(pool, 1))
+        q = min(1.0, max(self.batch_size, len(x)) / max(min(self.n, pool), 1))
         if self.history and self.history[-1][:2] == (self.sigma, q):
             self.history[-1] = (self.sigma, q, self.history[-1][2] + 1)
         else:

@@ -38,6 +38,10 @@ class APFLClient(Client):
         if self.cfg.adapt_alpha:
             self.optimizer.add_param_group({"params": [self.mixer.alpha]})
 
+    def dp_modules(self) -> dict[str, nn.Module]:
+        """-dp: the one optimizer steps w, v and α."""
+        return {"model": self.model, "vmodel": self.vmodel, "mixer": self.mixer}
+
     def mixed_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The personalised model's output, v̄ = α v + (1 - α) w with w held fixed: gradients reach v
         (α ∇f(v̄)) and α (<v - w, ∇f(v̄)>), not w. Buffers (BatchNorm statistics) are v's own."""

@@ -99,6 +99,14 @@ class Client:
     def after_backward(self) -> None:
         """Called between ``backward`` and ``optimizer.step`` (gradient corrections)."""
 
+    def dp_modules(self) -> dict[str, nn.Module]:
+        """``-dp``'s seam: the modules, by name, whose parameters local training's optimizers step. Every step
+        of ``run_epochs`` is then a DP-SGD release (``dp_backward``) of the per-sample gradients of the
+        parameters its optimizer trains, computed by swapping per-sample copies into these modules. By default
+        the model; an algorithm whose optimizers train other modules names them too (Ditto's personal model,
+        APFL's v and α, FML's local model, FedKD's mentor). A trained parameter outside them is refused."""
+        return {"model": self.model}
+
     def receive(self, payload, participating: bool = True) -> None:
         """What ``Server.broadcast`` sent this client (by default the global model). By default the
         client's model becomes the global model (or, with ALA, is initialised from it by adaptive local
@@ -151,6 +159,16 @@ class Client:
         """Epsilon (at ``delta``) of this client's DP-SGD steps so far; 0.0 without ``-dp`` or before it
         trains. A method, so the server reaches it through any executor."""
         return 0.0 if self.dp is None else self.dp.epsilon(delta)
+
+    def dp_backward(self, objective, optimizer, x: torch.Tensor, y: torch.Tensor,
+                    modules: dict[str, nn.Module] | None = None, noise: torch.Generator | None = None) -> torch.Tensor:
+        """``-dp``: set ``.grad`` of every parameter ``optimizer`` trains to the DP-SGD release of the gradient
+        of ``objective(x, y)`` on this batch, counted by this client's accountant (at the rate of a batch of
+        ``train_count``); returns the batch's mean loss. ``modules`` hold those parameters (default
+        ``dp_modules``; a fine-tuned copy names itself); ``noise`` is the stream the noise comes from (default
+        the training stream; fine-tuning has its own, so evaluating never shifts training's noise)."""
+        return self.dp.backward(self.dp_modules() if modules is None else modules, objective, optimizer, x, y,
+                                self.train_count(), noise)
 
     def eval_model(self) -> nn.Module:
         """The client's personalised model, the one evaluated on its own test split."""
@@ -260,7 +278,7 @@ class Client:
                 self.scaler.scale(loss).backward()
                 self.scaler.unscale_(optimizer)  # after_backward sees true gradients
         else:  # -dp: clipped, noised per-sample gradients of the same objective
-            loss = self.dp.backward(self, objective, optimizer, x, y)
+            loss = self.dp_backward(objective, optimizer, x, y)
         if own:
             self.after_backward()
         if self.scaler is None:

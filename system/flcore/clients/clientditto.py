@@ -18,6 +18,10 @@ class DittoClient(Client):
         self.poptimizer = torch.optim.SGD(self.pmodel.parameters(), lr=self.cfg.local_learning_rate)
         self.anchor = anchor_of(self.model)  # w^t: the last global model received
 
+    def dp_modules(self) -> dict[str, torch.nn.Module]:
+        """-dp: the global model's epochs and the personal model's are both DP-SGD."""
+        return {"model": self.model, "pmodel": self.pmodel}
+
     def receive(self, payload, participating: bool = True) -> None:
         super().receive(payload, participating)
         self.anchor = anchor_of(payload)

@@ -40,6 +40,10 @@ class FMLClient(Client):
         self.mutual_optimizer = torch.optim.SGD([*self.local.parameters(), *self.model.parameters()],
                                                 lr=self.cfg.local_learning_rate)
 
+    def dp_modules(self) -> dict[str, torch.nn.Module]:
+        """-dp: the mutual optimizer steps the meme and the local model together."""
+        return {"model": self.model, "local": self.local}
+
     def mutual_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """L_local + L_meme: each model's gradient is that of its own loss (the KL targets are detached)."""
         local, meme = mutual_losses(self.local(x), self.model(x), y, self.cfg.alpha, self.cfg.beta)

@@ -115,6 +115,10 @@ class FedKDClient(Client):
                                             lr=self.cfg.local_learning_rate)
         self.trained_round = 0
 
+    def dp_modules(self) -> dict[str, nn.Module]:
+        """-dp: the KD optimizer steps the mentee, the mentor and W_h."""
+        return {"model": self.model, "mentor": self.mentor, "W_h": self.W_h}
+
     def receive(self, payload, participating: bool = True) -> None:
         apply_update(self.global_mentee, payload["update"])
         self.initialize_local(self.model, self.global_mentee, participating)

@@ -60,12 +60,12 @@ class PerFedAvgClient(FineTunedEval, Client):
         (x1, x2), (y1, y2) = halves(x), halves(y)
         start = [p.detach().clone() for p in params]
         self.optimizer.zero_grad(set_to_none=True)
-        self.dp.backward(self, self.loss, self.optimizer, x1, y1)
+        self.dp_backward(self.loss, self.optimizer, x1, y1)
         with torch.no_grad():
             for p in params:
                 p.sub_(self.alpha * p.grad)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.dp.backward(self, self.loss, self.optimizer, x2, y2)
+        loss = self.dp_backward(self.loss, self.optimizer, x2, y2)
         with torch.no_grad():
             for p, w in zip(params, start):
                 p.copy_(w)
@@ -78,21 +78,14 @@ class PerFedAvgClient(FineTunedEval, Client):
 
     def fine_tune(self, model: torch.nn.Module) -> torch.nn.Module:
         """The paper's personalisation: one SGD step of size α (this round's, decayed by ``-ld`` as in
-        training) on one local batch. With ``-dp`` that step is a DP-SGD release too (noise from the
-        fine-tune stream, one accountant step per evaluation): the copy is held as ``self.tuned`` while
-        it steps, so the per-sample gradients reach it."""
+        training) on one local batch. With ``-dp`` that step is a DP-SGD release too (``private_tune_step``:
+        noise from the fine-tune stream, one accountant step per evaluation)."""
         idx = next(self.batches(1, generator=self.tune_gen))
         model.train()
         if self.dp is not None:
             opt = torch.optim.SGD(model.parameters(), lr=self.alpha)
-            self.tuned, noise = model, self.dp.generator
-            self.dp.generator = self.tune_noise
-            try:
-                opt.zero_grad(set_to_none=True)
-                self.dp.backward(self, lambda a, b: self.loss_fn(model(a), b), opt, self.x_train[idx], self.y_train[idx])
-                opt.step()
-            finally:
-                self.dp.generator = noise
+            self.private_tune_step(model, opt, lambda a, b: self.loss_fn(model(a), b))(self.x_train[idx],
+                                                                                      self.y_train[idx])
             return model
         grads = torch.autograd.grad(self.loss_fn(model(self.x_train[idx]), self.y_train[idx]),
                                     list(model.parameters()))

@@ -14,6 +14,10 @@ class PFedMeClient(Client):
         self.theta = copy.deepcopy(self.model)  # θ_i, the personalised model; self.model is w
         self.theta_optimizer = torch.optim.SGD(self.theta.parameters(), lr=self.cfg.p_learning_rate)
 
+    def dp_modules(self) -> dict[str, torch.nn.Module]:
+        """-dp: only θ's inner steps read data; w moves from θ (after the release)."""
+        return {"theta": self.theta}
+
     def eval_model(self):
         return self.theta
 
@@ -44,7 +48,7 @@ class PFedMeClient(Client):
                 loss = self.loss_fn(self.theta(x), y)
                 loss.backward()
             else:  # -dp: each inner step is one DP-SGD release of ∇f(θ; batch), counted by the accountant
-                loss = self.dp.backward(self, self.theta_loss, self.theta_optimizer, x, y)
+                loss = self.dp_backward(self.theta_loss, self.theta_optimizer, x, y)
             with torch.no_grad():  # the proximal term's gradient reads no data: added after the release
                 for t, v in zip(theta, w):
                     t.grad.add_(t - v, alpha=lam)

@@ -41,18 +41,22 @@ class FineTunedEval:
     def fine_tune(self, model: nn.Module) -> nn.Module:
         """``-fte`` epochs of plain SGD (batch ``-lbs``, cross-entropy) on the local data, at the rate local
         training has in the round being evaluated (``-lr``, decayed with ``-ld``). With ``-dp`` these steps
-        are DP-SGD too, counted by this client's accountant (epsilon grows with every evaluation): the copy
-        is held as ``self.tuned`` while it trains, so the per-sample gradients reach it."""
+        are DP-SGD too (``private_tune_step``), counted by this client's accountant (epsilon grows with every
+        evaluation)."""
         model.train()
         opt = torch.optim.SGD(model.parameters(), lr=self.learning_rate(self.tune_round))
         objective = lambda x, y: self.loss_fn(model(x), y)  # noqa: E731
-        if self.dp is None:
-            self.run_epochs(self.cfg.fine_tuning_epochs, optimizer=opt, objective=objective, generator=self.tune_gen)
-            return model
-        self.tuned, noise = model, self.dp.generator
-        self.dp.generator = self.tune_noise
-        try:
-            self.run_epochs(self.cfg.fine_tuning_epochs, optimizer=opt, objective=objective, generator=self.tune_gen)
-        finally:
-            self.dp.generator = noise
+        step = None if self.dp is None else self.private_tune_step(model, opt, objective)
+        self.run_epochs(self.cfg.fine_tuning_epochs, optimizer=opt, objective=objective, generator=self.tune_gen,
+                        step=step)
         return model
+
+    def private_tune_step(self, model: nn.Module, optimizer, objective):
+        """``-dp``: one step of fine-tuning ``model`` as a DP-SGD release, a ``run_epochs`` step: the copy is
+        the module it privatises and the noise comes from the fine-tune stream."""
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            optimizer.zero_grad(set_to_none=True)
+            loss = self.dp_backward(objective, optimizer, x, y, modules={"tuned": model}, noise=self.tune_noise)
+            optimizer.step()
+            return loss
+        return step
