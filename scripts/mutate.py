@@ -328,8 +328,10 @@ def mutate(module: str, full: bool, fresh: bool) -> dict:
     done = {} if not same else {
         (m["op"], m["from"], m["to"], m["line"]): m for m in previous["mutants"]
         if m["outcome"] != "survived" or (m["op"], m["from"], m["to"]) in equivalent}
-    survivors = set() if not same else {
-        (m["op"], m["from"], m["to"], m["line"]) for m in previous["mutants"] if m["outcome"] == "survived"}
+    # An earlier run's survivors, matched by operator and the line before and after even when the file has
+    # changed elsewhere, so a mutant that a test written since kills keeps saying so.
+    survivors = {(m["op"], m["from"], m["to"]) for m in previous.get("mutants", [])
+                 if m["outcome"] == "survived" or m.get("was") == "survived"}
     for name in PREIMPORT:
         try:
             __import__(name)
@@ -358,7 +360,7 @@ def mutate(module: str, full: bool, fresh: bool) -> dict:
             row = {k: m[k] for k in ("line", "op", "from", "to")} | {"outcome": outcome, "s": round(seconds, 1)}
             if outcome == "killed":
                 row["by"] = next(iter(re.findall(r"^(?:FAILED|ERROR) (\S+)", log.read_text(), re.M)), "")
-            if key in survivors:
+            if outcome != "survived" and key[:3] in survivors:
                 row["was"] = "survived"  # an earlier run's survivor: ``by`` is the test that now kills it
             record["mutants"].append(row)
             print(f"[{i + 1}/{len(found)}] {outcome:8s} {seconds:5.1f}s  L{m['line']} {m['op']}: {m['to']}",
