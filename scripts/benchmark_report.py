@@ -84,13 +84,27 @@ def ordered(entries: dict) -> list[str]:
                                           n))
 
 
+def split_problems(split: str, entries: dict) -> list[str]:
+    """A table compares runs on one split: runs made on another split of the same name (another generator
+    flag, another source file) are named."""
+    hashes: dict = {}
+    for name, entry in entries.items():
+        for r in entry["runs"]:
+            hashes.setdefault(r.get("split_hash"), []).append(f"{name} seed {r['run']}")
+    if len(hashes) < 2:
+        return []
+    usual = max(hashes, key=lambda h: len(hashes[h]))
+    return [f"{split}: {', '.join(runs)} ran on another split of that name (config hash {h}, not {usual})"
+            for h, runs in hashes.items() if h != usual]
+
+
 def quick_markdown(data: dict) -> tuple[str, list[str]]:
     """The quick protocol's table from its export, and the problems found: a row without a timing run, or
     whose timing run does not reproduce its seed 0 (the code changed between the two sweeps)."""
     (split, entries), = data["splits"].items()
     names = ordered(entries)
     cells = accuracy_cells({n: best_last(entries[n]) for n in names})
-    problems = []
+    problems = split_problems(split, entries)
     lines = ["| algorithm | best accuracy (%) | last accuracy (%) | MB/round up / down | s/round | seeds |",
              "|---|---|---|---|---|---|"]
     for n in names:
@@ -126,7 +140,7 @@ def export_runs(results: str) -> dict:
             cpu = sweep.cpu_seconds(sweep.Job([], r.path.stem, r.path.parent, 0))
             entry["runs"].append({
                 "run": r.meta.get("run", 0), "status": r.meta.get("status"),
-                "commit": r.meta.get("git_commit"),
+                "commit": r.meta.get("git_commit"), "split_hash": (r.meta.get("split") or {}).get("config_hash"),
                 "rounds": [int(v) for v in r.series["rs_round"]],
                 "test_acc": [round(float(v), 6) for v in r.series["rs_test_acc"]],
                 "mb_up": round(float(np.mean(r.series["rs_bytes_up"])) / 1e6, 4) if "rs_bytes_up" in r.series else None,
@@ -328,10 +342,11 @@ def report_converged(args) -> int:
     print(f"export: {args.export}")
     if args.export_only:
         return 0
-    summaries = {}
+    summaries, problems = {}, []
     for split in data["splits"]:
         if split not in SPLITS:
             continue
+        problems += split_problems(split, data["splits"][split])
         text, s = summaries[split] = converged_markdown(data, board, split)
         block = text + "\n\n" + summary_markdown(split, s)
         if args.print:
@@ -341,7 +356,9 @@ def report_converged(args) -> int:
             print(f"wrote {split}'s rows to {args.doc}")
     for path in plot_converged(data, {k: s for k, (_, s) in summaries.items()}, args.figures):
         print(path)
-    return 0
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def main(argv=None) -> int:

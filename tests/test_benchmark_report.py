@@ -13,9 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import benchmark_report as br  # noqa: E402
 
 
-def run(acc, rounds=None, up=2.0, down=3.0, s=0.5, cpu=10.0, seed=0):
+def run(acc, rounds=None, up=2.0, down=3.0, s=0.5, cpu=10.0, seed=0, split="h1"):
     rounds = list(range(len(acc))) if rounds is None else rounds
-    return {"run": seed, "status": "finished", "commit": "x", "rounds": rounds, "test_acc": acc, "mb_up": up,
+    return {"run": seed, "status": "finished", "commit": "x", "split_hash": split, "rounds": rounds, "test_acc": acc, "mb_up": up,
             "mb_down": down, "s_per_round": s, "cpu_s": cpu}
 
 
@@ -79,6 +79,8 @@ def test_export_holds_each_runs_curve_and_command(digits_tiny_root, tmp_path):
             assert r["run"] == i and r["rounds"] == [0, 1, 2]
             assert np.allclose(r["test_acc"], f["rs_test_acc"][()], atol=1e-6)
             assert r["mb_up"] == pytest.approx(np.mean(f["rs_bytes_up"][()]) / 1e6, abs=1e-4)
+        sidecar = json.loads((out / f"Digits_FedAvg_test_{i}.json").read_text())
+        assert r["split_hash"] == sidecar["split"]["config_hash"] and len(r["split_hash"]) == 16
         assert r["cpu_s"] is None  # not run by a sweep
 
 
@@ -129,3 +131,13 @@ def test_quick_table_by_hand():
     assert lines[4] == "| Ditto | 60.00 | **60.00** | 2.00 / 3.00 | - | 1 |"
     assert problems == ["Local: the timing run's seed 0 does not reproduce the accuracy run's curve",
                         "Ditto: no timing run"]
+
+
+def test_runs_on_another_split_of_the_same_name_are_named():
+    entries = {"FedAvg": {"runs": [run([0.5], seed=0), run([0.5], seed=1, split="h2")]},
+               "Local": {"runs": [run([0.5], seed=0), run([0.5], seed=1)]}}
+    assert br.split_problems("S", entries) == ["S: FedAvg seed 1 ran on another split of that name "
+                                               "(config hash h2, not h1)"]
+    assert br.split_problems("S", {"Local": entries["Local"]}) == []
+    _, problems = br.quick_markdown({"splits": {"S": entries}})
+    assert problems[0].startswith("S: FedAvg seed 1 ran on another split")
