@@ -82,6 +82,43 @@ def test_release_is_the_clipped_mean_plus_noise_of_the_formula():
     assert dp.history == [(z, 0.4, 1)]  # q = m / N
 
 
+def test_the_wrapped_aggregation_sees_only_the_release():
+    """DP-FedAvg wraps the aggregation step: the wrapped ``aggregate`` is called once, on the release (every
+    upload replaced by W + (clipped mean + noise), weight 1), never on the clients' own updates."""
+    model = tiny_model()
+    ups = uploads_with(model, [0.2, 3.0])
+    seen = []
+    dp = dp_client.ClientLevelDP(stub_cfg(dp_clip=0.5, dp_sigma=1.3), run=0)
+    dp.aggregate(seen.append, "T", ups, model, m=3, n_clients=10)
+    gen, ref = torch_gen(0, 0, "dp-client-noise"), model.state_dict()
+    (got,) = seen
+    for k in ref:
+        total = sum((u.state[k] - ref[k]) * min(1.0, 0.5 / n) for u, n in zip(ups, (0.2, 3.0)))
+        want = ref[k] + total / 3 + 1.3 * 0.5 / 3 * torch.randn(ref[k].shape, generator=gen)
+        assert all(torch.allclose(u.state[k], want, atol=1e-6) for u in got), k
+    assert [u.weight for u in got] == [1.0, 1.0]
+
+
+def test_the_round_aggregates_through_the_wrapper(digits_tiny_root, tmp_path):
+    """``--dp_level client`` wraps the round's aggregation step in one place: the algorithm's ``aggregate``
+    receives the release (one model, weight 1 each) instead of the uploads (which differ without DP)."""
+    from utils.data_utils import load_split
+
+    seen = {}
+    for level in ("client", None):
+        extra = ("-dp", "--dp_level", "client") if level else ()
+        cfg = main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAvg", "-gr", "1", "-nc", NC,
+                                    "--executor", "sequential", *extra))
+        server = get_server_class("FedAvg")(cfg.replace(num_classes=10), load_split("Digits", digits_tiny_root, int(NC)))
+        server.aggregate = lambda uploads, level=level: seen.setdefault(level, uploads)
+        server.run_round(0)
+    states = [torch.cat([v.flatten() for v in u.state.values()]) for u in seen["client"]]
+    assert len(states) == int(NC) and all(torch.equal(s, states[0]) for s in states)
+    assert [u.weight for u in seen["client"]] == [1.0] * int(NC)
+    own = [torch.cat([v.flatten() for v in u.state.values()]) for u in seen[None]]
+    assert not torch.equal(own[0], own[1]) and [u.weight for u in seen[None]] != [1.0] * int(NC)
+
+
 def test_each_clipped_update_has_norm_at_most_s():
     model = tiny_model()
     ref = model.state_dict()

@@ -1,6 +1,7 @@
-"""Client-level DP (``-dp --dp_level client``): DP-FedAvg with fixed or adaptive clipping, run by the server on
-each round's uploads (``ClientLevelDP``, built by ``utils/privacy_monitor.py``'s ``PrivacyMonitor``); its epsilon
-comes from the accountant DP-SGD uses (``utils/dp_sgd.py``'s ``epsilon``)."""
+"""Client-level DP (``-dp --dp_level client``): DP-FedAvg with fixed or adaptive clipping, a wrapper around the
+server's aggregation step (``ClientLevelDP.aggregate``, applied by ``Server._aggregate``; held and reported by
+``utils/privacy_monitor.py``'s ``PrivacyMonitor``); its epsilon comes from the accountant DP-SGD uses
+(``utils/dp_sgd.py``'s ``epsilon``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -72,7 +73,8 @@ class ClientLevelDP:
     server releases W' = W + (sum_i clip(D_i) + N(0, (z_D S)^2 I)) / m: the fixed-denominator estimator
     of the paper with equal weights (the m selected, not the sample counts, which would leak). Every
     upload is replaced by W' (weight 1) before the algorithm's ``aggregate`` runs, so whatever it does
-    (a mean, FedRep's body, pFedMe's interpolation) is post-processing of the release. z_D = z (``-dps``)
+    (a mean, FedRep's body, pFedMe's interpolation) is post-processing of the release: ``aggregate`` wraps
+    the aggregation step as Flower's DP strategy wrappers wrap a strategy. z_D = z (``-dps``)
     with fixed clipping; with ``--dp_quantile`` gamma, S follows the gamma-quantile of the update norms:
     b = (sum_i 1[||D_i|| <= S] + N(0, sigma_b^2)) / m, S <- S exp(-eta_C (b - gamma)), sigma_b = m / 20,
     eta_C = 0.2, and z_D = (z^-2 - (2 sigma_b)^-2)^(-1/2) so that both releases together cost one Gaussian
@@ -99,6 +101,13 @@ class ClientLevelDP:
         if len({_leaves(p) for p in payloads}) > 1:
             raise FLError(f"--dp_level client: {algorithm} sends each client its own model (its aggregation is "
                           f"not one mean of updates), which client-level DP does not cover; use --dp_level sample")
+
+    def aggregate(self, aggregate, algorithm: str, uploads: list, reference: nn.Module, m: int,
+                  n_clients: int) -> None:
+        """The aggregation step ``aggregate(uploads)`` (the algorithm's) wrapped by DP-FedAvg: each upload's
+        update against ``reference`` clipped, their mean over the ``m`` selected noised (``release``), then
+        ``aggregate`` run on the release."""
+        aggregate(self.release(algorithm, uploads, reference, m, n_clients))
 
     def release(self, algorithm: str, uploads: list, reference: nn.Module, m: int, n_clients: int) -> list:
         """The round's uploads, each replaced by the released model (see the class docstring)."""

@@ -1,6 +1,7 @@
 """The server's side of privacy in any algorithm (``PrivacyMonitor``): the DLG / iDLG / IG evaluation of what
 clients expose (``-dlg``; the attacks themselves are ``utils/dlg.py``), the epsilon every evaluation reports
-(``-dp``) and, with ``--dp_level client``, the release of ``utils/dp_client.py``."""
+(``-dp``) and, with ``--dp_level client``, the state of ``utils/dp_client.py``'s DP-FedAvg (``client_dp``), which
+wraps the server's aggregation step."""
 from __future__ import annotations
 
 import copy
@@ -65,7 +66,7 @@ class PrivacyMonitor:
         self.mean, self.std = norm.get("mean", [0.0] * channels), norm.get("std", [1.0] * channels)
         self.starts: dict[int, nn.Module] = {}
         self.trained: set[int] = set()  # ids of the clients that have trained in this run (-dp's guard)
-        # --dp_level client: the server's clipping, noise and accountant
+        # --dp_level client: the server's clipping, noise and accountant, wrapped around its aggregation step
         self.client_dp = ClientLevelDP(cfg, run) if client_level(cfg) else None
         if cfg.dlg_eval and len(self.input_shape) != 3:
             raise FLError(f"-dlg reconstructs images, but split '{data.name}' holds inputs of shape "
@@ -97,13 +98,6 @@ class PrivacyMonitor:
         """``--dp_level client``: refuse a broadcast that sends clients different models (before any training)."""
         if self.client_dp is not None:
             self.client_dp.check_broadcast(self.cfg.algorithm, payloads)
-
-    def release(self, uploads: list, reference: nn.Module, m: int, n_clients: int) -> list:
-        """``--dp_level client``: the uploads replaced by the clipped, noised mean update applied to
-        ``reference`` (``ClientLevelDP.release``); unchanged otherwise."""
-        if self.client_dp is None:
-            return uploads
-        return self.client_dp.release(self.cfg.algorithm, uploads, reference, m, n_clients)
 
     def after_upload(self, round_idx: int, active: list, uploads: list) -> None:
         """Attack each snapshotted client ``-bnpc`` times; record and print the round's scores."""

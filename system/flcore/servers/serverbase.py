@@ -12,9 +12,9 @@ evaluated, so a run of R rounds has evaluations at rounds 0 (initial model), eg,
 one rule: every client receives the broadcast; the selected ones run their local initialisation (ALA, with
 ``--ala_clients all`` every client does), and each client's own model is evaluated. With ``-dlg`` / ``-dp`` the privacy monitor
 (utils/privacy_monitor.py) snapshots the attacked clients' start models before training, attacks their uploads
-before aggregation and adds DP epsilon to each evaluation; with ``-dp --dp_level client`` it replaces the
-uploads by the clipped, noised mean update before ``aggregate`` (client-level DP); the algorithms need not
-know. What an algorithm cannot take, and what its epsilon leaves out, is its ``dp_support`` declaration.
+before aggregation and adds DP epsilon to each evaluation; with ``-dp --dp_level client`` DP-FedAvg wraps the
+aggregation step (``_aggregate``: each upload's update clipped, their mean noised, ``aggregate`` run on the
+release; utils/dp_client.py); the algorithms need not know. What an algorithm cannot take, and what its epsilon leaves out, is its ``dp_support`` declaration.
 
 A new algorithm subclasses ``Server`` (setting ``client_class``) and overrides only the hooks it changes:
 ``add_args`` / ``check_config`` (its flags), ``build_model``, ``select_clients``, ``prepare_broadcast`` /
@@ -246,6 +246,22 @@ class Server:
         self.bytes_up += sum(payload_bytes(u) for u in uploads)
         return uploads
 
+    def _aggregate(self, uploads: list[Upload]) -> None:
+        """The round's aggregation step: the algorithm's ``aggregate``, wrapped by DP-FedAvg with ``--dp_level
+        client`` (``ClientLevelDP.aggregate``: the uploads' clipped updates against the global model, their
+        noised mean over the selected clients, then ``aggregate`` on that release). With ``--server_opt`` or
+        ``--aggregator`` the algorithm's ``aggregate`` must have gone through ``average_uploads``."""
+        self.averaged = False
+        dp = None if self.privacy is None else self.privacy.client_dp
+        if dp is None:
+            self.aggregate(uploads)
+        else:
+            dp.aggregate(self.aggregate, self.cfg.algorithm, uploads, self.global_model, len(self.selected),
+                         len(self.clients))
+        if uploads and not self.averaged and (self.server_opt is not None or self.cfg.aggregator != "mean"):
+            raise FLError(f"--server_opt / --aggregator: {self.cfg.algorithm}'s aggregate does not go through "
+                          f"average_uploads; it must declare averaging_refusal")
+
     def aggregate(self, uploads: list[Upload]) -> None:
         """Sample-weighted FedAvg over every floating state entry (BatchNorm statistics included unless
         ``--bn_stats local``), through ``average_uploads``."""
@@ -414,13 +430,7 @@ class Server:
             uploads = self.attack.poison(uploads, self.global_model, t)
         if self.privacy is not None:  # -dlg: attack what they upload, before aggregation
             self.privacy.after_upload(t, active, uploads)
-            # --dp_level client: every upload becomes the clipped, noised mean update (utils/dp_client.py)
-            uploads = self.privacy.release(uploads, self.global_model, len(self.selected), len(self.clients))
-        self.averaged = False
-        self.aggregate(uploads)
-        if uploads and not self.averaged and (self.server_opt is not None or cfg.aggregator != "mean"):
-            raise FLError(f"--server_opt / --aggregator: {cfg.algorithm}'s aggregate does not go through "
-                          f"average_uploads; it must declare averaging_refusal")
+        self._aggregate(uploads)
         self.after_round()
         if self.recorder is not None:
             self.recorder.round_time.append(time.perf_counter() - start)
