@@ -23,6 +23,9 @@ as in the result names); each cell is the mean ± std over the group's runs (pop
   shown by default only when the runs recorded them);
 - ``seeds``: how many runs the row averages.
 
+With ``--attack`` every accuracy column (and AUC, worst, p10, spread) is over the benign clients only
+(the ``rs_benign_*`` series; the malicious clients are in the sidecar's ``malicious_clients``).
+
 The best entry of each column, as shown, is bold (markdown, LaTeX; the CSV names them in a ``best_in``
 column): highest for accuracies and AUC, lowest for rounds, seconds and spread; a column where every row
 ties has none. Warnings (stderr, one line each) when rows
@@ -163,17 +166,19 @@ def load_runs(inputs: list[str], incomplete: bool = False, warn=None) -> list[Ru
 # ---- metrics and grouping -----------------------------------------------------------------------------
 def run_metrics(run: Run, target: float | None) -> dict:
     """One run's values: best/last accuracy and best AUC in %, first round reaching ``target`` (None when
-    never), mean seconds per round."""
-    acc = np.asarray(run.series["rs_test_acc"], dtype=float)
+    never), mean seconds per round. With ``--attack`` the accuracies, AUC and fairness columns are the benign
+    clients' (``rs_benign_*``): the malicious clients are left out."""
+    rs = "rs_benign_" if "rs_benign_test_acc" in run.series else "rs_"
+    acc = np.asarray(run.series[f"{rs}test_acc"], dtype=float)
     out = {"best": 100 * float(np.nanmax(acc)), "last": 100 * float(acc[-1])}
     val = run.series.get("rs_val_acc")  # --val_ratio: the round chosen on validation data (the first best)
     out["selected"] = 100 * float(acc[int(np.nanargmax(val))]) if val is not None and len(val) else math.nan
     new = run.series.get("rs_new_test_acc")  # -nnc: the new clients' accuracy after fine-tuning
     out["new"] = 100 * float(new[-1]) if new is not None and len(new) else math.nan
-    for col, key in (("worst", "rs_test_acc_min"), ("p10", "rs_test_acc_p10"), ("spread", "rs_test_acc_std")):
+    for col, key in (("worst", f"{rs}test_acc_min"), ("p10", f"{rs}test_acc_p10"), ("spread", f"{rs}test_acc_std")):
         values = run.series.get(key)  # at the last evaluation, as "last"
         out[col] = 100 * float(values[-1]) if values is not None and len(values) else math.nan
-    auc = run.series.get("rs_test_auc")
+    auc = run.series.get(f"{rs}test_auc")
     out["auc"] = 100 * float(np.nanmax(auc)) if auc is not None and len(auc) else math.nan
     times = run.meta.get("round_time_s") or list(run.series.get("rs_round_time", []))
     out["time"] = float(np.mean(times)) if len(times) else math.nan

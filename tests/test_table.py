@@ -21,7 +21,7 @@ BASE_CONFIG = {"dataset": "Digits", "algorithm": "FedAvg", "ala": False, "global
 
 
 def write_run(out: Path, algo: str, run: int, acc, auc=None, round_time=(1.0, 1.0), label=None, stem=None,
-              rounds=None, clients=None, status=None, round_bytes=None, **config):
+              rounds=None, clients=None, status=None, round_bytes=None, benign=None, **config):
     """One synthetic result file (h5 + sidecar) written by the library's own RunRecorder."""
     cfg = {**BASE_CONFIG, "algorithm": algo, "global_rounds": len(acc) - 1, **config}
     meta = {"config": cfg, "run": run, "seed": cfg["seed"] + run, "label": label or algo}
@@ -31,6 +31,8 @@ def write_run(out: Path, algo: str, run: int, acc, auc=None, round_time=(1.0, 1.
         summary = {"test_acc": a, "test_auc": auc[i], "train_loss": 2.0 - a}
         if clients is not None:
             summary["client_test_acc"] = clients[i]
+        if benign is not None:  # --attack: the benign clients' accuracy beside every client's
+            summary["benign_test_acc"] = benign[i]
         rec.add(i if rounds is None else rounds[i], summary)
     rec.round_time = list(round_time)
     if round_bytes is not None:
@@ -237,3 +239,11 @@ def test_a_tie_in_every_row_is_not_bold(tmp_path):
     md = table.build_table([str(tmp_path)], ["algorithm"], ["best", "last", "auc"]).splitlines()
     assert md[2] == "| FedAvg | **60.00** | 50.00 | 90.00 |"
     assert md[3] == "| FedALA | 55.00 | 50.00 | 90.00 |"
+
+
+def test_with_an_attack_the_accuracies_are_the_benign_clients(tmp_path):
+    attacked = table.read_run(write_run(tmp_path, "FedAvg", 0, [0.1, 0.5, 0.4], benign=[0.2, 0.7, 0.6],
+                                        attack="signflip"))
+    assert (table.run_metrics(attacked, None)["best"], table.run_metrics(attacked, None)["last"]) == (70.0, 60.0)
+    clean = table.read_run(write_run(tmp_path, "FedALA", 0, [0.1, 0.5, 0.4]))
+    assert table.run_metrics(clean, None)["last"] == 40.0
