@@ -3,7 +3,8 @@
     python scripts/benchmark.py -data MNIST -m CNN -algo FedAvg -gr 3                     # sequential vs fork
     python scripts/benchmark.py -data MNIST -m CNN -algo FedALA -gr 4 --executors fork --json out.json
 
-Takes every flag of ``system/main.py`` (no result files) plus ``--executors`` (default
+Takes every flag of ``system/main.py`` (no result files; the split is generated, loaded and checked by main's
+own ``set_up``, the server class is the registry's) plus ``--executors`` (default
 ``sequential,fork``: the single-process path and the CPU default, measured one after the other in the
 same invocation on the same split and seed; ``sequential@1`` runs at one torch thread, the fork workers'
 count, where the curves must be identical bit for bit), ``--steady_from`` and ``--ref_seconds``. Per round it prints
@@ -37,7 +38,6 @@ from flcore.registry import get_server_class  # noqa: E402
 from flcore.trainmodel.models import build_model  # noqa: E402
 from runtime.choose import make_executor  # noqa: E402
 from utils.amp import autocast  # noqa: E402
-from utils.data_utils import load_split  # noqa: E402
 
 PHASES = ("send", "evaluate", "train", "aggregate")
 
@@ -210,9 +210,7 @@ def main_benchmark(argv=None) -> dict:
                         "steps in one tight loop on one core, which each fork worker's share is compared with)")
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     ours, rest = p.parse_known_args(argv)
-    cfg = main.resolve_device(main.parse_config(rest + ["--no-progress"]))
-    data = load_split(cfg.dataset, cfg.dataset_root, cfg.num_clients, cfg.device)
-    cfg = cfg.replace(num_classes=data.num_classes, num_clients=len(data.clients))
+    cfg, data = main.set_up(main.parse_config(rest + ["--no-progress"]))
     device = torch.device(cfg.device)
     model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.feature_dim, cfg.vocab_size).to(device)
     big = max(data.clients, key=lambda c: len(c.y_train))
@@ -259,4 +257,10 @@ def main_benchmark(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main_benchmark()
+    from utils.errors import FLError
+
+    try:
+        main_benchmark()
+    except FLError as e:  # bad flags or split: main.py's one line and exit code
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -112,13 +112,13 @@ def refuse_existing(cfg: Config, runs=None) -> None:
                       f"-go {free} to keep both")
 
 
-def run(cfg: Config, executor=None) -> list[Path]:
-    """All runs of one configuration; returns the result files written. The runs share one executor
-    (workers start once): ``executor`` if given (the caller closes it), else one made from the flags."""
-    from runtime.choose import executor_kind, make_executor
+def set_up(cfg: Config):
+    """What a run needs before its server, for main.py and every script that builds one (scripts/benchmark.py):
+    the device resolved, ``--amp`` checked against it, the split generated when missing and loaded (with its
+    checks), its class count checked against ``-ncl``. Returns (cfg with the split's class and client counts,
+    the split)."""
     from utils.data_utils import load_split
 
-    refuse_existing(cfg)  # before the split is generated or loaded
     cfg = resolve_device(cfg)
     if cfg.amp == "fp16" and cfg.device == "cpu":
         raise FLError("--amp fp16 needs a CUDA device; on the CPU use --amp bf16")
@@ -128,7 +128,16 @@ def run(cfg: Config, executor=None) -> list[Path]:
                       cfg.num_new_clients)
     if cfg.num_classes is not None and cfg.num_classes != data.num_classes:
         raise FLError(f"-ncl {cfg.num_classes} but split '{cfg.dataset}' has {data.num_classes} classes")
-    cfg = cfg.replace(num_classes=data.num_classes, num_clients=len(data.clients))
+    return cfg.replace(num_classes=data.num_classes, num_clients=len(data.clients)), data
+
+
+def run(cfg: Config, executor=None) -> list[Path]:
+    """All runs of one configuration; returns the result files written. The runs share one executor
+    (workers start once): ``executor`` if given (the caller closes it), else one made from the flags."""
+    from runtime.choose import executor_kind, make_executor
+
+    refuse_existing(cfg)  # before the split is generated or loaded
+    cfg, data = set_up(cfg)
     # The executor that really runs (--executor auto resolved, or the one given), so the results say which.
     cfg = cfg.replace(executor=executor.name if executor is not None else executor_kind(cfg))
     if cfg.print_config:

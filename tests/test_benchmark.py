@@ -38,3 +38,14 @@ def test_benchmark_compares_executors(digits_root, tmp_path):
     assert fork["same_curve_as_first"]  # the executors give the same numbers
     assert all(m > 0 for m in fork["peak_rss_workers_mb"])
     assert res["train_mflop_per_sample"] > res["eval_mflop_per_sample"] > 0  # backward costs more
+
+
+def test_benchmark_sets_up_as_main_does(digits_root):
+    """The split is loaded and checked by main's own set-up: a class count the split does not have is the
+    same one-line error as main.py's, before anything runs."""
+    import benchmark
+    from utils.errors import FLError
+
+    with pytest.raises(FLError, match="-ncl 3 but split 'Digits' has 10 classes"):
+        benchmark.main_benchmark(["-data", "Digits", "--dataset_root", str(digits_root), "-dev", "cpu",
+                                  "-algo", "FedAvg", "-gr", "1", "-ncl", "3"])
