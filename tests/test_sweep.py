@@ -207,3 +207,21 @@ def test_checkpoint_interval_from_the_file_or_the_command_line(tmp_path, capsys)
     assert jobs[0].argv[jobs[0].argv.index("--checkpoint_every") + 1] == "1"
     assert sweep.main(["--config", str(spec), "--checkpoint-every", "0", "--dry-run"]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
+
+
+def test_every_sweep_file_of_the_docs_builds_its_jobs_and_the_reports_find_them():
+    """The docs' experiments are sweep files: each builds its jobs with no grid point main.py refuses, and the
+    report scripts name the runs they read from the sweep's own jobs (the FIGURES panels of docs/privacy.md
+    are found among them)."""
+    import privacy_experiments
+
+    scripts = Path(sweep.__file__).resolve().parent
+    for path in sorted(scripts.glob("*.json")):
+        spec = sweep.load_config_file(path)
+        jobs, invalid = sweep.build_jobs([str(a) for a in spec.get("base", [])], spec.get("grids", [{}]),
+                                         spec.get("seeds", [0]), spec.get("tag", "sweep"), Path("out"),
+                                         spec.get("per_algorithm"))
+        assert jobs and invalid == [], (path.name, invalid[:1])
+    names = {(s, a, g) for s, a, g, _ in privacy_experiments.runs()}
+    assert len(names) == 13
+    assert {(s, a, g) for panels in privacy_experiments.FIGURES.values() for s, a, g, _, _ in panels} <= names
