@@ -43,29 +43,6 @@ def runs(config: Path = CONFIG) -> list[tuple[str, str, str, object]]:
     return [(j.grid_point["-data"], j.grid_point["-algo"], goal(j.grid_point), j) for j in jobs]
 
 
-def guess_floor(split: str, goal: str, round_idx: int) -> tuple[float, float]:
-    """The grey-guess PSNR/SSIM of one attacked round, for result files written before the monitor
-    recorded it: the same clients and batches (``attacked_positions`` / ``attacked_batch``; every client
-    is active with -jr 1), scored by ``guess_scores``."""
-    import torch
-
-    from utils.data_utils import load_split
-    from utils.dlg import denormalize
-    from utils.privacy_monitor import attacked_batch, attacked_positions, guess_scores
-
-    data = load_split(split)
-    norm = data.config["normalize"]
-    psnr, ssim = [], []
-    for cid in attacked_positions(0, 0, round_idx, len(data.clients), 2):
-        c = data.clients[cid]
-        batch = attacked_batch(0, 0, round_idx, int(cid), 0, len(c.y_train), 1)
-        x = c.x_train if "update" in goal else c.x_train[batch]
-        p, q = guess_scores(denormalize(x, norm["mean"], norm["std"]), 1, norm["mean"], norm["std"])
-        psnr.append(p)
-        ssim.append(q)
-    return float(torch.cat(psnr).mean()), float(torch.cat(ssim).mean())
-
-
 def cmd_report(args) -> None:
     """Markdown rows per attacked round: scores, the grey-guess floor, accuracy, epsilon, wall time."""
     import sweep
@@ -81,10 +58,7 @@ def cmd_report(args) -> None:
         meta = json.loads(job.h5.with_suffix(".json").read_text())
         eps = f"{h['rs_dp_epsilon_max'][-1]:.2f}" if "rs_dp_epsilon_max" in h else "-"
         for i, r in enumerate(h["rs_dlg_round"].astype(int)):
-            if "rs_dlg_psnr_guess" in h:
-                gp, gs = h["rs_dlg_psnr_guess"][i], h["rs_dlg_ssim_guess"][i]
-            else:
-                gp, gs = guess_floor(split, name, r)
+            gp, gs = h["rs_dlg_psnr_guess"][i], h["rs_dlg_ssim_guess"][i]
             print(f"| {split.split('_')[0]} | {algo} | {name} | {r} | {h['rs_dlg_psnr'][i]:.1f} "
                   f"({h['rs_dlg_psnr_max'][i]:.1f}) | {gp:.1f} | {h['rs_dlg_ssim'][i]:.3f} ({gs:.3f}) | "
                   f"{h['rs_dlg_label_acc'][i]:.2f} | {h['rs_test_acc'][-1]:.3f} | {eps} | {meta['wall_time_s']:.0f} |")
