@@ -413,6 +413,7 @@ def table() -> str:
         first = record.get("first", {})
         current = (REPO / record["module"]).read_text() if (REPO / record["module"]).exists() else ""
         stale = "" if record.get("sha") == sha(current) else " (file changed since: rerun)"
+        stale += "" if "first" in record else " (unfinished: rerun to resume)"
         before = f"{first['killed']}/{first['mutants']}" if first else ""
         rows.append(f"| `{record['module']}` | {s['mutants']} | {s['killed']} | {s['equivalent']} | {s['survived']} "
                     f"| {100 * s['rate']:.0f} % | {before} | {record['date']}{stale} |")
