@@ -70,7 +70,8 @@ def test_gaussian_uploads_are_the_global_model_plus_seeded_noise(digits_tiny_roo
                                                 "--attack_frac", "0.4", "--attack_scale", "0.5") for _ in range(2)]
     server, sent, seen, glob = runs[0]
     bad = server.attack.malicious
-    noise = torch.cat([(seen[c][k] - glob[k]).flatten() for c in bad for k, _ in server.global_model.named_parameters()])
+    params = [k for k, _ in server.global_model.named_parameters()]
+    noise = torch.cat([(seen[c][k] - glob[k]).flatten() for c in bad for k in params])
     assert abs(float(noise.std()) - 0.5) < 0.01 and abs(float(noise.mean())) < 0.01  # N(0, 0.5^2)
     assert all(torch.equal(seen[c][k], runs[1][2][c][k]) for c in bad for k in seen[c])  # the same seeded draw
 

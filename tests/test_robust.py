@@ -34,7 +34,8 @@ def test_median_and_trimmed_mean_ignore_the_weights_and_the_mean_uses_them():
     other = [5, 4, 3, 2, 1]
     for rule in ("median", "trimmed_mean"):
         assert torch.equal(robust.aggregate(STATES, WEIGHTS, rule)["w"], robust.aggregate(STATES, other, rule)["w"])
-    assert torch.allclose(robust.aggregate(STATES, WEIGHTS, "mean")["w"], torch.tensor([18 / 15, 59 / 15]))  # (1+4+27+16-30)/15, (10-6+20+35)/15
+    # (1 + 4 + 27 + 16 - 30) / 15, (10 - 6 + 20 + 35) / 15
+    assert torch.allclose(robust.aggregate(STATES, WEIGHTS, "mean")["w"], torch.tensor([18 / 15, 59 / 15]))
 
 
 # Five points in the plane: squared distances a-b 1, a-c 4, a-d 18, a-e 100, b-c 5, b-d 13, b-e 81, c-d 10,
@@ -108,7 +109,8 @@ def test_too_few_uploads_for_krum_is_one_clear_line(digits_tiny_root, tmp_path, 
 
 
 @pytest.mark.parametrize("flags", [("--krum_f", "1"), ("--trim_frac", "0.5"), ("--attack_frac", "0.2"),
-                                   ("--attack", "labelflip", "--attack_scale", "2"), ("--server_opt", "adam", "-slr", "0")])
+                                   ("--attack", "labelflip", "--attack_scale", "2"),
+                                   ("--server_opt", "adam", "-slr", "0")])
 def test_bad_option_values_are_refused(flags, digits_tiny_root, tmp_path, capsys):
     assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", *flags)) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1

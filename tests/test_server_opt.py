@@ -79,14 +79,17 @@ def test_the_registered_algorithms_are_fedavg_with_their_optimizer(digits_tiny_r
         cfg = main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", algo))
         assert (cfg.server_opt, cfg.server_learning_rate, cfg.server_momentum) == (opt, lr, 0.9), algo
         assert (cfg.server_beta2, cfg.server_tau) == (0.99, 1e-3)
-    assert main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAdam", "-slr", "0.2")).server_learning_rate == 0.2
+    given = main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAdam", "-slr", "0.2"))
+    assert given.server_learning_rate == 0.2
 
 
 def test_slr_keeps_its_meaning_for_scaffold_and_fedgh_and_is_ignored_elsewhere(digits_tiny_root, tmp_path, capsys):
-    assert main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "SCAFFOLD")).server_learning_rate == 1.0
-    assert main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedGH", "-slr", "0.1")).server_learning_rate == 0.1
+    def slr(*flags):
+        return main.parse_config(cli(digits_tiny_root, tmp_path, *flags)).server_learning_rate
+
+    assert slr("-algo", "SCAFFOLD") == 1.0 and slr("-algo", "FedGH", "-slr", "0.1") == 0.1
     assert capsys.readouterr().err == ""
-    assert main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedALA", "-slr", "2")).server_learning_rate is None
+    assert slr("-algo", "FedALA", "-slr", "2") is None
     assert capsys.readouterr().err.strip() == "warning: -algo FedALA does not use -slr without --server_opt; ignored"
 
 

@@ -105,8 +105,10 @@ class Attack:
         out = []
         for u in uploads:
             if u.id in bad and u.state:
-                names = aligned_names(reference, u.state)
-                noise = torch_gen(self.seed, self.run, "attack-noise", round_idx, u.id) if self.kind == "gaussian" else None
-                u = dataclasses.replace(u, state=poisoned_state(self.kind, u.state, ref, names, params, self.scale, noise))
+                noise = (torch_gen(self.seed, self.run, "attack-noise", round_idx, u.id) if self.kind == "gaussian"
+                         else None)
+                state = poisoned_state(self.kind, u.state, ref, aligned_names(reference, u.state), params, self.scale,
+                                       noise)
+                u = dataclasses.replace(u, state=state)
             out.append(u)
         return out

@@ -268,7 +268,8 @@ class Server:
         if uploads:
             self.average_uploads(uploads)
 
-    def average_uploads(self, uploads: list[Upload], target: torch.nn.Module | None = None, prefix: str = "") -> None:
+    def average_uploads(self, uploads: list[Upload], target: torch.nn.Module | None = None,
+                        prefix: str = "") -> None:
         """The one path by which a server averages uploaded model entries into one of its models (``target``,
         by default the global model): the uploads' entries whose names start with ``prefix`` (taken off to
         name ``target``'s entries) are combined by ``--aggregator`` (utils/robust.py; the sample-weighted
