@@ -151,7 +151,7 @@ def base_parser() -> OneLineParser:
       help="different architectures on different clients: a preset (HtFE-cnn, HtFE-img, HtFE-img-large, "
            "HtFE-text), a comma list of -m names assigned to clients in turn, or a .json file mapping client ids "
            "to names; only algorithms that exchange no whole model take it (README: Clients with different "
-           "models; default: every client trains -m)")
+           "models) (default: every client trains -m)")
     a("-vs", "--vocab_size", type=int, default=80,
       help="vocabulary size of the text models when the split's config does not record one")
     a("-lbs", "--batch_size", type=int, default=10, help="local batch size")
@@ -266,9 +266,9 @@ def base_parser() -> OneLineParser:
                         "ALA then costs N clients per round instead of jr*N)")
     g = p.flag_group("server optimizers, robust aggregation and attacks (any algorithm whose server averages a "
                      "model; README: Server optimizers, Attacks and robust aggregation)")
-    g.add_argument("--server_opt", default=None, choices=["sgd", "avgm", "adagrad", "adam", "yogi"],
+    g.add_argument("--server_opt", default="off", choices=["off", "sgd", "avgm", "adagrad", "adam", "yogi"],
                    help="step the averaged model as a pseudo-gradient, g = global - aggregate (Reddi et al. 2021; "
-                        "avgm: FedAvgM, Hsu et al. 2019); unset: the aggregate is the new model")
+                        "avgm: FedAvgM, Hsu et al. 2019); off: the aggregate is the new model")
     g.add_argument("-slr", "--server_learning_rate", type=float, default=None,
                    help="server learning rate η (PFLlib's flag): --server_opt's step size, SCAFFOLD's and FedGH's "
                         "server step (default: 1 for sgd, avgm, SCAFFOLD and FedGH; 0.1 adagrad; 0.01 adam, yogi)")
@@ -511,7 +511,7 @@ def server_options(cfg: Config, server_cls, given: set[str]) -> Config:
     """``--server_opt``, ``--aggregator`` and ``--attack``: refused where the algorithm's server does not
     average a model (its ``averaging_refusal``), checked, and their defaults resolved (-slr's by optimizer,
     or the algorithm's own ``slr_default``; the attack's share)."""
-    robust = [f for f, on in (("--server_opt", cfg.server_opt is not None), ("--aggregator", cfg.aggregator != "mean"),
+    robust = [f for f, on in (("--server_opt", cfg.server_opt != "off"), ("--aggregator", cfg.aggregator != "mean"),
                               ("--attack", cfg.attack in ("signflip", "gaussian", "scaled"))) if on]
     if robust and server_cls.averaging_refusal:
         raise FLError(f"{' / '.join(robust)}: {cfg.algorithm} cannot take it: {server_cls.averaging_refusal}")
@@ -532,7 +532,7 @@ def server_options(cfg: Config, server_cls, given: set[str]) -> Config:
         if not ok:
             raise FLError(msg)
     lr = cfg.server_learning_rate
-    if cfg.server_opt is not None:
+    if cfg.server_opt != "off":
         from utils.server_opt import DEFAULT_LR
 
         lr = DEFAULT_LR[cfg.server_opt] if lr is None else lr

@@ -45,8 +45,8 @@ class ServerOptimizer:
 
     @classmethod
     def from_config(cls, cfg) -> "ServerOptimizer | None":
-        """The run's optimizer (``--server_opt`` and its flags, -slr already resolved), None without one."""
-        if cfg.server_opt is None:
+        """The run's optimizer (``--server_opt`` and its flags, -slr already resolved), None with ``off``."""
+        if cfg.server_opt == "off":
             return None
         return cls(cfg.server_opt, cfg.server_learning_rate, cfg.server_momentum, cfg.server_beta2, cfg.server_tau)
 
