@@ -22,8 +22,8 @@ from flcore.trainmodel.names import ALIASES, MODELS
 from utils.errors import FLError
 
 # Presets, CPU-friendly first. HtFE-cnn: three plain CNNs of one, two and three convolutions (widths 16,
-# 32-64, 32-64-128). HtFE-img: the same and ResNet-10, which alone costs about as much as the other three
-# together at 28x28 on a CPU. HtFE-img-large: HtFLlib's kind of mix (the 4-layer CNN, ResNet-10/18,
+# 32-64, 32-64-128). HtFE-img: the same and ResNet-10, one step of which costs more than one of each of the
+# other three at 28x28 on a CPU. HtFE-img-large: HtFLlib's kind of mix (the 4-layer CNN, ResNet-10/18,
 # MobileNetV2), several times the cost of a round. HtFE-text: the four text classifiers.
 PRESETS: dict[str, tuple[str, ...]] = {
     "HtFE-cnn": ("CNN1", "CNN", "CNN3"),
