@@ -2,7 +2,7 @@
 output is the two heads' sum), the MMD² against a pairwise hand sum, a round's wiring (the global head
 frozen locally, the personal head uploaded under the global head's names and never overwritten, the new
 global head = the sample-weighted mean of the personal heads, the context never uploaded), -ala runs
-(-dp is refused: tests/test_dp_registry.py)."""
+(-dp is refused: tests/test_dp_registry.py), -lam's bound and the linear classifier it needs."""
 import copy
 import math
 
@@ -16,6 +16,7 @@ from flcore.clients.clientcp import CPModel, mmd
 from flcore.registry import get_server_class
 from flcore.trainmodel.parts import BaseHeadSplit
 from utils.data_utils import load_split
+from utils.errors import FLError
 
 
 def make_server(root, *flags):
@@ -133,3 +134,18 @@ def test_gumbel_noise_comes_from_the_clients_own_stream(digits_tiny_root):
     server = make_server(digits_tiny_root, "--seed", "2")
     for c in server.clients:
         assert torch.equal(c.gumbel_gen.get_state(), torch_gen(2, 0, "gumbel", c.id).get_state())
+
+
+def test_lambda_zero_is_accepted_and_a_negative_one_refused(digits_tiny_root):
+    assert main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCP", "-lam", "0")).lamda == 0
+    with pytest.raises(FLError, match="-lam >= 0"):
+        main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCP", "-lam", "-0.5"))
+
+
+def test_a_classifier_that_is_not_linear_is_refused(digits_tiny_root, monkeypatch):
+    from flcore.servers.partsharing import PartSharingServer
+
+    head = nn.Sequential(nn.Linear(64, 10))
+    monkeypatch.setattr(PartSharingServer, "build_model", lambda self, name=None: BaseHeadSplit(nn.Flatten(), head))
+    with pytest.raises(FLError, match="FedCP needs a linear classifier.*Sequential"):
+        make_server(digits_tiny_root)
