@@ -165,16 +165,21 @@ def test_server_compresses_the_mean_update_at_the_rounds_threshold(digits_tiny_r
     from flcore.clients.clientbase import Upload
 
     server = build(digits_tiny_root, "-Ts", "0.6", "-Te", "0.9", "-gr", "3")
-    start = {k: v.clone() for k, v in server.global_model.state_dict().items()}
-    key = max((k for k, v in start.items() if v.dim() >= 2), key=lambda k: start[k].numel())
-    m = torch.zeros(start[key].shape[0], start[key][0].numel())
-    m[0, 0], m[1, 1] = 3 ** 0.5, 1.0  # singular values √3 and 1: the first holds 3/4 of the energy
-    server.round_idx = 0  # T(0) = 0.6 + 0.3 · 1/3 = 0.7 <= 3/4: only the first is kept (Ts, Te swapped: 0.8, both)
-    server.aggregate([Upload(0, 10, None, {"update": {key: m.reshape(start[key].shape)}})])
-    kept = torch.zeros_like(m)
-    kept[0, 0] = 3 ** 0.5
-    for k, v in server.global_model.state_dict().items():
-        torch.testing.assert_close(v, start[k] + (kept.reshape(v.shape) if k == key else 0), atol=1e-5, rtol=0)
+    key = max((k for k, v in server.global_model.state_dict().items() if v.dim() >= 2),
+              key=lambda k: server.global_model.state_dict()[k].numel())
+    # T(t) = 0.6 + 0.3 (t + 1) / 3: 0.7 in round 0, 0.8 in round 1. Singular values √a and √b with a + b = 1: the
+    # first alone holds a of the energy, kept alone when a >= T(t). Round 0, a = 0.75: one kept (Ts and Te
+    # swapped give 0.8: both); round 1, a = 0.82: one kept (Te and t swapped give 0.85, R and t 1.8: both).
+    for t, a in ((0, 0.75), (1, 0.82)):
+        start = {k: v.clone() for k, v in server.global_model.state_dict().items()}
+        m = torch.zeros(start[key].shape[0], start[key][0].numel())
+        m[0, 0], m[1, 1] = a ** 0.5, (1 - a) ** 0.5
+        server.round_idx = t
+        server.aggregate([Upload(0, 10, None, {"update": {key: m.reshape(start[key].shape)}})])
+        kept = torch.zeros_like(m)
+        kept[0, 0] = a ** 0.5
+        for k, v in server.global_model.state_dict().items():
+            torch.testing.assert_close(v, start[k] + (kept.reshape(v.shape) if k == key else 0), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("flags, ok", [
