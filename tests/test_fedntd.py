@@ -57,14 +57,17 @@ def test_client_loss_is_ce_plus_beta_ntd_against_the_received_global_model(digit
     server = make_server(digits_root, "-bt", str(beta), "-tau", str(tau))
     client = server.clients[0]
     server._send_models([client])
+    g = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for p in client.model.parameters():  # as after some local steps: local != global
-            p.mul_(1.1)
+        for p in client.model.parameters():  # as after some local steps: local far enough from global that
+            p.add_(0.2 * torch.randn(p.shape, generator=g))  # KL's two directions differ
     x, y = client.x_train[:16], client.y_train[:16]
     with torch.no_grad():
         local, teacher = client.model(x), server.global_model(x)
-    want = torch.nn.functional.cross_entropy(local, y).item() + beta * hand_ntd(local, teacher, y, tau)
-    assert math.isclose(client.loss(x, y).item(), want, rel_tol=1e-5)
+    ce = torch.nn.functional.cross_entropy(local, y).item()
+    term = (client.loss(x, y).item() - ce) / beta
+    assert math.isclose(term, hand_ntd(local, teacher, y, tau), rel_tol=1e-4)  # KL(global || local)
+    assert not math.isclose(term, hand_ntd(teacher, local, y, tau), rel_tol=1e-2)  # not KL(local || global)
     assert not any(p.requires_grad for p in client.teacher.parameters())
 
 
