@@ -60,6 +60,26 @@ def digits_tiny_root(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture
+def stop_in_round(monkeypatch):
+    """``stop_in_round(r, exc)``: the runs that follow stop in round ``r`` once it is evaluated, by ``exc``
+    raised from ``Server.after_round`` (a crash by default; ``KeyboardInterrupt`` stands for a signal);
+    ``stop_in_round(None)`` lets them run to their end again."""
+    from flcore.servers.serverbase import Server
+
+    original = Server.after_round
+
+    def install(round_idx: int | None, exc: BaseException | type = RuntimeError("killed")) -> None:
+        def after_round(self):
+            if self.round_idx == round_idx:
+                raise exc
+            original(self)
+
+        monkeypatch.setattr(Server, "after_round", original if round_idx is None else after_round)
+
+    return install
+
+
 def cli(root: Path, out: Path, *extra: str) -> list[str]:
     """Command-line flags for a short quiet CPU run on a test split. Tests rerun into one folder on purpose
     (same seed twice, a flag on and off), so existing result files are replaced (``--overwrite``)."""

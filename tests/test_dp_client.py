@@ -307,10 +307,9 @@ def test_client_dp_is_refused_or_counted_and_applied(algo, digits_tiny_root, mon
 
 
 @pytest.mark.optional_deps("opacus")
-def test_resume_continues_the_noise_stream_and_the_accountant(digits_tiny_root, tmp_path, monkeypatch):
+def test_resume_continues_the_noise_stream_and_the_accountant(digits_tiny_root, tmp_path, stop_in_round):
     """The server's noise stream, clip norm (adaptive) and accountant history are checkpointed: a run that
     crashes in round 2 and resumes ends exactly as the uninterrupted run."""
-    from flcore.servers.serverbase import Server
     from utils.results import read_h5
 
     extra = ("-gr", "3", "--checkpoint_every", "2", "-dps", "0.3", "--dp_quantile", "0.5", "-nc", "5")
@@ -322,17 +321,10 @@ def test_resume_continues_the_noise_stream_and_the_accountant(digits_tiny_root, 
                                else ())))
 
     assert run(tmp_path / "base") == 0
-    after_round = Server.after_round
-
-    def crash_in_round_2(self):
-        if self.round_idx == 2:
-            raise RuntimeError("killed")
-        after_round(self)
-
-    monkeypatch.setattr(Server, "after_round", crash_in_round_2)
+    stop_in_round(2)
     with pytest.raises(RuntimeError, match="killed"):
         run(tmp_path / "crash")
-    monkeypatch.setattr(Server, "after_round", after_round)
+    stop_in_round(None)
     assert run(tmp_path / "crash") == 0
     base = read_h5(tmp_path / "base" / "Digits_FedAvg_test_0.h5")
     resumed = read_h5(tmp_path / "crash" / "Digits_FedAvg_test_0.h5")

@@ -171,26 +171,19 @@ RESUMED = [("FedAMP",), ("FedFomo",), ("APPLE",), ("FedALA", "--client_state", "
 @pytest.mark.parametrize("executor", ["fork", "sequential"])
 @pytest.mark.parametrize("case", RESUMED, ids=lambda c: "-".join(c))
 def test_resume_after_crash_equals_uninterrupted_run(case, executor, digits_tiny_root, tmp_path, sequential_run,
-                                                     monkeypatch, capsys, one_thread):
+                                                     stop_in_round, capsys, one_thread):
     algo, *extra = case
     flags = ("-algo", algo, "-gr", "3", "-jr", "0.6", *extra, "--checkpoint_every", "2")
     base = sequential_run(*flags)
 
-    after_round = Server.after_round
-
-    def crash_in_round_2(self):
-        if self.round_idx == 2:
-            raise RuntimeError("killed")
-        after_round(self)
-
-    monkeypatch.setattr(Server, "after_round", crash_in_round_2)
+    stop_in_round(2)
     crash = tmp_path / "crash"
     with pytest.raises(RuntimeError, match="killed"):
         run_main(digits_tiny_root, crash, *flags, *ON[executor])
     ckpt = crash / f"Digits_{algo}_test_0.ckpt"
     assert ckpt.exists() and not list(crash.glob("*.tmp"))
     assert len(read_h5(crash / f"Digits_{algo}_test_0.h5")["rs_round"]) == 3  # rounds 0-2 evaluated
-    monkeypatch.setattr(Server, "after_round", after_round)
+    stop_in_round(None)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / ckpt.name).write_bytes(ckpt.read_bytes())
     capsys.readouterr()

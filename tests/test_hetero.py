@@ -203,23 +203,16 @@ def series(out, algo) -> dict:
 
 @pytest.mark.parametrize("algo, extra", [("LG-FedAvg", ()), ("FedKD", ("--client_state", "cpu"))])
 def test_resume_and_executors_give_the_uninterrupted_sequential_run(algo, extra, digits_tiny_root, tmp_path,
-                                                                    monkeypatch):
+                                                                    stop_in_round):
     """Bit for bit: a fork run crashed in round 2 and resumed from its checkpoint equals the sequential run
     (the server's head and the clients' personal models of two architectures survive the checkpoint)."""
     torch.set_num_threads(1)  # as in the fork workers: the same kernels on both sides
     flags = ("-algo", algo, "-gr", "3", "-jr", "0.6", "--checkpoint_every", "2", *FAST, *TWO, *extra)
     assert main.main(cli(digits_tiny_root, tmp_path / "seq", *flags, "--executor", "sequential")) == 0
-    after_round = Server.after_round
-
-    def crash_in_round_2(self):
-        if self.round_idx == 2:
-            raise RuntimeError("killed")
-        after_round(self)
-
-    monkeypatch.setattr(Server, "after_round", crash_in_round_2)
+    stop_in_round(2)
     with pytest.raises(RuntimeError, match="killed"):
         main.main(cli(digits_tiny_root, tmp_path / "fork", *flags, "--executor", "fork", "--workers", "2"))
-    monkeypatch.setattr(Server, "after_round", after_round)
+    stop_in_round(None)
     assert main.main(cli(digits_tiny_root, tmp_path / "fork", *flags, "--executor", "fork", "--workers", "2",
                          "--resume")) == 0
     a, b = series(tmp_path / "seq", algo), series(tmp_path / "fork", algo)

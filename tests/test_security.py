@@ -158,21 +158,13 @@ def test_runs_sharing_a_client_state_dir_do_not_see_each_other(digits_tiny_root,
 
 
 def test_resume_starts_over_a_run_interrupted_before_its_first_checkpoint(digits_tiny_root, tmp_path, capsys,
-                                                                         monkeypatch):
-    from flcore.servers.serverbase import Server
+                                                                         stop_in_round):
     argv = cli(digits_tiny_root, tmp_path, "-gr", "3", *SEQ)
     argv.remove("--overwrite")
-    after_round = Server.after_round
-
-    def stop_in_round_1(self):
-        if self.round_idx == 1:
-            raise KeyboardInterrupt
-        after_round(self)
-
-    monkeypatch.setattr(Server, "after_round", stop_in_round_1)
+    stop_in_round(1, KeyboardInterrupt)
     assert main.main(argv) == 130
     assert len(read_h5(tmp_path / f"{STEM}.h5")["rs_round"]) == 2  # rounds 0-1 kept, no checkpoint written
-    monkeypatch.setattr(Server, "after_round", after_round)
+    stop_in_round(None)
     capsys.readouterr()
     assert main.main(argv + ["--resume"]) == 0  # nothing to continue from: the run starts over
     assert main.main(cli(digits_tiny_root, tmp_path / "fresh", "-gr", "3", *SEQ)) == 0
