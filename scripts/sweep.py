@@ -247,10 +247,9 @@ def build_jobs(base: list[str], grids: list[dict], seeds: list[int], tag: str, o
 # ---- running ------------------------------------------------------------------------------------------
 def sidecar_status(job: Job) -> str | None:
     """The run's ``status`` from its sidecar (running, finished, diverged, interrupted, failed), if any."""
-    try:
-        return json.loads(job.h5.with_suffix(".json").read_text()).get("status")
-    except (OSError, ValueError):
-        return None
+    from utils.results import sidecar_status as read
+
+    return read(job.h5.with_suffix(".json"))
 
 
 def is_complete(job: Job) -> bool:

@@ -11,7 +11,6 @@ seed + i) and prints mean ± std of the best and last accuracy.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import subprocess
 import sys
@@ -156,11 +155,9 @@ def unfinished(sidecar: Path) -> bool:
     "running" although its process is gone (the caller holds the result name's lock). ``--resume`` without a
     checkpoint starts such a run over, since every round it lost is recomputed the same; a finished, diverged
     or failed result is an outcome and is never replaced that way."""
-    try:
-        status = json.loads(sidecar.read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return False
-    return status in ("interrupted", "running")
+    from utils.results import sidecar_status
+
+    return sidecar_status(sidecar) in ("interrupted", "running")
 
 
 def run_all(cfg: Config, data, executor) -> list[Path]:

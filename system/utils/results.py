@@ -252,6 +252,17 @@ class RunRecorder:
                       (self.json_path, lambda tmp: tmp.write_text(ujson.dumps(meta, indent=1)))])
 
 
+def sidecar_status(sidecar: Path) -> str | None:
+    """A result's ``status`` from its JSON sidecar (running, finished, diverged, interrupted, failed), None
+    when the sidecar is absent or unreadable."""
+    import json
+
+    try:
+        return json.loads(sidecar.read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def read_h5(path: Path | str) -> dict[str, np.ndarray]:
     """Every series of a result file, by name (the one reader of result files: main.py, scripts/)."""
     import h5py
