@@ -23,6 +23,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "system"))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from benchmark_report import write_block  # noqa: E402
 
 from utils.results import read_h5  # noqa: E402
 from utils.robust import RULES  # noqa: E402
@@ -87,13 +90,6 @@ def markdown(entries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def replace_block(doc: Path, text: str) -> None:
-    begin, end = "<!-- robustness:begin -->", "<!-- robustness:end -->"
-    body = doc.read_text()
-    i, j = body.index(begin) + len(begin), body.index(end)
-    doc.write_text(body[:i] + "\n" + text + "\n" + body[j:])
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, default=REPO / "results" / "robustness", help="the sweep's folder")
@@ -110,7 +106,7 @@ def main(argv=None) -> int:
     if args.print:
         print(text)
     else:
-        replace_block(args.doc, text)
+        write_block(args.doc, "robustness", text)
     return 0
 
 
