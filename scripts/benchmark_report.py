@@ -143,8 +143,8 @@ def export_runs(results: str) -> dict:
                 "commit": r.meta.get("git_commit"), "split_hash": (r.meta.get("split") or {}).get("config_hash"),
                 "rounds": [int(v) for v in r.series["rs_round"]],
                 "test_acc": [round(float(v), 6) for v in r.series["rs_test_acc"]],
-                "mb_up": round(float(np.mean(r.series["rs_bytes_up"])) / 1e6, 4) if "rs_bytes_up" in r.series else None,
-                "mb_down": round(float(np.mean(r.series["rs_bytes_down"])) / 1e6, 4) if "rs_bytes_down" in r.series else None,
+                "mb_up": round(float(np.mean(r.series["rs_bytes_up"])) / 1e6, 4) if len(r.series.get("rs_bytes_up", ())) else None,
+                "mb_down": round(float(np.mean(r.series["rs_bytes_down"])) / 1e6, 4) if len(r.series.get("rs_bytes_down", ())) else None,
                 "s_per_round": round(table.run_metrics(r, None)["time"], 4),
                 "cpu_s": cpu})
         splits.setdefault(split, {})[name] = entry

@@ -7,8 +7,9 @@ does for the other protocols, whose export and table helpers it reuses).
 
 The export (``docs/benchmarks/hetero.json``) holds per algorithm the reproducing command and per seed the
 accuracy curve, bytes and seconds per round, the CPU seconds the sweep recorded and the code's commit. Each
-row sits beside the same algorithm's quick-protocol row with one shared model (``-m CNN`` on every client),
-read from the quick protocol's own rows block of the same document, and gives the CPU seconds its runs took.
+row sits beside the same algorithm's quick-protocol figures with one shared model (``-m CNN`` on every
+client), read from the quick protocol's export (``docs/benchmarks/quick.json``) where its runs were made on
+the same split (the same config hash; "-" otherwise), and gives the CPU seconds its runs took.
 The rows replace the block between ``<!-- hetero:begin -->`` and ``<!-- hetero:end -->``.
 """
 from __future__ import annotations
@@ -26,16 +27,17 @@ EXPORT = REPO / "docs" / "benchmarks" / "hetero.json"
 CONFIG = "benchmark_hetero.json"
 
 
-def shared_model_rows(doc: Path) -> dict[str, tuple[str, str]]:
-    """{algorithm: (best cell, last cell)} of the quick protocol's rows block (one shared model), bold
-    marks dropped."""
-    body = doc.read_text()
-    block = body.split("<!-- rows:begin -->", 1)[1].split("<!-- rows:end -->", 1)[0]
-    rows = {}
-    for line in block.strip().splitlines()[2:]:
-        cells = [c.strip().replace("**", "") for c in line.strip("|").split("|")]
-        rows[cells[0]] = (cells[1], cells[2])
-    return rows
+def shared_model_cells(quick: dict, data: dict) -> dict[str, tuple[str, str]]:
+    """{algorithm: (best cell, last cell)} of the quick protocol with one shared model, from its export
+    ``quick`` (``docs/benchmarks/quick.json``), for the algorithms whose runs there were all made on the split
+    (the same config hash) of every heterogeneous run in ``data``; the others are left out (their row shows
+    "-")."""
+    (split, hetero), = data["splits"].items()
+    hashes = {r.get("split_hash") for e in hetero.values() for r in e["runs"]}
+    entries = {n: e for n, e in quick.get("splits", {}).get(split, {}).items()
+               if len(hashes) == 1 and {r.get("split_hash") for r in e["runs"]} == hashes}
+    cells = report.accuracy_cells({n: report.best_last(e) for n, e in entries.items()}) if entries else {}
+    return {n: tuple(c.replace("**", "") for c in pair) for n, pair in cells.items()}
 
 
 def hetero_markdown(data: dict, shared: dict) -> str:
@@ -76,7 +78,8 @@ def main(argv=None) -> int:
     try:
         data = (json.loads(args.export.read_text()) if args.from_export
                 else report.write_export(args.results, args.export, CONFIG))
-        text = hetero_markdown(data, shared_model_rows(args.doc))
+        quick = json.loads(report.QUICK_EXPORT.read_text()) if report.QUICK_EXPORT.exists() else {}
+        text = hetero_markdown(data, shared_model_cells(quick, data))
         if args.print:
             print(text)
         else:
