@@ -119,7 +119,7 @@ def test_ala_runs_and_leaves_bn_alone(digits_tiny_root, tmp_path):
                                                ((9, 1, 128), {"modality": "series"}, False)])  # auto = HARCNN
 def test_auto_takes_the_batchnorm_twin_only_where_auto_means_the_cnn(shape, config, bn):
     server = object.__new__(FedBNServer)
-    server.cfg = SimpleNamespace(model="auto", feature_dim=512, vocab_size=80)
+    server.cfg = SimpleNamespace(model="auto", feature_dim=512, vocab_size=80, client_models=None)
     server.data = SimpleNamespace(input_shape=shape, config=config, num_classes=6)
     if bn:
         assert bn_prefixes(server.build_model())
