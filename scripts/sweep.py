@@ -8,7 +8,9 @@ items (the product of all of them is run); a flag without a value (``-ala``) tak
 ``-algo=all`` means every registered algorithm, in registry order, so new algorithms join automatically.
 ``--config`` reads a JSON file: ``base`` (flags for every job), ``grids`` (a list of grids, each a dict
 flag -> list of values; the jobs are the union of their products), ``per_algorithm`` (``-algo`` name ->
-flags its jobs need on top, e.g. FedBN's BatchNorm model), ``seeds``, ``tag``, ``out``, ``checkpoint_every``; the
+flags its jobs need on top, e.g. FedBN's BatchNorm model), ``seeds``, ``tag``, ``out``, ``checkpoint_every``,
+``export`` (a committed benchmark export: its finished runs are not rerun, so a fresh clone resumes the
+sweep where the export stops; ``--export`` on the command line); the
 command line adds to it (its flags after ``base``, its ``--grid`` items override those keys in every
 grid, its ``--seeds``/``--tag``/``--out`` replace the file's).
 
@@ -91,6 +93,36 @@ class Job:
 
     def shown(self) -> str:
         return f"python {os.path.relpath(MAIN)} " + " ".join(shlex.quote(a) for a in self.argv)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """(``-go``, run index): the configuration (its hash covers dataset, algorithm and every other
+        flag that changes a number) and the seed."""
+        return flag_value(self.argv, "-go"), int(flag_value(self.argv, "-pv") or 0)
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value after the last ``flag`` in ``argv``, if any."""
+    at = [i for i, a in enumerate(argv[:-1]) if a == flag]
+    return argv[at[-1] + 1] if at else None
+
+
+def exported_runs(path: Path | None) -> frozenset:
+    """The (``-go``, run index) of every run an export (``scripts/benchmark_report.py``) holds as finished
+    or diverged: a sweep whose raw results are gone (another machine, a fresh clone) does not rerun them."""
+    if path is None or not path.exists():
+        return frozenset()
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as e:
+        raise SweepError(f"cannot read the export {path}: {e}") from None
+    done = set()
+    for entries in data.get("splits", {}).values():
+        for entry in entries.values():
+            goal = flag_value(shlex.split(entry.get("command", "")), "-go")
+            done |= {(goal, int(r["run"])) for r in entry.get("runs", ())
+                     if r.get("status") in ("finished", "diverged")}
+    return frozenset(done)
 
 
 # ---- building the job list ---------------------------------------------------------------------------
@@ -203,6 +235,21 @@ def parse_job_flags(argv: list[str]):
         return None, lines[-1] if lines else "invalid flags"
 
 
+def effective_defaults(flags: list[str], cfg) -> dict:
+    """Every flag's default for the algorithm ``flags`` select: the parser's, and for a flag whose parser
+    default is None and that the algorithm resolves by itself (SCAFFOLD's and FedGH's ``-slr``, a server
+    optimizer's step size) the value it resolves to when no flag sets it. An algorithm's own default then
+    stays out of the hash, whether it lives in its parser or is resolved after parsing."""
+    import main
+
+    defaults = {a.dest: a.default for a in job_parser(flags).flags if a.option_strings}
+    plain, _ = parse_job_flags(["-algo", main.algorithm_arg(flags), "-data", cfg.dataset, "-go", "x"])
+    if plain is not None:
+        resolved = plain.to_dict()
+        defaults |= {k: resolved[k] for k, v in defaults.items() if v is None and resolved.get(k) is not None}
+    return defaults
+
+
 def build_jobs(base: list[str], grids: list[dict], seeds: list[int], tag: str, out: Path,
                per_algorithm: dict | None = None, checkpoint_every: int = 1):
     """Returns (jobs, invalid): ``invalid`` lists (flags, one-line error) of grid points main.py refuses.
@@ -227,8 +274,7 @@ def build_jobs(base: list[str], grids: list[dict], seeds: list[int], tag: str, o
             if error:
                 invalid.append((flags, error))
                 continue
-            defaults = {a.dest: a.default for a in job_parser(flags).flags if a.option_strings}
-            goal = f"{tag}-{config_hash(cfg.to_dict(), defaults)}"
+            goal = f"{tag}-{config_hash(cfg.to_dict(), effective_defaults(flags, cfg))}"
             for i in seeds:
                 argv = [*flags, "-go", goal, "-pv", str(i), "-t", str(i + 1), "--results_dir", str(out),
                         "--checkpoint_every", str(checkpoint_every), "--resume", "--no-progress"]
@@ -252,10 +298,12 @@ def sidecar_status(job: Job) -> str | None:
     return read(job.h5.with_suffix(".json"))
 
 
-def is_complete(job: Job) -> bool:
+def is_complete(job: Job, exported: frozenset = frozenset()) -> bool:
     """The result file holds every evaluation (its last one is round ``-gr``, the final evaluation), or
     its sidecar says the run ended for good: finished (e.g. stopped early by ``-ab``) or diverged (a rerun
-    would diverge again: every draw is seeded)."""
+    would diverge again: every draw is seeded), or the sweep's export holds the run (``exported``)."""
+    if job.key in exported:
+        return True
     if not job.h5.exists():
         return False
     from utils.results import read_h5
@@ -313,11 +361,12 @@ def cpu_seconds(job: Job) -> float | None:
         return None
 
 
-def run_jobs(jobs: list[Job], workers: int, keep_checkpoints: bool = False, progress: bool = True) -> list:
+def run_jobs(jobs: list[Job], workers: int, keep_checkpoints: bool = False, progress: bool = True,
+             exported: frozenset = frozenset()) -> list:
     """Run the incomplete jobs, ``workers`` at a time; returns the failures as (job, exit code)."""
     from tqdm import tqdm
 
-    todo = [j for j in jobs if not is_complete(j)]
+    todo = [j for j in jobs if not is_complete(j, exported)]
     skipped = len(jobs) - len(todo)
     print(f"sweep: {len(jobs)} jobs, {skipped} complete (skipped), {len(todo)} to run with {workers} "
           f"process(es)", file=sys.stderr)
@@ -375,7 +424,7 @@ def load_config_file(path: Path) -> dict:
         spec = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise SweepError(f"cannot read sweep file {path}: {e}") from None
-    known = {"base", "grids", "per_algorithm", "seeds", "tag", "out", "checkpoint_every", "description"}
+    known = {"base", "grids", "per_algorithm", "seeds", "tag", "out", "checkpoint_every", "description", "export"}
     unknown = set(spec) - known
     if unknown:
         raise SweepError(f"{path}: unknown keys {sorted(unknown)} (known: {', '.join(sorted(known))})")
@@ -407,6 +456,8 @@ def sweep_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=None,
                    help="rounds between a job's checkpoints (default: the file's checkpoint_every, else 1)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--export", type=Path, default=None,
+                   help="a benchmark export whose finished runs count as complete (default: the file's export)")
     return p
 
 
@@ -435,6 +486,8 @@ def main(argv=None) -> int:
         if out.is_relative_to(Path.cwd()):  # shorter commands and messages; jobs run in this folder
             out = out.relative_to(Path.cwd())
         jobs, invalid = build_jobs(base, grids, seeds, tag, out, spec.get("per_algorithm"), every)
+        export = args.export if args.export is not None else (REPO / spec["export"] if "export" in spec else None)
+        exported = exported_runs(export)
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -443,14 +496,15 @@ def main(argv=None) -> int:
               file=sys.stderr)
     if args.dry_run:
         for job in jobs:
-            state = "complete" if is_complete(job) else "resume" if job.ckpt.exists() else "new"
+            state = ("exported" if job.key in exported else "complete" if is_complete(job) else
+                     "resume" if job.ckpt.exists() else "new")
             print(f"[{state}] {job.shown()}")
-        print(f"{len(jobs)} jobs ({sum(is_complete(j) for j in jobs)} complete), {len(invalid)} refused; "
+        print(f"{len(jobs)} jobs ({sum(is_complete(j, exported) for j in jobs)} complete), {len(invalid)} refused; "
               f"results in {out}", file=sys.stderr)
         return 1 if invalid else 0
     prepare_splits(jobs)
     try:
-        failures = run_jobs(jobs, args.jobs, args.keep_checkpoints, args.progress)
+        failures = run_jobs(jobs, args.jobs, args.keep_checkpoints, args.progress, exported)
     except KeyboardInterrupt:
         print("sweep interrupted; run the same command again to resume", file=sys.stderr)
         return 130

@@ -225,3 +225,46 @@ def test_every_sweep_file_of_the_docs_builds_its_jobs_and_the_reports_find_them(
     names = {(s, a, g) for s, a, g, _ in privacy_experiments.runs()}
     assert len(names) == 13
     assert {(s, a, g) for panels in privacy_experiments.FIGURES.values() for s, a, g, _, _ in panels} <= names
+
+
+def test_runs_held_by_the_export_are_not_rerun(tmp_path, monkeypatch, capsys):
+    """A sweep file's ``export`` (or ``--export``): a run it holds as finished or diverged is complete even
+    with no result file (a fresh clone); an interrupted one, another seed or another configuration is not."""
+    jobs, _ = sweep.build_jobs(base(tmp_path, "-gr", "2"), [{"-algo": ["FedAvg", "Local"]}], [0, 1, 2], "t",
+                               tmp_path)
+    fedavg = [j for j in jobs if j.grid_point["-algo"] == "FedAvg"]
+    goal = fedavg[0].argv[fedavg[0].argv.index("-go") + 1]
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps({"splits": {"Digits": {"FedAvg": {
+        "command": f"python system/main.py -data Digits -algo FedAvg -gr 2 -go {goal} -pv 0 -t 3",
+        "runs": [{"run": 0, "status": "finished"}, {"run": 1, "status": "diverged"},
+                 {"run": 2, "status": "interrupted"}]}}}}))
+    exported = sweep.exported_runs(export)
+    assert [sweep.is_complete(j, exported) for j in jobs] == [True, True, False, False, False, False]
+    ran = []
+    monkeypatch.setattr(sweep, "run_job", lambda job, *a: (ran.append(job.stem), (0, ""))[1])
+    assert sweep.run_jobs(jobs, 1, progress=False, exported=exported) == []
+    assert sorted(ran) == sorted(j.stem for j in jobs[2:])
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps({"base": base(tmp_path, "-gr", "2"), "grids": [{"-algo": ["FedAvg", "Local"]}],
+                                "seeds": [0, 1, 2], "tag": "t", "out": str(tmp_path), "export": str(export)}))
+    assert sweep.main(["--config", str(spec), "--dry-run"]) == 0
+    states = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert states == ["[exported]", "[exported]"] + ["[new]"] * 4
+    export.write_text("{not json")
+    assert sweep.main(["--config", str(spec), "--dry-run"]) == 2
+    assert "cannot read the export" in capsys.readouterr().err
+
+
+def test_an_algorithms_resolved_default_stays_out_of_the_name(tmp_path):
+    """SCAFFOLD's -slr 1 is its own default, resolved after parsing: the name is the one it had when the
+    default lived in SCAFFOLD's parser (the hash without that key), and another -slr is another name."""
+    flags = base(tmp_path, "-gr", "2", "-algo", "SCAFFOLD")
+    (job,), _ = sweep.build_jobs(flags, [{}], [0], "t", tmp_path)
+    cfg, _ = sweep.parse_job_flags([*flags, "-go", "t"])
+    assert cfg.server_learning_rate == 1.0
+    defaults = {a.dest: a.default for a in sweep.job_parser(flags).flags if a.option_strings}
+    without = {k: v for k, v in cfg.to_dict().items() if k != "server_learning_rate"}
+    assert job.key == (f"t-{sweep.config_hash(without, defaults)}", 0)
+    (other,), _ = sweep.build_jobs([*flags, "-slr", "0.5"], [{}], [0], "t", tmp_path)
+    assert other.key[0] != job.key[0]
