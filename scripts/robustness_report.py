@@ -9,8 +9,10 @@ the benign clients' and all clients' accuracy per evaluation, the malicious clie
 sweep recorded; runs found in ``--results`` replace the same (algorithm, attack, aggregator, seed) and every
 other entry is kept, so the table grows over several sweeps. A cell is the mean ± std (population std)
 over the seeds of the benign clients' accuracy at the last round (every client's without an attack), in %;
-a cell with fewer seeds than the others says how many, an empty one is "-". The table replaces the block
-between ``<!-- robustness:begin -->`` and ``<!-- robustness:end -->``.
+a cell of one seed is its value alone (no spread), a cell with fewer finished seeds than the others says
+how many, a run that diverged (its training loss became NaN or inf) is counted in its cell ("2 diverged", or
+"diverged" when every seed did), and a cell not run is "-". The table replaces the block between
+``<!-- robustness:begin -->`` and ``<!-- robustness:end -->``.
 """
 from __future__ import annotations
 
@@ -40,18 +42,18 @@ def key(entry: dict) -> tuple:
 
 
 def read_results(folder: Path) -> list[dict]:
-    """Every finished run of the sweep folder as an export entry."""
+    """Every finished or diverged run of the sweep folder as an export entry (``status``)."""
     out = []
     for side in sorted(folder.glob("*.json")):
         meta = json.loads(side.read_text())
-        if meta.get("status") != "finished":
+        if meta.get("status") not in ("finished", "diverged"):
             continue
         cfg = meta["config"]
         series = read_h5(side.with_suffix(".h5"))
         benign = series.get("rs_benign_test_acc", series["rs_test_acc"])
         cpu = folder / "logs" / f"{side.stem}.cpu.json"
         out.append({"algorithm": meta["label"], "attack": cfg.get("attack") or "none", "aggregator": cfg["aggregator"],
-                    "seed": meta["seed"], "benign_acc": [round(float(a), 6) for a in benign],
+                    "seed": meta["seed"], "status": meta["status"], "benign_acc": [round(float(a), 6) for a in benign],
                     "all_acc": [round(float(a), 6) for a in series["rs_test_acc"]],
                     "malicious_clients": meta.get("malicious_clients", []),
                     "cpu_s": json.loads(cpu.read_text())["cpu_s"] if cpu.exists() else None})
@@ -66,27 +68,35 @@ def merge(old: list[dict], new: list[dict]) -> list[dict]:
 def markdown(entries: list[dict]) -> str:
     """One row per (algorithm, attack), one column per aggregator (see the module docstring)."""
     cells: dict[tuple, list[float]] = {}
+    diverged: dict[tuple, int] = {}
     for e in entries:
-        cells.setdefault((e["algorithm"], e["attack"], e["aggregator"]), []).append(100 * e["benign_acc"][-1])
-    most = max((len(v) for v in cells.values()), default=0)
+        cell = (e["algorithm"], e["attack"], e["aggregator"])
+        if e.get("status", "finished") == "diverged":
+            diverged[cell] = diverged.get(cell, 0) + 1
+        else:
+            cells.setdefault(cell, []).append(100 * e["benign_acc"][-1])
+    most = max((len(v) + diverged.get(c, 0) for c, v in cells.items()), default=0)
     lines = ["| algorithm | attack | " + " | ".join(RULES) + " |", "|---|---|" + "---|" * len(RULES)]
     for algo in ALGOS:
         for attack in ATTACKS:
             row = []
             for rule in RULES:
-                v = cells.get((algo, attack, rule))
+                v, lost = cells.get((algo, attack, rule), []), diverged.get((algo, attack, rule), 0)
                 if not v:
-                    row.append("-")
+                    row.append("diverged" if lost else "-")
                     continue
-                text = f"{np.mean(v):.1f} ± {np.std(v):.1f}"
-                row.append(text + (f" ({len(v)})" if len(v) < most else ""))
+                text = f"{v[0]:.1f}" if len(v) == 1 else f"{np.mean(v):.1f} ± {np.std(v):.1f}"
+                notes = [f"{len(v)}"] if len(v) + lost < most else []
+                notes += [f"{lost} diverged"] if lost else []
+                row.append(text + (f" ({', '.join(notes)})" if notes else ""))
             if any(c != "-" for c in row):
                 lines.append(f"| {algo} | {attack} | " + " | ".join(row) + " |")
     cpu = sum(e["cpu_s"] or 0.0 for e in entries)
     seeds = sorted({e["seed"] for e in entries})
     lines.append("")
-    lines.append(f"{len(entries)} runs (seeds {', '.join(map(str, seeds))}), {cpu / 3600:.2f} CPU-hours as the sweep "
-                 f"recorded them.")
+    lost = sum(diverged.values())
+    lines.append(f"{len(entries)} runs (seeds {', '.join(map(str, seeds))}; {lost} diverged), {cpu / 3600:.2f} "
+                 f"CPU-hours as the sweep recorded them.")
     return "\n".join(lines)
 
 
