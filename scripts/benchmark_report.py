@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -146,7 +147,7 @@ def export_runs(results: str) -> dict:
                 "mb_up": round(float(np.mean(r.series["rs_bytes_up"])) / 1e6, 4) if len(r.series.get("rs_bytes_up", ())) else None,
                 "mb_down": round(float(np.mean(r.series["rs_bytes_down"])) / 1e6, 4) if len(r.series.get("rs_bytes_down", ())) else None,
                 "s_per_round": round(table.run_metrics(r, None)["time"], 4),
-                "cpu_s": cpu})
+                "executor": r.config.get("executor"), "cpu_s": cpu})
         splits.setdefault(split, {})[name] = entry
     return {"splits": splits}
 
@@ -261,7 +262,8 @@ def converged_markdown(data: dict, board: dict, split: str) -> tuple[str, dict]:
                "disagreements": sorted(((n, r_ours[n], r_theirs[n]) for n in common),
                                        key=lambda t: -abs(t[1] - t[2]))[:5],
                "cpu_hours": sum(c for c in cpu if c is not None) / 3600, "cpu_missing": sum(c is None for c in cpu),
-               "ranks": (r_ours, r_theirs), "runs": len(cpu)}
+               "ranks": (r_ours, r_theirs), "runs": len(cpu),
+               "executors": Counter(r.get("executor") or "not recorded" for n in names for r in entries[n]["runs"])}
     return "\n".join(lines), summary
 
 
@@ -271,11 +273,13 @@ def summary_markdown(split: str, s: dict) -> str:
     worst = "; ".join(f"{n} {a:g} here vs {b:g} in PFLlib" for n, a, b in s["disagreements"])
     cpu = f"{s['cpu_hours']:.2f} CPU-hours over {s['runs']} runs" + (
         f" ({s['cpu_missing']} runs without a CPU record)" if s["cpu_missing"] else "")
+    executors = ", ".join(f"{k} {v}" for k, v in sorted(s.get("executors", {}).items()))
     return (f"- Flatness (best accuracy gained over the last {FLAT_TAIL:.0%} of rounds, top {FLAT_TOP}): {flat}: "
             f"{'holds' if ok else 'does NOT hold'} (< {FLAT_PT} pt each).\n"
             f"- Spearman rank correlation with PFLlib's column over the {s['common']} algorithms both have: "
             f"{s['spearman']:.2f}. Largest rank differences (1 = best): {worst}.\n"
-            f"- Cost: {cpu}.")
+            f"- Cost: {cpu}. Runs per executor (s/round is wall time, which the executor and the machine's "
+            f"load change; the CPU seconds are each run's own): {executors}.")
 
 
 def plot_converged(data: dict, summaries: dict, out: Path) -> list[Path]:

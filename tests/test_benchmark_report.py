@@ -59,6 +59,11 @@ def test_converged_table_by_hand():
     assert s["cpu_hours"] == pytest.approx(2.0) and s["cpu_missing"] == 1
     summary = br.summary_markdown("FMNIST_pat_s2000", s)
     assert "FedALA 0.00, FedAvg 5.00: does NOT hold" in summary and "2.00 CPU-hours over 3 runs" in summary
+    assert summary.endswith("the CPU seconds are each run's own): not recorded 3.")
+    data["splits"]["FMNIST_pat_s2000"]["FedAvg"]["runs"][0]["executor"] = "fork"
+    data["splits"]["FMNIST_pat_s2000"]["FedALA"]["runs"][0]["executor"] = "sequential"
+    s = br.converged_markdown(data, board, "FMNIST_pat_s2000")[1]
+    assert br.summary_markdown("FMNIST_pat_s2000", s).endswith("fork 1, not recorded 1, sequential 1.")
 
 
 def test_export_holds_each_runs_curve_and_command(digits_tiny_root, tmp_path):
@@ -82,6 +87,7 @@ def test_export_holds_each_runs_curve_and_command(digits_tiny_root, tmp_path):
         sidecar = json.loads((out / f"Digits_FedAvg_test_{i}.json").read_text())
         assert r["split_hash"] == sidecar["split"]["config_hash"] and len(r["split_hash"]) == 16
         assert r["cpu_s"] is None  # not run by a sweep
+        assert r["executor"] == "sequential" == sidecar["config"]["executor"]
 
 
 def test_merge_keeps_old_runs_and_lets_new_ones_replace_theirs():
