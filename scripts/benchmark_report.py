@@ -358,8 +358,9 @@ def report_converged(args) -> int:
         else:
             write_block(args.doc, f"converged-{SPLITS[split]}", block)
             print(f"wrote {split}'s rows to {args.doc}")
-    for path in plot_converged(data, {k: s for k, (_, s) in summaries.items()}, args.figures):
-        print(path)
+    if not args.print:  # --print changes no file
+        for path in plot_converged(data, {k: s for k, (_, s) in summaries.items()}, args.figures):
+            print(path)
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     return 1 if problems else 0
@@ -370,7 +371,8 @@ def main(argv=None) -> int:
     p.add_argument("--results", default=str(REPO / "results" / "benchmark"), help="the accuracy sweep's folder")
     p.add_argument("--timing", default=str(REPO / "results" / "benchmark_timing"), help="the timing sweep's folder")
     p.add_argument("--doc", type=Path, default=REPO / "docs" / "benchmark.md")
-    p.add_argument("--print", action="store_true", help="print the rows instead of writing the document")
+    p.add_argument("--print", action="store_true",
+                   help="print the rows instead of writing the document (and, converged, the figures)")
     p.add_argument("--protocol", default="quick", choices=["quick", "converged"],
                    help="quick: the 5-round table; converged: Protocol B (--results defaults to its sweep's folder)")
     p.add_argument("--export", type=Path, default=None,

@@ -147,3 +147,14 @@ def test_runs_on_another_split_of_the_same_name_are_named():
     assert br.split_problems("S", {"Local": entries["Local"]}) == []
     _, problems = br.quick_markdown({"splits": {"S": entries}})
     assert problems[0].startswith("S: FedAvg seed 1 ran on another split")
+
+
+def test_print_writes_no_file(tmp_path, capsys):
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps({"splits": {"FMNIST_pat_s2000": {
+        "FedAvg": {"command": "c", "runs": [run([0.1, 0.5, 0.6]), run([0.2, 0.4, 0.7], seed=1)]}}}}))
+    doc, figures = tmp_path / "doc.md", tmp_path / "img"
+    br.main(["--protocol", "converged", "--from-export", "--export", str(export), "--print", "--doc", str(doc),
+             "--figures", str(figures)])
+    assert "| FedAvg | 65.00 ± 5.00 |" in capsys.readouterr().out  # best 60 and 70
+    assert not doc.exists() and not figures.exists()
