@@ -12,6 +12,7 @@ from conftest import cli
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
 from utils.metrics import predict
+from utils.proximal import anchor_of, proximal_term
 from utils.results import read_h5
 from utils.seeding import torch_gen
 
@@ -76,6 +77,28 @@ def test_fedprox_gradient_adds_mu_times_distance_to_global(digits_root):
         assert torch.allclose(p.grad, r.grad + mu * (p.detach() - g.detach()), atol=1e-6)
     assert any((p.detach() - g).abs().max() > 0 for p, g in zip(client.model.parameters(),
                                                                  server.global_model.parameters()))
+
+
+def test_an_anchor_taken_from_the_trained_model_itself_still_pulls_it_back():
+    """FedProx's and Ditto's constructors take the anchor from the model they then train: a detached copy,
+    so after a step w - a = 1 in every entry the term is mu/2 * (number of entries), its gradient mu."""
+    model = nn.Linear(3, 2)
+    anchor = anchor_of(model)
+    assert all(not a.requires_grad for a in anchor)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    term = proximal_term(model.parameters(), anchor, 0.3)
+    assert float(term.detach()) == pytest.approx(0.5 * 0.3 * 8)
+    term.backward()
+    for p in model.parameters():
+        torch.testing.assert_close(p.grad, torch.full_like(p, 0.3))
+
+
+def test_proximal_term_refuses_an_anchor_of_another_length():
+    w = [torch.ones(2), torch.ones(3)]
+    with pytest.raises(ValueError):
+        proximal_term(w, [torch.zeros(2)], 0.1)
 
 
 def test_fedprox_with_ala_anchors_to_the_global_model(digits_root):

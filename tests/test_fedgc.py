@@ -10,6 +10,7 @@ from torch.nn import functional as F
 
 import main
 from conftest import cli
+from flcore.clients.clientgc import GCModel
 from flcore.registry import get_server_class
 from flcore.servers.servergc import corrected, gc_regulariser
 from utils.data_utils import load_split
@@ -78,6 +79,32 @@ def test_round_uploads_own_rows_and_receives_them_corrected(digits_noniid_root, 
     for i in ids:
         c = server.clients[i]
         assert torch.equal(c.model.head.weight[c.own], server.embeddings[i][1])
+
+
+def test_embeddings_start_as_the_classifier_and_the_class_mask_stays_out_of_the_state():
+    """GCModel takes the split model's classifier weights as its class embeddings (a copy; its bias is
+    dropped), and ``classes`` is a buffer outside the state: the state is the body and the embeddings."""
+    torch.manual_seed(0)
+    split = torch.nn.Module()
+    split.base = torch.nn.Linear(4, 3)
+    split.head = torch.nn.Linear(3, 5)
+    with torch.no_grad():
+        split.head.weight.copy_(torch.arange(15.0).reshape(5, 3))
+    m = GCModel(split)
+    assert torch.equal(m.head.weight, torch.arange(15.0).reshape(5, 3)) and m.head.bias is None
+    assert m.head.weight.data_ptr() != split.head.weight.data_ptr()
+    assert sorted(m.state_dict()) == ["base.bias", "base.weight", "head.weight"]
+    assert torch.equal(m.classes, torch.ones(5, dtype=torch.bool))
+
+
+def test_uploaded_embeddings_hold_no_graph(digits_noniid_root):
+    server = make_server(digits_noniid_root)
+    c = server.clients[0]
+    server._send_models([c])
+    c.train(0)
+    rows = c.upload().extras["embeddings"]
+    assert not rows.requires_grad and rows.grad_fn is None
+    assert torch.equal(rows, c.model.head.weight.detach()[c.own])
 
 
 def test_ala_runs(digits_tiny_root, tmp_path, capsys):

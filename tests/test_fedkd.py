@@ -9,7 +9,9 @@ from torch.nn import functional as F
 
 import main
 from conftest import cli
-from flcore.clients.clientkd import adaptive_kd_losses, energy_threshold, svd_compress
+from flcore.clients.clientkd import (adaptive_kd_losses, compress_state, decompress, energy_threshold,
+                                    hidden_and_logits, shared_entries, svd_compress)
+from flcore.trainmodel.parts import head_of
 from flcore.registry import get_server_class
 from utils.comm import payload_bytes
 from utils.data_utils import load_split
@@ -135,6 +137,11 @@ def test_adaptive_losses_by_hand():
     w_ref.weight.data.copy_(w_h.weight.detach())
     (float(w.detach()) * (t_hidden.detach() - w_ref(s_hidden.detach())).square().mean()).backward()
     torch.testing.assert_close(w_h.weight.grad, w_ref.weight.grad)
+    # The hidden loss reaches each hidden state once: H_t toward W_h H_s held fixed, H_s through W_h toward
+    # H_t held fixed (by hand: d/dH mean (H - T)² = 2 (H - T) / numel).
+    n, mapped = t_hidden.numel(), w_h(s_hidden).detach()
+    torch.testing.assert_close(t_hidden.grad, float(w.detach()) * 2 * (t_hidden.detach() - mapped) / n)
+    torch.testing.assert_close(s_hidden.grad, float(w.detach()) * 2 * (mapped - t_hidden.detach()) / n @ w_h.weight.detach())
 
 
 def test_ala_runs_onto_the_mentee(digits_tiny_root, tmp_path):
@@ -193,3 +200,150 @@ def test_thresholds_and_mentee_rate_bounds(flags, ok, digits_tiny_root):
     else:
         with pytest.raises(FLError, match="FedKD needs"):
             main.parse_config(args)
+
+
+def test_threshold_of_a_one_round_run_is_t_end():
+    assert energy_threshold(0.6, 0.9, 0, 1) == pytest.approx(0.9)  # (0 + 1) / 1: the one round is the last
+    assert energy_threshold(0.6, 0.9, 0, 2) == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("energy, k", [(0.25, 1), (0.5, 1), (0.51, 2), (0.72, 2), (0.73, 3), (0.95, 4), (1.0, 4)])
+def test_rank_where_the_energy_is_reached_exactly(energy, k):
+    """σ = 3, 2, 2, 1: σ² = 9, 4, 4, 1 of 18, cumulative 0.5, 0.722, 0.944, 1. Exactly half the energy is
+    reached by the first value alone (reaching, not exceeding, is enough)."""
+    m = torch.diag(torch.tensor([3.0, 2.0, 2.0, 1.0], dtype=torch.float64))
+    u, s, v = svd_compress(m, energy)
+    assert len(s) == k and u.shape == (4, k) and v.shape == (k, 4)
+    assert torch.equal(s, torch.tensor([3.0, 2.0, 2.0, 1.0], dtype=torch.float64)[:k])
+
+
+@pytest.mark.parametrize("shape", [(3, 1), (1, 3)])
+def test_a_single_column_or_row_keeps_its_one_value(shape):
+    m = torch.tensor([3.0, 4.0, 0.0]).reshape(shape)
+    u, s, v = svd_compress(m, 0.9)
+    assert s.tolist() == pytest.approx([5.0])
+    torch.testing.assert_close((u * s) @ v, m)
+
+
+def test_compress_state_factors_a_matrix_only_when_the_factors_are_smaller():
+    """(U, σ, V) of a rank-r m x n matrix hold m r + r + r n numbers: rank 1 of 4 x 4 is 9 < 16 (factored),
+    of 3 x 2 is 6 = 6 and of 2 x 2 is 5 > 4 (dense), rank 2 of 4 x 4 is 18 > 16 (dense). Vectors stay dense,
+    a zero one too (a zero matrix keeps no factor at all)."""
+    g = torch.Generator().manual_seed(1)
+
+    def rank(r, m, n):
+        return torch.randn(m, r, generator=g) @ torch.randn(r, n, generator=g)
+
+    update = {"r1_4x4": rank(1, 4, 4), "r1_3x2": rank(1, 3, 2), "r1_2x2": rank(1, 2, 2), "r2_4x4": rank(2, 4, 4),
+              "conv": rank(1, 4, 9).reshape(4, 1, 3, 3), "bias": torch.randn(4, generator=g), "zero_bias": torch.zeros(3),
+              "zero": torch.zeros(3, 3)}
+    out = compress_state(update, 0.999)
+    factored = {k for k, e in out.items() if isinstance(e, tuple)}
+    assert factored == {"r1_4x4", "conv", "zero"}
+    for k in ("r1_3x2", "r1_2x2", "r2_4x4", "bias", "zero_bias"):
+        assert torch.equal(out[k], update[k])
+    assert [len(out[k][1]) for k in ("r1_4x4", "conv", "zero")] == [1, 1, 0]
+    for k in ("r1_4x4", "conv", "zero"):
+        torch.testing.assert_close(decompress(out[k], update[k].shape), update[k], atol=1e-5, rtol=0)
+
+
+def test_shared_entries_are_the_parameters_and_with_buffers_the_floating_statistics():
+    m = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    params = ["0.weight", "0.bias", "1.weight", "1.bias"]
+    assert shared_entries(m, False) == params
+    assert shared_entries(m, True) == params + ["1.running_mean", "1.running_var"]  # not num_batches_tracked
+
+
+def test_hidden_and_logits_leaves_no_hook_behind():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 3)  # the head contract: the classifier is ``fc``
+
+        def forward(self, x):
+            return self.fc(x.flatten(1))
+
+    m = Net()
+    head = head_of(m)
+    before = len(head._forward_pre_hooks)
+    x = torch.arange(8.0).reshape(2, 4)
+    for _ in range(3):
+        hidden, logits = hidden_and_logits(m, x)
+    assert len(head._forward_pre_hooks) == before
+    assert torch.equal(hidden, x) and torch.equal(logits, m.fc(x))
+
+
+def test_the_probe_leaves_the_models_as_it_found_them(digits_tiny_root):
+    """The constructor's one-sample forward (to size W_h) runs in eval mode and restores train mode: the
+    BatchNorm statistics of the mentee and the mentor stay the server's initial ones."""
+    server = build(digits_tiny_root, "-m", "BNCNN")
+    glob = server.global_model.state_dict()
+    assert any("running_mean" in k for k in glob)
+    for c in server.clients:
+        assert c.model.training and c.mentor.training
+        for model in (c.model, c.mentor, c.global_mentee):
+            for k, v in model.state_dict().items():
+                assert torch.equal(v, glob[k]), k
+
+
+@pytest.mark.parametrize("bn_stats", ["shared", "local"])
+def test_the_upload_carries_the_batchnorm_statistics_unless_local(digits_tiny_root, bn_stats):
+    server = build(digits_tiny_root, "-m", "BNCNN", "--bn_stats", bn_stats)
+    c = server.clients[0]
+    server._send_models([c])
+    c.train(0)
+    keys = [k for k, _ in c.model.named_parameters()]
+    if bn_stats == "shared":
+        keys += [k for k in c.model.state_dict() if k.endswith(("running_mean", "running_var"))]
+    assert sorted(c.upload().extras["update"]) == sorted(keys)
+
+
+def test_kd_loss_is_both_losses_with_the_hidden_map_from_mentee_to_mentor(digits_tiny_root):
+    """The client's joint loss against a reference built from the two models' own forwards: the hidden
+    state is the classifier's input (read here with a hook of the test's own), W_h maps the mentee's to
+    the mentor's; value and W_h's gradient."""
+    server = build(digits_tiny_root)
+    c = server.clients[0]
+    with torch.no_grad():  # mentor and mentee apart, so every term is nonzero
+        for p in c.mentor.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    x, y = c.x_train[:16], c.y_train[:16]
+
+    def forward(model):
+        seen = []
+        h = model.fc.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+        out = model(x)
+        h.remove()
+        return seen[0].flatten(1), out
+
+    ht, zt = forward(c.mentor)
+    hs, zs = forward(c.model)
+    ce_t, ce_s = F.cross_entropy(zt, y), F.cross_entropy(zs, y)
+    w = 1 / float((ce_t + ce_s).detach())
+    pt, ps = F.softmax(zt, 1), F.softmax(zs, 1)
+    kl = (ps * (ps.log() - pt.log())).sum() / 16 + (pt * (pt.log() - ps.log())).sum() / 16
+    w_ref = torch.nn.Linear(hs.shape[1], ht.shape[1], bias=False)
+    w_ref.weight.data.copy_(c.W_h.weight.detach())
+    mse = (ht.detach() - w_ref(hs.detach())).square().mean()
+    want = ce_t + ce_s + w * (kl + 2 * mse)
+    got = c.kd_loss(x, y)
+    assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
+    got.backward()
+    (w * mse).backward()  # W_h learns from the mentee's side of the hidden loss only
+    torch.testing.assert_close(c.W_h.weight.grad, w_ref.weight.grad)
+
+
+def test_both_groups_follow_the_decayed_rate_and_the_mentee_keeps_its_own(digits_tiny_root):
+    """-lr 0.1, -mlr 0.02, -ld at γ 0.5: in round 2 the mentor (and W_h) step at 0.1 · 0.25, the mentee at
+    0.02 · 0.25; the mentor trains in train mode even after something left it in eval mode."""
+    server = build(digits_tiny_root, "-mlr", "0.02", "-ld", "-ldg", "0.5")
+    c = server.clients[0]
+    server._send_models([c])
+    modes = []
+    c.mentor.register_forward_pre_hook(lambda mod, args: modes.append(mod.training))
+    c.mentor.eval()
+    c.train(2)
+    groups = c.kd_optimizer.param_groups
+    assert groups[0]["lr"] == pytest.approx(0.025) and groups[1]["lr"] == pytest.approx(0.005)
+    assert {id(p) for p in groups[0]["params"]} == {id(p) for p in [*c.mentor.parameters(), *c.W_h.parameters()]}
+    assert modes and all(modes)
