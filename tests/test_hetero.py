@@ -1,7 +1,8 @@
 """Clients with different models (``--client_models``): the assignment and its JSON map, the per-algorithm
 declaration over the whole registry, the refusal of the averaging algorithms, the architectures each
 client really trains and the shapes they share, a two-architecture run of every algorithm that takes the
-flag, resume, executors and what crosses the wire. Runs: 1-3 rounds on the 5-client tiny Digits split."""
+flag, resume, executors, what crosses the wire, and -dp, parking (--client_state disk) and -dlg on each
+client's own architecture. Runs: 1-3 rounds on the 5-client tiny Digits split."""
 import json
 
 import numpy as np
@@ -250,3 +251,113 @@ def test_ray_gives_the_sequential_numbers(digits_tiny_root, tmp_path):
     assert main.main(cli(digits_tiny_root, tmp_path / "ray", *flags, "--executor", "ray", "--workers", "2")) == 0
     a, b = series(tmp_path / "seq", "FedKD"), series(tmp_path / "ray", "FedKD")
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k], equal_nan=True) for k in a)
+
+
+# ---- -dp, parking and -dlg with different architectures -----------------------------------------------
+# -dp by hand from docs/privacy.md: these four upload statistics of the private data (prototypes, class-mean
+# representations, per-label logits) that DP-SGD does not privatise, so they refuse it; the other four
+# train with DP-SGD on every module their optimizer steps.
+DP_REFUSED = {"FedGH", "FD", "FedProto", "FedPCL"}
+OWN = {"FML": "local", "FedKD": "mentor"}  # the attribute holding a client's own architecture (else model)
+
+
+def own_convs(cid: int) -> int:
+    """Convolutions of client ``cid``'s own architecture under TWO: CNN1 for even ids, CNN3 for odd."""
+    return 1 if cid % 2 == 0 else 3
+
+
+@pytest.mark.optional_deps("opacus")
+@pytest.mark.parametrize("algo", sorted(SUPPORTED))
+def test_dp_trains_each_clients_own_architecture_or_is_refused_with_one_line(algo, digits_tiny_root, tmp_path,
+                                                                            capsys, monkeypatch):
+    """-dp with --client_models: the four algorithms that upload data statistics stop at start-up with one
+    line (exit 2, nothing written); the others finish 2 rounds in which every client's DP-SGD steps reach its
+    own architecture (CNN1 or CNN3; FML's and FedKD's beside the shared 4-layer CNN), with a finite epsilon."""
+    from flcore.clients.clientbase import Client
+
+    assert bool(get_server_class(algo).dp_support.refusal) == (algo in DP_REFUSED)
+    flags = cli(digits_tiny_root, tmp_path, "--executor", "sequential", "-algo", algo, "-gr", "2", "-dp",
+                "--train_loss_eval", "off", *FAST, *TWO)
+    if algo in DP_REFUSED:
+        err = one_line_error(capsys, flags)
+        assert f"-dp: {algo} is refused" in err and err.endswith("drop -dp"), err
+        assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+        return
+    stepped: dict[int, set] = {}  # client id -> {(module name, its convolutions)} of every DP-SGD step
+    backward = Client.dp_backward
+
+    def counting(client, objective, optimizer, x, y, modules=None, noise=None):
+        named = client.dp_modules() if modules is None else modules
+        stepped.setdefault(client.id, set()).update((k, conv_count(m)) for k, m in named.items())
+        return backward(client, objective, optimizer, x, y, modules, noise)
+
+    monkeypatch.setattr(Client, "dp_backward", counting)
+    assert main.main(flags) == 0
+    for cid in range(5):
+        assert (OWN.get(algo, "model"), own_convs(cid)) in stepped[cid], (algo, cid, stepped[cid])
+        if algo in OWN:  # the shared model (-m CNN: two convolutions) is privatised too
+            assert ("model", 2) in stepped[cid], (algo, cid, stepped[cid])
+    eps = read_h5(tmp_path / f"Digits_{algo}_test_0.h5")["rs_dp_epsilon_max"]
+    assert len(eps) == 3 and eps[0] == 0 and 0 < eps[1] < eps[2] < np.inf, eps  # rounds 0, 1, 2
+
+
+@pytest.mark.parametrize("algo", sorted(SUPPORTED))
+def test_clients_parked_on_disk_give_the_unparked_curve(algo, digits_tiny_root, tmp_path, monkeypatch):
+    """--client_state disk with 3 of the 5 clients a round: idle clients of both architectures are parked
+    (their state written to a file, the objects dropped) and rebuilt, and the run's every series is the
+    unparked run's, bit for bit."""
+    from runtime.parking import ClientStore
+
+    flags = ("--executor", "sequential", "-algo", algo, "-gr", "2", "-jr", "0.6", *FAST, *TWO)
+    assert main.main(cli(digits_tiny_root, tmp_path / "live", *flags)) == 0
+    rebuilt: dict[int, int] = {}  # client id -> convolutions of its own architecture once unparked
+    unpark = ClientStore.unpark
+
+    def counting(store, c):
+        unpark(store, c)
+        rebuilt[c.id] = conv_count(getattr(c, OWN.get(algo, "model")))
+
+    monkeypatch.setattr(ClientStore, "unpark", counting)
+    assert main.main(cli(digits_tiny_root, tmp_path / "disk", *flags, "--client_state", "disk",
+                         "--client_state_dir", str(tmp_path / "parked"))) == 0
+    assert {cid % 2 for cid in rebuilt} == {0, 1}, rebuilt  # clients of both architectures went to disk and back
+    assert all(n == own_convs(cid) for cid, n in rebuilt.items()), rebuilt
+    a, b = series(tmp_path / "live", algo), series(tmp_path / "disk", algo)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert np.array_equal(a[k], b[k], equal_nan=True), (algo, k)
+
+
+@pytest.mark.parametrize("algo", sorted(set(SUPPORTED) - {"FedPCL"}))
+def test_dlg_attacks_the_model_each_client_trains(algo, digits_tiny_root, tmp_path, monkeypatch):
+    """-dlg with --client_models: every client is attacked in round 0 on the model it starts the round from,
+    of its own architecture (CNN1 or CNN3), or for FML and FedKD the shared 4-layer CNN, the one they
+    upload; the run records the attack's scores and writes its figure."""
+    from utils.privacy_monitor import PrivacyMonitor
+
+    attacked: dict[int, tuple] = {}
+    attack = PrivacyMonitor._attack_client
+
+    def recording(monitor, round_idx, client, start, upload):
+        shapes = lambda m: [tuple(p.shape) for p in m.parameters()]  # noqa: E731
+        attacked[client.id] = (conv_count(start), shapes(start) == shapes(client.model))
+        return attack(monitor, round_idx, client, start, upload)
+
+    monkeypatch.setattr(PrivacyMonitor, "_attack_client", recording)
+    assert main.main(cli(digits_tiny_root, tmp_path, "--executor", "sequential", "-algo", algo, "-gr", "1",
+                         "-dlg", "-dlgg", "1", "--dlg_clients", "5", "--dlg_iters", "3", "-bnpc", "1",
+                         "--train_loss_eval", "off", *FAST, *TWO)) == 0
+    want = {cid: (2 if algo in OWN else own_convs(cid), True) for cid in range(5)}
+    assert attacked == want, algo
+    got = read_h5(tmp_path / f"Digits_{algo}_test_0.h5")
+    assert list(got["rs_dlg_round"]) == [0] and got["rs_dlg_images"][0] == 5
+    assert np.isfinite(got["rs_dlg_psnr"][0]) and np.isfinite(got["rs_dlg_ssim"][0])
+    assert (tmp_path / f"Digits_{algo}_test_0_dlg_r0.png").exists()
+
+
+@pytest.mark.parametrize("extra", [(), TWO], ids=["one model", "two architectures"])
+def test_fedpcl_refuses_dlg_with_one_line(extra, digits_tiny_root, tmp_path, capsys):
+    """FedPCL's model outputs representations, not class scores: -dlg has no cross-entropy gradient to match,
+    so it is refused at start-up instead of failing in round 0."""
+    err = one_line_error(capsys, cli(digits_tiny_root, tmp_path, "-algo", "FedPCL", "-gr", "1", "-dlg", *extra))
+    assert "-dlg: FedPCL is refused" in err and err.endswith("drop -dlg"), err

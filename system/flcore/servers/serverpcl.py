@@ -21,8 +21,9 @@ With ``--client_models`` every client's encoder is its own architecture: prototy
 
 Flags: ``-tau`` τ = 0.07 (the official code's contrastive temperature; PFLlib's default is 1.0).
 
-Refuses ``-ala`` (there is no global model to initialise from) and ``-dp`` (the uploaded prototypes
-are means of the private training features, neither noised nor accounted).
+Refuses ``-ala`` (there is no global model to initialise from), ``-dp`` (the uploaded prototypes
+are means of the private training features, neither noised nor accounted) and ``-dlg`` (the model outputs
+representations, not class scores: there is no cross-entropy gradient for DLG to match).
 
 Where PFLlib differs: it stacks prototype dicts in key order, so a table whose classes are not 0..C-1
 in order is matched to the wrong labels; it averages the global prototypes without weights, clips the
@@ -68,6 +69,9 @@ class FedPCLServer(Server):
     @classmethod
     def check_config(cls, cfg) -> None:
         refuse_ala(cfg, "FedPCL")
+        if cfg.dlg_eval:
+            raise FLError("-dlg: FedPCL is refused: its model outputs -fd-wide representations, not class scores, "
+                          "so there is no cross-entropy gradient for DLG to match; drop -dlg")
         if cfg.tau <= 0:
             raise FLError(f"FedPCL needs -tau > 0 (got {cfg.tau})")
 
