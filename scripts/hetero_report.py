@@ -1,16 +1,24 @@
-"""docs/benchmark.md's model-heterogeneous rows, through a compact export of every run (as benchmark_report.py
+"""docs/benchmark.md's model-heterogeneous rows, through compact exports of every run (as benchmark_report.py
 does for the other protocols, whose export and table helpers it reuses).
 
-    python scripts/sweep.py --config scripts/benchmark_hetero.json --seeds 0 -j 1     # one seed of every row
-    python scripts/sweep.py --config scripts/benchmark_hetero.json -j 1               # the other seeds
-    python scripts/hetero_report.py                                                   # export -> rows
+    python scripts/sweep.py --config scripts/benchmark_hetero.json --seeds 0 -j 1       # one seed of every row
+    python scripts/sweep.py --config scripts/benchmark_hetero_one.json --seeds 0 -j 1   # CIFAR-10, one model
+    python scripts/sweep.py --config scripts/benchmark_hetero.json -j 1                 # the other seeds
+    python scripts/sweep.py --config scripts/benchmark_hetero_one.json -j 1
+    python scripts/hetero_report.py                                                     # exports -> rows
 
-The export (``docs/benchmarks/hetero.json``) holds per algorithm the reproducing command and per seed the
-accuracy curve, bytes and seconds per round, the CPU seconds the sweep recorded and the code's commit. Each
-row sits beside the same algorithm's quick-protocol figures with one shared model (``-m CNN`` on every
-client), read from the quick protocol's export (``docs/benchmarks/quick.json``) where its runs were made on
-the same split (the same config hash; "-" otherwise), and gives the CPU seconds its runs took.
-The rows replace the block between ``<!-- hetero:begin -->`` and ``<!-- hetero:end -->``.
+Two exports, each holding per split and algorithm the reproducing command and per seed the accuracy curve,
+bytes and seconds per round, the CPU seconds the sweep recorded and the code's commit: the heterogeneous
+runs (``docs/benchmarks/hetero.json``, from ``benchmark_hetero.json``) and the same algorithms with one
+shared model (``-m CNN`` on every client) on the splits that the quick protocol has no table of
+(``docs/benchmarks/hetero_one.json``, from ``benchmark_hetero_one.json``). They are kept apart because a
+table groups runs by (split, algorithm): in one folder or export the two kinds of run would merge.
+
+One table per split of the heterogeneous export. Each row sits beside the same algorithm with one shared
+model, taken from the quick protocol's export (``docs/benchmarks/quick.json``) where its runs there were made
+on the same split (the same config hash), else from the one-model export under the same rule, else "-";
+it gives the CPU seconds its runs took. The tables replace the block between ``<!-- hetero:begin -->`` and
+``<!-- hetero:end -->``.
 """
 from __future__ import annotations
 
@@ -24,67 +32,122 @@ import table
 
 REPO = report.REPO
 EXPORT = REPO / "docs" / "benchmarks" / "hetero.json"
+ONE_EXPORT = REPO / "docs" / "benchmarks" / "hetero_one.json"
 CONFIG = "benchmark_hetero.json"
+ONE_CONFIG = "benchmark_hetero_one.json"
+QUICK_NAME, ONE_NAME = "docs/benchmarks/quick.json", "docs/benchmarks/hetero_one.json"  # the one-model sources
 
 
-def shared_model_cells(quick: dict, data: dict) -> dict[str, tuple[str, str]]:
-    """{algorithm: (best cell, last cell)} of the quick protocol with one shared model, from its export
-    ``quick`` (``docs/benchmarks/quick.json``), for the algorithms whose runs there were all made on the split
-    (the same config hash) of every heterogeneous run in ``data``; the others are left out (their row shows
-    "-")."""
-    (split, hetero), = data["splits"].items()
-    hashes = {r.get("split_hash") for e in hetero.values() for r in e["runs"]}
-    entries = {n: e for n, e in quick.get("splits", {}).get(split, {}).items()
-               if len(hashes) == 1 and {r.get("split_hash") for r in e["runs"]} == hashes}
+def split_hashes(entries: dict) -> set:
+    """The split config hashes of every run of a split's entries."""
+    return {r.get("split_hash") for e in entries.values() for r in e["runs"]}
+
+
+def one_model_entries(sources: list[tuple[str, dict]], split: str, hetero: dict) -> dict[str, tuple[str, dict]]:
+    """{algorithm: (source name, entry)} of the one-model runs for ``split``, whose heterogeneous entries
+    are ``hetero``: for each algorithm, the first of ``sources`` ((name, export) pairs, in order of
+    preference) whose runs of it on ``split`` were all made on the one split of every heterogeneous run
+    (the same config hash). Nothing when the heterogeneous runs span two splits of that name."""
+    hashes = split_hashes(hetero)
+    chosen: dict[str, tuple[str, dict]] = {}
+    if len(hashes) != 1:
+        return chosen
+    for name, source in sources:
+        for algo, entry in source.get("splits", {}).get(split, {}).items():
+            if algo not in chosen and {r.get("split_hash") for r in entry["runs"]} == hashes:
+                chosen[algo] = (name, entry)
+    return chosen
+
+
+def shared_model_cells(quick: dict, data: dict, split: str | None = None,
+                       one_model: dict | None = None) -> dict[str, tuple[str, str]]:
+    """{algorithm: (best cell, last cell)} with one shared model on ``split`` (default: the one split of the
+    heterogeneous export ``data``), from the quick protocol's export ``quick`` where its runs were made on
+    the split of every heterogeneous run there (the same config hash), else from the one-model export
+    ``one_model`` under the same rule; the other algorithms are left out (their row shows "-")."""
+    if split is None:
+        if len(data["splits"]) != 1:
+            raise ValueError(f"the export holds {len(data['splits'])} splits: name one")
+        (split,) = data["splits"]
+    chosen = one_model_entries([(QUICK_NAME, quick), (ONE_NAME, one_model or {})], split, data["splits"][split])
+    entries = {n: e for n, (_, e) in chosen.items()}
     cells = report.accuracy_cells({n: report.best_last(e) for n, e in entries.items()}) if entries else {}
     return {n: tuple(c.replace("**", "") for c in pair) for n, pair in cells.items()}
 
 
-def hetero_markdown(data: dict, shared: dict) -> str:
-    """The rows: per algorithm its best and last accuracy with different models, the same with one shared
-    model, what crosses the wire, the CPU seconds of a run and its seed count; then the total."""
+def cpu_hours(entries: dict) -> float:
+    return sum(r["cpu_s"] or 0.0 for e in entries.values() for r in e["runs"]) / 3600
+
+
+def split_markdown(split: str, entries: dict, quick: dict, one_model: dict) -> str:
+    """One split's rows: per algorithm its best and last accuracy with different models, the same with one
+    shared model, what crosses the wire, the CPU seconds of a run and its seed count; then the totals."""
     from flcore.registry import get_server_class
 
-    (split, entries), = data["splits"].items()
     names = report.ordered(entries)
     cells = report.accuracy_cells({n: report.best_last(entries[n]) for n in names})
-    lines = ["| algorithm | best, different models (%) | last, different models (%) | best, one model (%) | "
+    shared = shared_model_cells(quick, {"splits": {split: entries}}, split, one_model)
+    sources = one_model_entries([(QUICK_NAME, quick), (ONE_NAME, one_model)], split, entries)
+    lines = [f"**{split}**\n",
+             "| algorithm | best, different models (%) | last, different models (%) | best, one model (%) | "
              "last, one model (%) | what crosses the wire | MB/round up / down | CPU-s/run | seeds |",
              "|---|---|---|---|---|---|---|---|---|"]
-    total = 0.0
     for n in names:
         runs = entries[n]["runs"]
         cpu = sum(r["cpu_s"] or 0.0 for r in runs)
-        total += cpu
         one = shared.get(n, ("-", "-"))
         shares = get_server_class(n).model_support.shares
         lines.append(f"| {n} | {' | '.join(cells[n])} | {one[0]} | {one[1]} | {shares} | {report.mb_cell(runs)} | "
                      f"{cpu / len(runs):.0f} | {len(runs)} |")
     seeds = sorted({len(entries[n]["runs"]) for n in names})
-    lines.append(f"\n{len(names)} algorithms, {sum(len(entries[n]['runs']) for n in names)} runs "
-                 f"({' or '.join(map(str, seeds))} seeds each), {total / 3600:.3f} CPU-hours in all (the sweep's records: "
-                 f"user + system time of each run and its worker processes).")
-    return "\n".join(lines)
+    used = sorted({s for s, _ in sources.values()})
+    made = {n: e for n, (s, e) in sources.items() if s == ONE_NAME}
+    total = (f"\n{len(names)} algorithms, {sum(len(entries[n]['runs']) for n in names)} runs "
+             f"({' or '.join(map(str, seeds))} seeds each), {cpu_hours(entries):.3f} CPU-hours in all (the sweep's "
+             f"records: user + system time of each run and its worker processes). One model: "
+             f"{' and '.join(used) if used else 'no runs on this split'}")
+    if made:
+        total += (f"; its {sum(len(e['runs']) for e in made.values())} runs for this column took "
+                  f"{cpu_hours(made):.3f} CPU-hours")
+    return "\n".join(lines) + "\n" + total + "."
+
+
+def hetero_markdown(data: dict, quick: dict, one_model: dict | None = None) -> str:
+    """Every split's rows (``split_markdown``), in the export's order."""
+    return "\n\n".join(split_markdown(split, entries, quick, one_model or {})
+                       for split, entries in data["splits"].items())
+
+
+def read_or_write(results: str, export: Path, config: str, from_export: bool) -> dict:
+    """An export, read (``from_export``) or updated from the runs under ``results``; empty when neither
+    exists (the one-model sweep not run yet)."""
+    if from_export or not Path(results).is_dir():
+        return json.loads(export.read_text()) if export.exists() else {"splits": {}}
+    return report.write_export(results, export, config)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default=str(REPO / "results" / "benchmark_hetero"), help="the sweep's folder")
+    p.add_argument("--one-results", default=str(REPO / "results" / "benchmark_hetero_one"),
+                   help="the one-model sweep's folder")
     p.add_argument("--doc", type=Path, default=REPO / "docs" / "benchmark.md")
     p.add_argument("--export", type=Path, default=EXPORT)
-    p.add_argument("--from-export", action="store_true", help="the rows from the export alone")
+    p.add_argument("--one-export", type=Path, default=ONE_EXPORT)
+    p.add_argument("--from-export", action="store_true", help="the rows from the exports alone")
     p.add_argument("--print", action="store_true", help="print the rows instead of writing the document")
     args = p.parse_args(argv)
     try:
         data = (json.loads(args.export.read_text()) if args.from_export
                 else report.write_export(args.results, args.export, CONFIG))
+        one = read_or_write(args.one_results, args.one_export, ONE_CONFIG, args.from_export)
         quick = json.loads(report.QUICK_EXPORT.read_text()) if report.QUICK_EXPORT.exists() else {}
-        text = hetero_markdown(data, shared_model_cells(quick, data))
+        text = hetero_markdown(data, quick, one)
         if args.print:
             print(text)
         else:
             report.write_block(args.doc, "hetero", text)
-            print(f"export: {args.export}; rows written to {args.doc}")
+            print(f"exports: {args.export}, {args.one_export}; rows written to {args.doc}")
     except (table.TableError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
