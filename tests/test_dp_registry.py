@@ -217,3 +217,16 @@ def test_secure_rng_differs_between_runs_seeded_noise_does_not(digits_tiny_root,
     assert not torch.equal(runs["secure"], runs["secure2"])  # OS-seeded: two runs differ
     with pytest.raises(FLError, match="--dp_secure_rng needs -dp"):
         main.parse_config(["--dp_secure_rng"])
+
+
+def test_a_declaration_cannot_be_changed_in_place():
+    """The base server's declaration is shared by every algorithm that declares none: it is frozen, so no
+    algorithm can change what the others declare."""
+    import dataclasses
+
+    from flcore.servers.serverbase import Server
+
+    assert get_server_class("FedAvg").dp_support is Server.dp_support
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Server.dp_support.refusal = "changed"
+    assert Server.dp_support == dp_support.DPSupport()
