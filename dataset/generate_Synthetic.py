@@ -103,7 +103,7 @@ def main(argv=None):
         split = [split_train_test(np.arange(a, b), args.train_ratio, split_rng) for a, b in zip(starts, starts[1:])]
         return x, y, [s[0] for s in split], [s[1] for s in split]
 
-    du.write_or_skip(root / (args.out or "Synthetic"), config, make_split, args.plot)
+    du.write_or_skip(root / (args.out or "Synthetic"), config, make_split, args.plot, args.overwrite)
     return 0
 
 

@@ -172,20 +172,31 @@ def test_regeneration_skipped_only_when_all_parameters_match(tmp_path, gray_npz,
     for change, key, value in ((["--train-ratio", "0.8"], "train_ratio", 0.8),
                                (["--class-per-client", "3"], "class_per_client", 3),
                                (["--seed", "9"], "seed", 9)):
-        gen_mnist(tmp_path, gray_npz, *base, *change)
+        before = json.loads((out / "config.json").read_text())
+        # another split under the same name is refused (runs on the two would share a name), files untouched
+        line = run_cli_error(capsys, generate_MNIST.main, ["--root", str(tmp_path), "--source", str(gray_npz),
+                                                           *base, *change])
+        assert line.startswith("error: split MNIST already exists with other parameters (") and key in line
+        assert f"-> {value!r}" in line and "--overwrite" in line
+        assert json.loads((out / "config.json").read_text()) == before
+        gen_mnist(tmp_path, gray_npz, *base, *change, "--overwrite")
         assert "skipping" not in capsys.readouterr().out
         assert json.loads((out / "config.json").read_text())[key] == value
-    gen_mnist(tmp_path, gray_npz, "noniid", "-", "pat", "--num-clients", "5", "--least-samples", "10")
+        base = [*base, *change]
+    gen_mnist(tmp_path, gray_npz, "noniid", "-", "pat", "--num-clients", "5", "--least-samples", "10", "--overwrite")
     assert sorted(p.name for p in (out / "train").iterdir()) == [f"{i}.npz" for i in range(5)]
 
 
-def test_changed_source_content_regenerates(tmp_path, gray_npz, capsys):
+def test_changed_source_content_is_refused_until_overwrite(tmp_path, gray_npz, capsys):
     gen_mnist(tmp_path, gray_npz, "--num-clients", "5")
     with np.load(gray_npz) as f:
         x, y = f["x"], f["y"]
     np.savez(gray_npz, x=255 - x, y=y)
     capsys.readouterr()
-    gen_mnist(tmp_path, gray_npz, "--num-clients", "5")
+    line = run_cli_error(capsys, generate_MNIST.main, ["--root", str(tmp_path), "--source", str(gray_npz),
+                                                       "--num-clients", "5"])
+    assert "source_sha256" in line
+    gen_mnist(tmp_path, gray_npz, "--num-clients", "5", "--overwrite")
     assert "skipping" not in capsys.readouterr().out
 
 

@@ -10,7 +10,8 @@ train and test, and writes::
     <root>/<out>/config.json     every generation parameter, checksum and per-client stats
 
 ``config.json`` is written last, so a split without it is incomplete. A rerun
-with identical parameters (and the same source checksum) is skipped.
+with identical parameters (and the same source checksum) is skipped; one with
+other parameters under the same name is refused unless ``--overwrite``.
 
 User errors end with one line on stderr and exit code 2 (``run_cli``).
 """
@@ -121,6 +122,8 @@ def common_parser(description, with_partition=True, with_source=True,
                                  "before partitioning; for small-scale experiments (default: all)")
     parser.add_argument("--root", help="folder that holds the split folders (default: the dataset/ folder)")
     parser.add_argument("--plot", action="store_true", help="save label_distribution.png next to the split")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a split of that name made with other parameters (default: refuse)")
     parser.add_argument("--max-unpack-ratio", type=float, default=MAX_UNPACK_RATIO,
                         help="refuse an archive that would unpack to more than this many times its own size "
                              f"(a zip bomb; default {MAX_UNPACK_RATIO:g})")
@@ -363,11 +366,29 @@ def np_generators(seed):
     return np.random.default_rng(part_seq), np.random.default_rng(split_seq)
 
 
-def write_or_skip(out_dir, config, make_split, plot):
+def other_split_params(out_dir, config):
+    """The generation parameters in which the split already at out_dir differs from ``config``, as
+    "name: on disk -> asked" strings; empty when there is none or it has the same parameters."""
+    try:
+        old = generation_params(json.loads((out_dir / "config.json").read_text()))
+    except (OSError, ValueError):
+        return []
+    new = generation_params(config)
+    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+def write_or_skip(out_dir, config, make_split, plot, overwrite=False):
     """Skip when the split on disk matches ``config``; else call make_split() -> (x, y, train, test) and save.
+    A split of that name made with other parameters is not replaced unless ``overwrite`` (runs made on it
+    would otherwise be compared with runs on the new one under one name): a DatasetError names the
+    differences.
 
     Prints the per-client summary either way; returns the final config.
     """
+    changed = other_split_params(out_dir, config)
+    if changed and not overwrite:
+        raise DatasetError(f"split {out_dir.name} already exists with other parameters ({'; '.join(changed)}); "
+                           f"give --out another name, or --overwrite to replace it")
     if split_is_current(out_dir, config):
         print(f"split {out_dir.name} already exists with the same parameters; skipping")
         config = json.loads((out_dir / "config.json").read_text())
@@ -443,5 +464,5 @@ def generate_images(spec, argv, load_default):
         train_idx, test_idx = zip(*(split_train_test(idx, args.train_ratio, split_rng) for idx in clients))
         return x, y, list(train_idx), list(test_idx)
 
-    write_or_skip(out_dir, config, make_split, args.plot)
+    write_or_skip(out_dir, config, make_split, args.plot, args.overwrite)
     return 0

@@ -334,7 +334,7 @@ def generate(spec, argv, load, add_flags=None):
             (out_dir / fname).write_text(text)
         return x, y, list(train_idx), list(test_idx)
 
-    du.write_or_skip(out_dir, config, make_split, args.plot)
+    du.write_or_skip(out_dir, config, make_split, args.plot, args.overwrite)
     return 0
 
 
