@@ -103,7 +103,7 @@ def split_markdown(split: str, entries: dict, quick: dict, one_model: dict) -> s
     used = sorted({s for s, _ in sources.values()})
     made = {n: e for n, (s, e) in sources.items() if s == ONE_NAME}
     total = (f"\n{len(names)} algorithms, {sum(len(entries[n]['runs']) for n in names)} runs "
-             f"({' or '.join(map(str, seeds))} seeds each), {cpu_hours(entries):.3f} CPU-hours in all (the sweep's "
+             f"({' or '.join(map(str, seeds))} seed{'' if seeds == [1] else 's'} each), {cpu_hours(entries):.3f} CPU-hours in all (the sweep's "
              f"records: user + system time of each run and its worker processes). One model: "
              f"{' and '.join(used) if used else 'no runs on this split'}")
     if made:
