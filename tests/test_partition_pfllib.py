@@ -211,7 +211,8 @@ def gray_npz(tmp_path):
 
 
 def generate(tmp_path, source, *argv):
-    generate_MNIST.main([*argv, "--source", str(source), "--root", str(tmp_path)])
+    """One split after another under one name: each replaces the last (--overwrite)."""
+    generate_MNIST.main([*argv, "--source", str(source), "--root", str(tmp_path), "--overwrite"])
     return json.loads((tmp_path / "MNIST" / "config.json").read_text())
 
 
