@@ -30,6 +30,13 @@ it has, ``docs/benchmarks/pfllib_leaderboard.json``), the flatness check, the Sp
 with PFLlib's ordering, and the figures (curves of the traditional and the personalised groups with ±1 std
 bands, this library's ranks against PFLlib's). Each table replaces the block between
 ``<!-- converged-<split>:begin -->`` and its ``end`` marker.
+
+Ablations (``--protocol ablations``; ``docs/benchmarks/ablations.json``): the runs that test an explanation
+of a Protocol B row by measurement, one row per variant (the flags in which runs of one split and algorithm
+differ), into the block ``<!-- ablations:begin -->``:
+
+    python scripts/sweep.py --config scripts/benchmark_ablations.json
+    python scripts/benchmark_report.py --protocol ablations
 """
 from __future__ import annotations
 
@@ -49,6 +56,7 @@ import table  # noqa: E402
 
 EXPORT = REPO / "docs" / "benchmarks" / "converged.json"
 QUICK_EXPORT = REPO / "docs" / "benchmarks" / "quick.json"
+ABLATIONS_EXPORT = REPO / "docs" / "benchmarks" / "ablations.json"
 LEADERBOARD = REPO / "docs" / "benchmarks" / "pfllib_leaderboard.json"
 SPLITS = {"FMNIST_pat_s2000": "pat", "FMNIST_dir0.1_s2000": "dir"}  # Protocol B's splits -> leaderboard column
 # The traditional-FL group of the figures (evaluated on the global model); every other algorithm is personalised.
@@ -124,13 +132,33 @@ def quick_markdown(data: dict) -> tuple[str, list[str]]:
 
 
 # ---- the export: every run of a sweep, compact ---------------------------------------------------------
-def export_runs(results: str) -> dict:
-    """Every complete run under ``results``, per split and algorithm: the reproducing command and per seed
-    the accuracy curve, bytes per round, seconds per round, the CPU seconds the sweep recorded and the
-    code's commit (``{"splits": {split: {algorithm: {"command", "runs"}}}}``)."""
+def variants(runs: list) -> dict:
+    """{result path: label}: the algorithm's label, followed, where runs of one split and algorithm differ
+    in a flag (an ablation's grid), by every such flag's value (``pFedMe p_learning_rate=0.01``)."""
+    labels, groups = {}, {}
+    for r in runs:
+        groups.setdefault((r.key("dataset"), r.key("algorithm")), []).append(r)
+    for (_, name), members in groups.items():
+        keys = sorted({k for r in members for k in r.config if k not in table.IGNORED
+                       and len({json.dumps(m.config.get(k), default=str) for m in members}) > 1})
+        for r in members:
+            labels[r.path] = " ".join([name, *(f"{k}={r.config.get(k)}" for k in keys)])
+    return labels
+
+
+def export_runs(results: str, by_variant: bool = False) -> dict:
+    """Every complete run under ``results``, per split and algorithm (``by_variant``: per split and
+    ``variants`` label): the reproducing command and per seed the accuracy curve, bytes per round, seconds
+    per round, the CPU seconds the sweep recorded and the code's commit
+    (``{"splits": {split: {algorithm: {"command", "runs"}}}}``)."""
     import sweep
 
-    rows = table.aggregate(table.load_runs([results]), ["dataset", "algorithm"])
+    runs = table.load_runs([results])
+    if by_variant:
+        labels = variants(runs)
+        for r in runs:
+            r.meta["variant"] = labels[r.path]
+    rows = table.aggregate(runs, ["dataset", "variant" if by_variant else "algorithm"])
     splits: dict = {}
     for row in rows:
         split, name = row.group
@@ -166,12 +194,13 @@ def merge_exports(old: dict, new: dict) -> dict:
     return merged
 
 
-def write_export(results: str | None, out: Path, config: str, timing: str | None = None) -> dict:
+def write_export(results: str | None, out: Path, config: str, timing: str | None = None,
+                 by_variant: bool = False) -> dict:
     """The export at ``out``: what it held, with the runs found under ``results`` (and, for the quick
     protocol, seed 0 of the timing sweep under ``timing``) laid over it; the protocol's description comes
     from its sweep config. Written back and returned."""
     data = json.loads(out.read_text()) if out.exists() else {"splits": {}}
-    new = export_runs(results) if results and Path(results).is_dir() else {"splits": {}}
+    new = export_runs(results, by_variant) if results and Path(results).is_dir() else {"splits": {}}
     if timing and Path(timing).is_dir():
         for split, entries in export_runs(timing)["splits"].items():
             for name, entry in entries.items():
@@ -366,6 +395,22 @@ def report_converged(args) -> int:
     return 1 if problems else 0
 
 
+def ablations_markdown(data: dict) -> str:
+    """One row per (split, variant): best and last accuracy (mean ± std over seeds), the runs' status
+    (a diverged run counted), CPU seconds per run and the reproducing command."""
+    lines = ["| split | variant | best acc (%) | last acc (%) | runs | CPU-s/run | command |", "|---|---|---|---|---|---|---|"]
+    for split, entries in data["splits"].items():
+        cells = accuracy_cells({n: best_last(e) for n, e in entries.items()})
+        for n in ordered(entries):
+            runs = entries[n]["runs"]
+            status = ", ".join(f"{k} {v}" for k, v in sorted(Counter(r["status"] for r in runs).items()))
+            cpu = [r["cpu_s"] for r in runs if r["cpu_s"] is not None]
+            cpu_cell = f"{np.mean(cpu):.0f}" if cpu else "-"
+            best, last = (c.replace("**", "") for c in cells[n])
+            lines.append(f"| {split} | {n} | {best} | {last} | {status} | {cpu_cell} | `{entries[n]['command']}` |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default=str(REPO / "results" / "benchmark"), help="the accuracy sweep's folder")
@@ -373,7 +418,7 @@ def main(argv=None) -> int:
     p.add_argument("--doc", type=Path, default=REPO / "docs" / "benchmark.md")
     p.add_argument("--print", action="store_true",
                    help="print the rows instead of writing the document (and, converged, the figures)")
-    p.add_argument("--protocol", default="quick", choices=["quick", "converged"],
+    p.add_argument("--protocol", default="quick", choices=["quick", "converged", "ablations"],
                    help="quick: the 5-round table; converged: Protocol B (--results defaults to its sweep's folder)")
     p.add_argument("--export", type=Path, default=None,
                    help="the compact export of every run (default: docs/benchmarks/quick.json or converged.json)")
@@ -382,7 +427,22 @@ def main(argv=None) -> int:
     p.add_argument("--figures", type=Path, default=REPO / "docs" / "img", help="converged: where figures go")
     args = p.parse_args(argv)
     if args.export is None:
-        args.export = EXPORT if args.protocol == "converged" else QUICK_EXPORT
+        args.export = {"converged": EXPORT, "ablations": ABLATIONS_EXPORT}.get(args.protocol, QUICK_EXPORT)
+    if args.protocol == "ablations":
+        if args.results == str(REPO / "results" / "benchmark"):
+            args.results = str(REPO / "results" / "benchmark_ablations")
+        try:
+            data = (json.loads(args.export.read_text()) if args.from_export
+                    else write_export(args.results, args.export, "benchmark_ablations.json", by_variant=True))
+        except (table.TableError, OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        text = ablations_markdown(data)
+        if args.print:
+            print(text)
+        elif not args.export_only:
+            write_block(args.doc, "ablations", text)
+        return 0
     if args.protocol == "converged":
         if args.results == str(REPO / "results" / "benchmark"):
             args.results = str(REPO / "results" / "benchmark_converged")

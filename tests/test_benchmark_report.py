@@ -158,3 +158,25 @@ def test_print_writes_no_file(tmp_path, capsys):
              "--figures", str(figures)])
     assert "| FedAvg | 65.00 ± 5.00 |" in capsys.readouterr().out  # best 60 and 70
     assert not doc.exists() and not figures.exists()
+
+
+def test_ablation_variants_are_rows_of_their_own(digits_tiny_root, tmp_path):
+    """Runs of one split and algorithm that differ in a flag are one variant each, labelled by that flag
+    (runs of one variant, seeds apart, stay together); the rows give their cells, statuses and commands."""
+    import main
+    from conftest import cli
+
+    out = tmp_path / "res"
+    for lr in ("0.1", "0.2"):
+        assert main.main(cli(digits_tiny_root, out, "-gr", "1", "-lr", lr, "--executor", "sequential",
+                             "-go", f"lr{lr}", "-t", "2" if lr == "0.1" else "1")) == 0
+    data = br.write_export(str(out), tmp_path / "a.json", "benchmark_ablations.json", by_variant=True)
+    entries = data["splits"]["Digits"]
+    assert sorted(entries) == ["FedAvg local_learning_rate=0.1", "FedAvg local_learning_rate=0.2"]
+    assert [len(e["runs"]) for e in map(entries.get, sorted(entries))] == [2, 1]
+    hand = {"splits": {"s": {"A x=1": {"command": "c1", "runs": [run([0.1, 0.5, 0.4], cpu=4.0),
+                                                                 run([0.2, 0.7, 0.6], cpu=None, seed=1)]},
+                             "A x=2": {"command": "c2", "runs": [dict(run([0.3, 0.2]), status="diverged")]}}}}
+    lines = br.ablations_markdown(hand).splitlines()
+    assert lines[2] == "| s | A x=1 | 60.00 ± 10.00 | 50.00 ± 10.00 | finished 2 | 4 | `c1` |"
+    assert lines[3] == "| s | A x=2 | 30.00 | 20.00 | diverged 1 | 10 | `c2` |"
