@@ -391,3 +391,29 @@ def test_update_target_of_a_round_of_several_steps(digits_tiny_root, monkeypatch
         want = {name: (start[name] - u.state[name]) / (0.05 * k) for name in targets[0]}
         matches.append(all(torch.allclose(targets[0][name], want[name], atol=1e-6) for name in want))
     assert sum(matches) == 1  # the attacked client's (and nobody else's)
+
+
+def test_a_parameter_the_forward_does_not_use_gets_a_zero_gradient(digits_tiny_root, tmp_path):
+    """GPFL's conditional embedding and PFL-DA's global head are trained by the algorithms' own losses,
+    not by the plain forward: their cross-entropy gradient is zero (the attack ran into an autograd error
+    on them in round 0)."""
+    class Partly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.unused = torch.nn.Linear(3, 2), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    torch.manual_seed(0)
+    model = Partly()
+    x, y = torch.randn(5, 3), torch.tensor([0, 1, 1, 0, 1])
+    grads = dlg.model_gradient(model, x, y)
+    w, b = model.fc.weight, model.fc.bias
+    p = torch.softmax(x @ w.T + b, dim=1) - torch.nn.functional.one_hot(y, 2)  # d CE / d logits, times 5
+    assert torch.allclose(grads["fc.weight"], p.T @ x / 5, atol=1e-6)
+    assert torch.allclose(grads["fc.bias"], p.sum(0) / 5, atol=1e-6)
+    assert torch.equal(grads["unused.weight"], torch.zeros(4, 4)) and torch.equal(grads["unused.bias"], torch.zeros(4))
+    for algo in ("GPFL", "PFL-DA"):
+        assert main.main(cli(digits_tiny_root, tmp_path, "-algo", algo, "-gr", "1", "-dlg", "--dlg_iters", "5",
+                             "--dlg_clients", "1", "--executor", "sequential", "-go", algo)) == 0

@@ -43,6 +43,14 @@ def trainable_names(model: nn.Module) -> list[str]:
     return [n for n, p in model.named_parameters() if p.requires_grad]
 
 
+def grads_or_zeros(loss: torch.Tensor, tensors: list[torch.Tensor], create_graph: bool = False) -> list:
+    """d loss / d each tensor; a tensor the loss does not use (a parameter only an algorithm's own loss
+    trains, as GPFL's conditional embedding or PFL-DA's global head) gets zeros: what a client computing
+    the plain cross-entropy gradient would release for it."""
+    grads = torch.autograd.grad(loss, tensors, create_graph=create_graph, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for t, g in zip(tensors, grads)]
+
+
 def model_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                    names: list[str] | None = None) -> dict[str, torch.Tensor]:
     """The true gradient of the mean cross-entropy of ``model`` on the batch (x, y): what a client running
@@ -50,7 +58,7 @@ def model_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     names = names or trainable_names(model)
     params = {n: p.detach().requires_grad_(True) for n, p in model.named_parameters() if n in names}
     loss = F.cross_entropy(functional_call(model, params, (x,)), y)
-    grads = torch.autograd.grad(loss, [params[n] for n in names])
+    grads = grads_or_zeros(loss, [params[n] for n in names])
     return {n: g.detach() for n, g in zip(names, grads)}
 
 
@@ -118,7 +126,7 @@ def _dummy_gradient(model, params, names, x, soft_or_hard):
         loss = F.cross_entropy(out, soft_or_hard)
     else:
         loss = -(F.softmax(soft_or_hard, dim=-1) * F.log_softmax(out, dim=-1)).sum(dim=-1).mean()
-    return torch.autograd.grad(loss, [params[n] for n in names], create_graph=True)
+    return grads_or_zeros(loss, [params[n] for n in names], create_graph=True)
 
 
 def _released_gradient(model, params, names, x, soft_or_hard, clip=None):
