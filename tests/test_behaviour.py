@@ -42,13 +42,16 @@ GPFL_SCALE = ("GPFL's Conditional Valve adds a LayerNorm-ed β of norm about sqr
               "IID client alone reaches 0.39 after 4 epochs at λ = μ = 0 (FedAvg's model 0.72)")
 FML_HALF = ("the paper's α = 0.5 gives the evaluated local model half of the label loss (the rest is KL to a meme "
             "model that starts elsewhere): 0.680 after 5 rounds")
-PFEDME = ("0.709 after 5 rounds (0.540 at round 3; FedAvg 0.896): its evaluated θ_i trails FedAvg at this scale; the "
-          "figure is the same at 1 and 2 torch threads and with or without the optional packages")
+PFEDME = ("0.709 after 5 rounds on one machine and 0.773 on another (an AVX512 CPU), at the same commit and one "
+          "torch thread, with or without the optional packages (FedAvg 0.896): its evaluated θ_i trails FedAvg at "
+          "this scale")
 APPLE_DEFAULTS = ("the core rate 2 x -lr = 0.2 with momentum 0.9 diverges: train loss 2.12 -> 10.3 -> 52.8 by round 3, "
                   "then NaN (the run stops)")
 FEDCP_DEFAULTS = ("0.104 after 5 rounds: λ 5 on MMD kernels of width 10 to 50 holds the extractor where it was "
                   "received (train loss 2.30 -> 2.25)")
 PERAVG_DEFAULTS = "0.489 after 5 rounds at -ls 1 (half of FedAvg's optimizer steps: a step uses two batches)"
+# Known failures whose outcome depends on the machine (measured on two): recorded, not strict.
+STRADDLING = {("pFedMe", "iid", "harness")}
 KNOWN = {  # (algorithm, check, setting) -> its measured figure and why it fails today
     ("APPLE", "iid", "harness"): APPLE_IID,
     ("APPLE", "local", "harness"): APPLE_IID,
@@ -68,7 +71,7 @@ KNOWN = {  # (algorithm, check, setting) -> its measured figure and why it fails
     ("Per-FedAvg", "local", "harness"): "0.784 against Local's 0.802 at -ls 2 (FedAvg's step count): it learns "
                                         "(above the 0.716 bar) but its evaluated model, the meta-model after one "
                                         "personalisation step, falls behind training alone in 5 rounds",
-    ("pFedMe", "iid", "harness"): PFEDME + " of the required 0.716",
+    ("pFedMe", "iid", "harness"): PFEDME + "; the figure depends on the machine and straddles the required 0.716",
     ("pFedMe", "local", "harness"): PFEDME + " against Local's 0.802",
     # At the defaults the harness's FLAGS replace (module comment above FLAGS):
     ("APPLE", "iid", "defaults"): APPLE_DEFAULTS,
@@ -117,7 +120,8 @@ def cases(algos, check: str) -> list:
         for setting in ("harness", "defaults") if algo in FLAGS else ("harness",):
             why = KNOWN.get((algo, check, setting))
             out.append(pytest.param(algo, setting, id=algo if setting == "harness" else f"{algo}-defaults",
-                                    marks=[pytest.mark.xfail(reason=why, strict=True)] if why else []))
+                                    marks=[pytest.mark.xfail(reason=why, strict=(algo, check, setting)
+                                                             not in STRADDLING)] if why else []))
     return out
 
 
