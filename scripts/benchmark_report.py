@@ -364,17 +364,8 @@ def write_block(doc: Path, name: str, text: str) -> None:
     doc.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
 
 
-def report_converged(args) -> int:
+def report_converged(args, data: dict) -> int:
     board = json.loads(LEADERBOARD.read_text())
-    try:
-        data = (json.loads(args.export.read_text()) if args.from_export
-                else write_export(args.results, args.export, "benchmark_converged.json"))
-    except (table.TableError, OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"export: {args.export}")
-    if args.export_only:
-        return 0
     summaries, problems = {}, []
     for split in data["splits"]:
         if split not in SPLITS:
@@ -426,35 +417,32 @@ def main(argv=None) -> int:
     p.add_argument("--from-export", action="store_true", help="tables (and figures) from the export alone")
     p.add_argument("--figures", type=Path, default=REPO / "docs" / "img", help="converged: where figures go")
     args = p.parse_args(argv)
-    if args.export is None:
-        args.export = {"converged": EXPORT, "ablations": ABLATIONS_EXPORT}.get(args.protocol, QUICK_EXPORT)
-    if args.protocol == "ablations":
-        if args.results == str(REPO / "results" / "benchmark"):
-            args.results = str(REPO / "results" / "benchmark_ablations")
-        try:
-            data = (json.loads(args.export.read_text()) if args.from_export
-                    else write_export(args.results, args.export, "benchmark_ablations.json", by_variant=True))
-        except (table.TableError, OSError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        text = ablations_markdown(data)
-        if args.print:
-            print(text)
-        elif not args.export_only:
-            write_block(args.doc, "ablations", text)
-        return 0
-    if args.protocol == "converged":
-        if args.results == str(REPO / "results" / "benchmark"):
-            args.results = str(REPO / "results" / "benchmark_converged")
-        return report_converged(args)
+    # per protocol: its export, its sweep config, its results folder, and how its runs are grouped
+    export, config, folder, extra = {
+        "quick": (QUICK_EXPORT, "benchmark_zoo.json", "benchmark", {"timing": args.timing}),
+        "converged": (EXPORT, "benchmark_converged.json", "benchmark_converged", {}),
+        "ablations": (ABLATIONS_EXPORT, "benchmark_ablations.json", "benchmark_ablations", {"by_variant": True}),
+    }[args.protocol]
+    args.export = export if args.export is None else args.export
+    if args.results == str(REPO / "results" / "benchmark"):
+        args.results = str(REPO / "results" / folder)
     try:
         data = (json.loads(args.export.read_text()) if args.from_export
-                else write_export(args.results, args.export, "benchmark_zoo.json", timing=args.timing))
+                else write_export(args.results, args.export, config, **extra))
     except (table.TableError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"export: {args.export}")
     if args.export_only:
+        return 0
+    if args.protocol == "converged":
+        return report_converged(args, data)
+    if args.protocol == "ablations":
+        text = ablations_markdown(data)
+        if args.print:
+            print(text)
+        else:
+            write_block(args.doc, "ablations", text)
         return 0
     text, problems = quick_markdown(data)
     for problem in problems:
