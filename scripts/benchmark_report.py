@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections import Counter
 from pathlib import Path
@@ -174,10 +175,16 @@ def export_runs(results: str, by_variant: bool = False) -> dict:
                 "test_acc": [round(float(v), 6) for v in r.series["rs_test_acc"]],
                 "mb_up": round(float(np.mean(r.series["rs_bytes_up"])) / 1e6, 4) if len(r.series.get("rs_bytes_up", ())) else None,
                 "mb_down": round(float(np.mean(r.series["rs_bytes_down"])) / 1e6, 4) if len(r.series.get("rs_bytes_down", ())) else None,
-                "s_per_round": round(table.run_metrics(r, None)["time"], 4),
+                "s_per_round": finite_or_none(table.run_metrics(r, None)["time"]),
                 "executor": r.config.get("executor"), "cpu_s": cpu})
         splits.setdefault(split, {})[name] = entry
     return {"splits": splits}
+
+
+def finite_or_none(seconds: float) -> float | None:
+    """A run's mean seconds per round, or None (JSON null) for a run that timed no round (one that diverged
+    at its first): the export stays strict JSON, which has no NaN."""
+    return round(seconds, 4) if math.isfinite(seconds) else None
 
 
 def merge_exports(old: dict, new: dict) -> dict:
@@ -213,7 +220,7 @@ def write_export(results: str | None, out: Path, config: str, timing: str | None
     data = merge_exports(data, new)
     data["protocol"] = json.loads((REPO / "scripts" / config).read_text())["description"]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1) + "\n")
+    out.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
     return data
 
 
@@ -277,7 +284,8 @@ def converged_markdown(data: dict, board: dict, split: str) -> tuple[str, dict]:
         cells.append(f"{pub[0]:.2f} ± {pub[1]:.2f}" if pub else "-")
         cells.append(f"{flatness(entries[n]):.2f}")
         cells.append(mb_cell(runs))
-        cells.append(f"{np.mean([r['s_per_round'] for r in runs]):.2f}")
+        timed = [r["s_per_round"] for r in runs if r["s_per_round"] is not None]
+        cells.append(f"{np.mean(timed):.2f}" if timed else "-")
         cells.append(str(len(runs)))
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     ours = {n: float(stats[n][0].mean()) for n in names}

@@ -47,8 +47,8 @@ STYLE = {"figure.figsize": (6.4, 4.2), "figure.dpi": 150, "font.size": 11, "axes
 def save(fig, out: Path, name: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
-    for p in paths:
-        fig.savefig(p)
+    for p in paths:  # no creation date in the PDF: the same curves give the same file, so no diff in git
+        fig.savefig(p, metadata={"CreationDate": None} if p.suffix == ".pdf" else None)
     plt.close(fig)
     return paths
 

@@ -90,6 +90,27 @@ def test_export_holds_each_runs_curve_and_command(digits_tiny_root, tmp_path):
         assert r["executor"] == "sequential" == sidecar["config"]["executor"]
 
 
+def test_a_run_without_a_timed_round_exports_null_seconds_and_shows_a_dash(digits_tiny_root, tmp_path):
+    """A run that stopped after its round-0 evaluation (one that diverged in its first round) timed no
+    round: its seconds are JSON null, not NaN (which strict JSON readers refuse), and its cell is "-"."""
+    import main
+    from conftest import cli
+
+    out = tmp_path / "res"
+    assert main.main(cli(digits_tiny_root, out, "-gr", "0", "--executor", "sequential")) == 0
+    data = br.write_export(str(out), tmp_path / "export.json", "benchmark_converged.json")
+    json.loads((tmp_path / "export.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the export"))
+    r, = data["splits"]["Digits"]["FedAvg"]["runs"]
+    assert r["rounds"] == [0] and r["s_per_round"] is None
+    timed = run([0.1, 0.5], s=2.0)
+    board = {"rows": {}}
+    untimed = dict(run([0.1]), s_per_round=None, mb_up=None, mb_down=None)
+    for runs, cell in (([untimed], "-"), ([untimed, timed], "2.00")):
+        table = br.converged_markdown({"splits": {"FMNIST_pat_s2000": {"A": {"command": "c", "runs": runs}}}},
+                                      board, "FMNIST_pat_s2000")[0]
+        assert table.splitlines()[2].split(" | ")[-2] == cell
+
+
 def test_merge_keeps_old_runs_and_lets_new_ones_replace_theirs():
     old = {"splits": {"S": {"FedAvg": {"command": "old", "runs": [run([0.1], seed=0), run([0.2], seed=1)]},
                             "Local": {"command": "l", "runs": [run([0.3])]}}}}
