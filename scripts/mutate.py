@@ -3,6 +3,7 @@
     python3 scripts/mutate.py system/flcore/clients/clientfd.py          # mutate, test, write the results
     python3 scripts/mutate.py system/utils/dp_sgd.py --list              # the guarding tests and mutants only
     python3 scripts/mutate.py --table                                    # docs/testing.md's kill-rate table
+    python3 scripts/mutate.py --write-doc                                # ... written into docs/testing.md
 
 Mutants come from cosmic-ray's operators (requirements-dev.txt), a curated subset of them (one opposite per
 operator instead of every replacement: ``+`` -> ``-``, ``<`` -> ``<=``, ``==`` -> ``!=``, constants +-1, ``True``
@@ -62,6 +63,15 @@ SLOW = re.compile(r"test_ray_|test_behaviour\.py::test_(learns|personalized_beat
 REGISTRY_TESTS = ["tests/test_algorithms.py", "tests/test_behaviour.py", "tests/test_comm.py",
                   "tests/test_documented_defaults.py", "tests/test_dp_client.py", "tests/test_dp_registry.py",
                   "tests/test_executors.py"]
+
+# What mutation testing covers (docs/testing.md lists the modules not yet run, with their mutant counts): every
+# algorithm pair, the aggregation, privacy, ALA and DLG/IG utilities, the runtime, the partitioner.
+SCOPE = ["system/flcore/clients/*.py", "system/flcore/servers/*.py", "system/flcore/prototypes.py",
+         "system/utils/ALA.py", "system/utils/aggregate.py", "system/utils/personal_aggregation.py",
+         "system/utils/robust.py", "system/utils/server_opt.py", "system/utils/proximal.py",
+         "system/utils/selection.py", "system/utils/dp_*.py", "system/utils/privacy_monitor.py",
+         "system/utils/dlg.py", "system/runtime/*.py", "dataset/utils/partition.py"]
+DOC = REPO / "docs" / "testing.md"
 
 # cosmic-ray operators used: one opposite for each operator, so a module has tens of mutants, not hundreds.
 CORE = ["ReplaceBinaryOperator_Add_Sub", "ReplaceBinaryOperator_Sub_Add", "ReplaceBinaryOperator_Mul_Div",
@@ -420,6 +430,34 @@ def table() -> str:
     return "\n".join(rows)
 
 
+def not_yet_run() -> str:
+    """The modules of SCOPE that no record holds, with how many mutants each has (what a run will cost)."""
+    recorded = {json.loads(p.read_text())["module"] for p in RESULTS.glob("*.json") if p != EQUIVALENT}
+    todo = {}
+    for pattern in SCOPE:
+        for path in sorted(REPO.glob(pattern)):
+            module = path.relative_to(REPO).as_posix()
+            if module not in recorded and module not in todo:
+                todo[module] = len(mutants(path.read_text()))
+    todo = {m: n for m, n in todo.items() if n}  # an empty __init__.py has nothing to mutate
+    if not todo:
+        return "Every module in scope has been run."
+    return (f"Not yet run ({len(todo)} modules, {sum(todo.values())} mutants; a later run adds each with the "
+            "command above): " + ", ".join(f"`{m}` ({n})" for m, n in todo.items()) + ".")
+
+
+def write_doc() -> None:
+    """Replace docs/testing.md's two generated blocks: the table with the modules not yet run, and the
+    survivors."""
+    text = DOC.read_text()
+    for name, body in (("mutation-table", table() + "\n\n" + not_yet_run()), ("mutation-survivors", survivors_report())):
+        begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+        head, rest = text.split(begin)
+        _, tail = rest.split(end)
+        text = f"{head}{begin}\n{body}\n{end}{tail}"
+    DOC.write_text(text)
+
+
 def survivors_report() -> str:
     """For docs/testing.md: each module's survivors, equivalent (why) or live, and the earlier survivors
     that a test written since kills (which test)."""
@@ -448,11 +486,16 @@ def main(argv=None) -> int:
     p.add_argument("--list", action="store_true", help="print the guarding tests and the mutants; run nothing")
     p.add_argument("--table", action="store_true",
                    help="print the kill-rate table of all recorded modules and their survivors")
+    p.add_argument("--write-doc", action="store_true",
+                   help="write the table, the modules not yet run and the survivors into docs/testing.md")
     p.add_argument("--fresh", action="store_true", help="rerun every mutant, not only the survivors")
     p.add_argument("--full", action="store_true", help="also run the slow registry tests (Ray, behaviour)")
     args = p.parse_args(argv)
     if args.table:
-        print(table() + "\n\n" + survivors_report())
+        print(table() + "\n\n" + not_yet_run() + "\n\n" + survivors_report())
+        return 0
+    if args.write_doc:
+        write_doc()
         return 0
     if not args.module or not (REPO / args.module).is_file() or not args.module.endswith(".py"):
         print(f"mutate: give a module as a .py path relative to the repository root (got {args.module!r})",

@@ -46,3 +46,32 @@ def test_guards_of_a_utility_module_are_its_importers_and_the_listed_files():
     assert all(Path(mutate.REPO / f).is_file() for f in files)
     assert mutate.algorithms_of("system/flcore/clients/clientfd.py") == ["FD"]
     assert mutate.dotted("dataset/utils/partition.py") == "dataset.utils.partition"
+
+
+def test_the_doc_lists_the_modules_in_scope_not_yet_run_and_keeps_its_text_outside_the_blocks(tmp_path,
+                                                                                              monkeypatch):
+    import json
+
+    import mutate
+
+    repo, results = tmp_path / "repo", tmp_path / "repo" / "results"
+    (repo / "pkg").mkdir(parents=True)
+    results.mkdir()
+    (repo / "pkg" / "a.py").write_text(SOURCE)
+    (repo / "pkg" / "b.py").write_text("x = 1 + 2\n")
+    (repo / "pkg" / "__init__.py").write_text("")  # nothing to mutate: not listed
+    (results / "a.json").write_text(json.dumps({"module": "pkg/a.py", "sha": "", "date": "d", "mutants": []}))
+    doc = tmp_path / "testing.md"
+    doc.write_text("intro\n<!-- mutation-table:begin -->\nold\n<!-- mutation-table:end -->\nmiddle\n"
+                   "<!-- mutation-survivors:begin -->\nold\n<!-- mutation-survivors:end -->\nend\n")
+    for name, value in (("REPO", repo), ("RESULTS", results), ("EQUIVALENT", results / "equivalent.json"),
+                        ("DOC", doc), ("SCOPE", ["pkg/*.py"])):
+        monkeypatch.setattr(mutate, name, value)
+    # b.py: "1 + 2" -> "1 - 2", and each constant +- 1: 5 mutants
+    assert mutate.not_yet_run() == ("Not yet run (1 modules, 5 mutants; a later run adds each with the command "
+                                    "above): `pkg/b.py` (5).")
+    mutate.write_doc()
+    text = doc.read_text()
+    assert text.startswith("intro\n<!-- mutation-table:begin -->\n| module |") and "old" not in text
+    assert "\n<!-- mutation-table:end -->\nmiddle\n<!-- mutation-survivors:begin -->\n" in text
+    assert text.endswith("<!-- mutation-survivors:end -->\nend\n") and "`pkg/b.py` (5)" in text
