@@ -235,18 +235,25 @@ def parse_job_flags(argv: list[str]):
         return None, lines[-1] if lines else "invalid flags"
 
 
-def effective_defaults(flags: list[str], cfg) -> dict:
+def effective_defaults(flags: list[str], cfg, known: dict | None = None) -> dict:
     """Every flag's default for the algorithm ``flags`` select: the parser's, and for a flag whose parser
     default is None and that the algorithm resolves by itself (SCAFFOLD's and FedGH's ``-slr``, a server
     optimizer's step size) the value it resolves to when no flag sets it. An algorithm's own default then
-    stays out of the hash, whether it lives in its parser or is resolved after parsing."""
+    stays out of the hash, whether it lives in its parser or is resolved after parsing. They depend on the
+    algorithm and the split only: ``known`` (one sweep's) keeps them per pair, so each is worked out once."""
     import main
 
+    key = (main.algorithm_arg(flags), cfg.dataset)
+    if known is not None and key in known:
+        return known[key]
+    plain_flags = ["-algo", key[0], "-data", key[1], "-go", "x"]
     defaults = {a.dest: a.default for a in job_parser(flags).flags if a.option_strings}
-    plain, _ = parse_job_flags(["-algo", main.algorithm_arg(flags), "-data", cfg.dataset, "-go", "x"])
+    plain, _ = parse_job_flags(plain_flags)
     if plain is not None:
         resolved = plain.to_dict()
         defaults |= {k: resolved[k] for k, v in defaults.items() if v is None and resolved.get(k) is not None}
+    if known is not None:
+        known[key] = defaults
     return defaults
 
 
@@ -260,7 +267,7 @@ def build_jobs(base: list[str], grids: list[dict], seeds: list[int], tag: str, o
     for flag in RESERVED:
         if any(a == flag or a.startswith(flag + "=") for a in base):
             raise SweepError(f"{flag} is set by the sweep itself (use --seeds, --tag, --out)")
-    jobs, invalid, seen_points = [], [], {}
+    jobs, invalid, seen_points, known = [], [], {}, {}
     for g, grid in enumerate(grids):
         keys = list(grid)
         for combo in itertools.product(*(expand_values(k, grid[k]) for k in keys)):
@@ -274,7 +281,7 @@ def build_jobs(base: list[str], grids: list[dict], seeds: list[int], tag: str, o
             if error:
                 invalid.append((flags, error))
                 continue
-            goal = f"{tag}-{config_hash(cfg.to_dict(), effective_defaults(flags, cfg))}"
+            goal = f"{tag}-{config_hash(cfg.to_dict(), effective_defaults(flags, cfg, known))}"
             for i in seeds:
                 argv = [*flags, "-go", goal, "-pv", str(i), "-t", str(i + 1), "--results_dir", str(out),
                         "--checkpoint_every", str(checkpoint_every), "--resume", "--no-progress"]

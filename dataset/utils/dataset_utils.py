@@ -280,13 +280,17 @@ def generation_params(config):
     return {k: v for k, v in config.items() if k not in DERIVED_KEYS}
 
 
-def split_is_current(out_dir, config):
-    """True when out_dir holds a complete split generated with exactly these parameters."""
+def read_split_config(out_dir):
+    """The config.json of the split at out_dir, or None when there is none (or it cannot be read)."""
     try:
-        old = json.loads((out_dir / "config.json").read_text())
+        return json.loads((out_dir / "config.json").read_text())
     except (OSError, ValueError):
-        return False
-    if generation_params(old) != generation_params(config):
+        return None
+
+
+def split_is_current(out_dir, old, config):
+    """True when out_dir holds a complete split whose config ``old`` has exactly these parameters."""
+    if old is None or generation_params(old) != generation_params(config):
         return False
     return all((out_dir / part / f"{i}.npz").is_file()
                for part in ("train", "test") for i in range(config["num_clients"]))
@@ -366,14 +370,12 @@ def np_generators(seed):
     return np.random.default_rng(part_seq), np.random.default_rng(split_seq)
 
 
-def other_split_params(out_dir, config):
-    """The generation parameters in which the split already at out_dir differs from ``config``, as
-    "name: on disk -> asked" strings; empty when there is none or it has the same parameters."""
-    try:
-        old = generation_params(json.loads((out_dir / "config.json").read_text()))
-    except (OSError, ValueError):
+def other_split_params(old, config):
+    """The generation parameters in which a split's config ``old`` differs from ``config``, as
+    "name: on disk -> asked" strings; empty when there is no split (None) or it has the same parameters."""
+    if old is None:
         return []
-    new = generation_params(config)
+    old, new = generation_params(old), generation_params(config)
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
 
 
@@ -385,13 +387,14 @@ def write_or_skip(out_dir, config, make_split, plot, overwrite=False):
 
     Prints the per-client summary either way; returns the final config.
     """
-    changed = other_split_params(out_dir, config)
+    old = read_split_config(out_dir)
+    changed = other_split_params(old, config)
     if changed and not overwrite:
         raise DatasetError(f"split {out_dir.name} already exists with other parameters ({'; '.join(changed)}); "
                            f"give --out another name, or --overwrite to replace it")
-    if split_is_current(out_dir, config):
+    if split_is_current(out_dir, old, config):
         print(f"split {out_dir.name} already exists with the same parameters; skipping")
-        config = json.loads((out_dir / "config.json").read_text())
+        config = old
     else:
         x, y, train_idx, test_idx = make_split()
         config = save_split(out_dir, x, y, train_idx, test_idx, config)
