@@ -102,13 +102,14 @@ def test_a_run_without_a_timed_round_exports_null_seconds_and_shows_a_dash(digit
     json.loads((tmp_path / "export.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the export"))
     r, = data["splits"]["Digits"]["FedAvg"]["runs"]
     assert r["rounds"] == [0] and r["s_per_round"] is None
-    timed = run([0.1, 0.5], s=2.0)
+    assert r["mb_up"] is None and r["mb_down"] is None  # no round: no bytes either (not 0, which is a value)
+    timed = run([0.1, 0.5], up=2.0, down=3.0, s=2.0)
     board = {"rows": {}}
     untimed = dict(run([0.1]), s_per_round=None, mb_up=None, mb_down=None)
-    for runs, cell in (([untimed], "-"), ([untimed, timed], "2.00")):
+    for runs, mb, seconds in (([untimed], "-", "-"), ([untimed, timed], "2.00 / 3.00", "2.00")):
         table = br.converged_markdown({"splits": {"FMNIST_pat_s2000": {"A": {"command": "c", "runs": runs}}}},
                                       board, "FMNIST_pat_s2000")[0]
-        assert table.splitlines()[2].split(" | ")[-2] == cell
+        assert table.splitlines()[2].split(" | ")[-3:-1] == [mb, seconds]
 
 
 def test_merge_keeps_old_runs_and_lets_new_ones_replace_theirs():
