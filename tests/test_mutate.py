@@ -75,3 +75,16 @@ def test_the_doc_lists_the_modules_in_scope_not_yet_run_and_keeps_its_text_outsi
     assert text.startswith("intro\n<!-- mutation-table:begin -->\n| module |") and "old" not in text
     assert "\n<!-- mutation-table:end -->\nmiddle\n<!-- mutation-survivors:begin -->\n" in text
     assert text.endswith("<!-- mutation-survivors:end -->\nend\n") and "`pkg/b.py` (5)" in text
+
+
+def test_earlier_killers_run_first_latest_first_and_nothing_is_dropped():
+    from types import SimpleNamespace
+
+    import mutate
+
+    items = [SimpleNamespace(nodeid=n) for n in ("t.py::a", "t.py::b", "t.py::c", "u.py::d", "u.py::e")]
+    # killed in this order: d, then b, then d again: d is the latest killer, b the one before
+    mutate.KillersFirst(["u.py::d", "t.py::b", "u.py::d", "gone.py::x"]).pytest_collection_modifyitems(items)
+    assert [i.nodeid for i in items] == ["u.py::d", "t.py::b", "t.py::a", "t.py::c", "u.py::e"]
+    mutate.KillersFirst([]).pytest_collection_modifyitems(items)  # no killer yet: the order is kept
+    assert [i.nodeid for i in items] == ["u.py::d", "t.py::b", "t.py::a", "t.py::c", "u.py::e"]
