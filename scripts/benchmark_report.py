@@ -87,6 +87,12 @@ def mb_cell(runs: list[dict]) -> str:
     return f"{np.mean(up):.2f} / {np.mean(down):.2f}" if up and down else "-"
 
 
+def seconds_cell(runs: list[dict]) -> str:
+    """Seconds per round, averaged over the runs that timed a round; "-" when none did."""
+    timed = [r["s_per_round"] for r in runs if r["s_per_round"] is not None]
+    return f"{np.mean(timed):.2f}" if timed else "-"
+
+
 def ordered(entries: dict) -> list[str]:
     """Algorithms in registry order (``X+ALA`` beside X), unknown names last."""
     order = table.registry_order()
@@ -127,7 +133,7 @@ def quick_markdown(data: dict) -> tuple[str, list[str]]:
             problems.append(f"{n}: the timing run's seed 0 does not reproduce the accuracy run's curve")
             seconds = "-"
         else:
-            seconds = f"{timing['s_per_round']:.2f}"
+            seconds = seconds_cell([timing])
         lines.append(f"| {n} | {' | '.join(cells[n])} | {mb_cell(runs)} | {seconds} | {len(runs)} |")
     return "\n".join(lines), problems
 
@@ -284,8 +290,7 @@ def converged_markdown(data: dict, board: dict, split: str) -> tuple[str, dict]:
         cells.append(f"{pub[0]:.2f} ± {pub[1]:.2f}" if pub else "-")
         cells.append(f"{flatness(entries[n]):.2f}")
         cells.append(mb_cell(runs))
-        timed = [r["s_per_round"] for r in runs if r["s_per_round"] is not None]
-        cells.append(f"{np.mean(timed):.2f}" if timed else "-")
+        cells.append(seconds_cell(runs))
         cells.append(str(len(runs)))
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     ours = {n: float(stats[n][0].mean()) for n in names}

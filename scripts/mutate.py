@@ -470,13 +470,10 @@ def not_yet_run() -> str:
 def write_doc() -> None:
     """Replace docs/testing.md's two generated blocks: the table with the modules not yet run, and the
     survivors."""
-    text = DOC.read_text()
-    for name, body in (("mutation-table", table() + "\n\n" + not_yet_run()), ("mutation-survivors", survivors_report())):
-        begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-        head, rest = text.split(begin)
-        _, tail = rest.split(end)
-        text = f"{head}{begin}\n{body}\n{end}{tail}"
-    DOC.write_text(text)
+    from benchmark_report import write_block
+
+    write_block(DOC, "mutation-table", table() + "\n\n" + not_yet_run())
+    write_block(DOC, "mutation-survivors", survivors_report())
 
 
 def survivors_report() -> str:

@@ -110,6 +110,11 @@ def test_a_run_without_a_timed_round_exports_null_seconds_and_shows_a_dash(digit
         table = br.converged_markdown({"splits": {"FMNIST_pat_s2000": {"A": {"command": "c", "runs": runs}}}},
                                       board, "FMNIST_pat_s2000")[0]
         assert table.splitlines()[2].split(" | ")[-3:-1] == [mb, seconds]
+    # the quick table's timing run likewise: one that reproduces seed 0 but timed no round shows "-"
+    quick = {"splits": {"S": {"FedAvg": {"command": "c", "runs": [untimed],
+                                         "timing": {"test_acc": untimed["test_acc"], "s_per_round": None}}}}}
+    text, problems = br.quick_markdown(quick)
+    assert text.splitlines()[2].split(" | ")[-2] == "-" and problems == []
 
 
 def test_merge_keeps_old_runs_and_lets_new_ones_replace_theirs():
