@@ -14,7 +14,11 @@ operator base: augmented assignments flipped (``+=`` -> ``-=``), a statement-lev
 Each mutant is written into a private copy of the repository (the working tree is never touched) and the
 module's guarding tests run against it with ``-x`` in a process forked from one that already imported torch, so
 one mutant costs only its tests, and the tests that killed the module's earlier mutants run first (a mutant
-is usually killed by the test that killed its neighbour, and ``-x`` then stops there). Which tests guard a module is decided in one place, ``guards()`` below: the test
+is usually killed by the test that killed its neighbour, and ``-x`` then stops there). Of the guarding tests,
+a mutant runs only those that execute its line (``coverage_map``: one run of them under coverage.py, each test
+its own context, followed into the processes it forks or starts); a line that runs at import or in a
+fixture's set-up runs them all, and a line that none runs survives without a run. ``--all-tests`` runs every
+guarding test for every mutant instead; ``--verify`` reruns each survivor with all of them. Which tests guard a module is decided in one place, ``guards()`` below: the test
 files that import the module, the tests parametrized with the name of every algorithm whose server is (or
 imports) the module, and the explicit ``EXTRA`` files. Results go to ``docs/benchmarks/mutation/<module>.json``
 (written after every mutant, so an interrupted run resumes); survivors judged equivalent are listed with the
@@ -333,6 +337,129 @@ def run_tests(root: Path, args: list[str], timeout: float, log: Path,
     return "killed", seconds
 
 
+ALL = "*"  # in a coverage map: the line runs at import or in a fixture's set-up, so every guarding test
+COVERAGE_RC = """[run]
+data_file = {data}
+parallel = True
+include = {module}
+context = ${{MUTATE_TEST}}
+patch = _exit
+"""
+
+
+class TestContexts:
+    """A pytest plugin that records each test's lines under its own coverage context: its node id while it
+    runs, ``<node id>|setup`` / ``|teardown`` around it. ``MUTATE_TEST`` carries the same label into the
+    processes the test forks or starts (the coverage configuration's static context)."""
+
+    def __init__(self, cov):
+        self.cov = cov
+
+    def switch(self, label: str) -> None:
+        os.environ["MUTATE_TEST"] = label
+        self.cov.switch_context(label)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_setup(self, item):
+        self.switch(item.nodeid + "|setup")
+        yield
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item):
+        self.switch(item.nodeid)
+        yield
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_teardown(self, item):
+        self.switch(item.nodeid + "|teardown")
+        yield
+        self.switch("")
+
+
+def coverage_map(root: Path, module: str, args: list[str], tmp: Path) -> tuple[dict[int, set[str]], float]:
+    """Run ``args`` (the guarding tests) once under coverage.py, measuring ``module`` only, in this process and
+    in every process a test forks or starts; line -> the node ids of the tests that ran it (``ALL`` where it ran
+    outside a test's own call: at import, or in a fixture's set-up or teardown, whose results other tests
+    share), and the seconds the run took. Raises SystemExit if a test fails."""
+    import coverage
+
+    cov_dir = tmp / "coverage"
+    shutil.rmtree(cov_dir, ignore_errors=True)
+    cov_dir.mkdir()
+    rc = tmp / "coverage.ini"
+    rc.write_text(COVERAGE_RC.format(data=cov_dir / ".coverage", module=root / module))
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            os.setpgid(0, 0)
+            fd = os.open(tmp / "coverage.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.chdir(root)
+            sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "scripts"]
+            # Python processes the tests start (``python system/main.py ...``) measure themselves too (coverage's
+            # .pth file starts it where COVERAGE_PROCESS_START is set); forked ones save theirs at os._exit.
+            os.environ.update(MUTATE_TEST="", COVERAGE_PROCESS_START=str(rc))
+            cov = coverage.Coverage(config_file=str(rc))
+            cov.start()
+            try:
+                code = int(pytest.main(["-q", "--tb=short", "-p", "no:cacheprovider", "-o", "addopts=", *args],
+                                       plugins=[TestContexts(cov)]))
+            finally:
+                cov.stop()
+                cov.save()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    seconds = time.monotonic() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.stdout.write((tmp / "coverage.log").read_text()[-3000:])
+        raise SystemExit("mutate: the guarding tests fail on the unmutated code under coverage")
+    cov = coverage.Coverage(config_file=str(rc))
+    cov.combine([str(cov_dir)])
+    by_line = cov.get_data().contexts_by_lineno(str(root / module))
+    label = re.compile(r"\|(setup|teardown)$")
+    return {line: {ALL if not c or label.search(c) else c for c in contexts}
+            for line, contexts in by_line.items()}, seconds
+
+
+def statement_lines(source: str) -> dict[int, range | None]:
+    """line -> the lines of the innermost statement that holds it (of a compound statement, its header:
+    ``if``/``for``/``def`` up to its body; coverage.py records a statement under any of its lines), or None
+    where that statement runs at import (outside any function body: constants, class attributes, a ``def``
+    line's defaults and decorators), whose effect every later test shares, whichever test imported it."""
+    out: dict[int, range | None] = {}
+
+    def visit(node, in_function: bool):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.stmt, ast.excepthandler)):
+                body = [c.lineno for c in ast.iter_child_nodes(child) if isinstance(c, ast.stmt)]
+                first = min([child.lineno] + [d.lineno for d in getattr(child, "decorator_list", [])])
+                end = max(child.lineno, min(body) - 1) if body else child.end_lineno
+                for line in range(first, end + 1):
+                    out[line] = range(first, end + 1) if in_function else None
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(source), False)
+    return out
+
+
+def select(cmap: dict[int, set[str]] | None, lines: dict[int, range | None], line: int,
+           tests: list[str]) -> list[str]:
+    """The guarding tests a mutant on ``line`` runs: those that ran its statement; all of them where it runs
+    at import or ran in a fixture, or where the map or the statement is unknown; [] where no guarding test
+    ran it."""
+    if cmap is None or lines.get(line) is None:
+        return tests
+    ran = set().union(*(cmap.get(n, set()) for n in lines[line]))
+    if ALL in ran:
+        return tests
+    # a node id belongs to a guard given as its file or as itself
+    return [t for t in sorted(ran) if t in tests or t.split("::")[0] in tests]
+
+
 def equivalent_notes(module: str) -> dict:
     notes = json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
     return {(n["op"], n["from"], n["to"]): n["why"] for n in notes.get(module, [])}
@@ -342,8 +469,9 @@ def result_path(module: str) -> Path:
     return RESULTS / f"{dotted(module)}.json"
 
 
-def mutate(module: str, full: bool, fresh: bool) -> dict:
+def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify: bool = False) -> dict:
     source = (REPO / module).read_text()
+    lines = statement_lines(source)
     files, nodes = guards(module, full)
     found = mutants(source)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
@@ -370,12 +498,17 @@ def mutate(module: str, full: bool, fresh: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="mutate-") as tmp:
         root = copy_repo(Path(tmp))
         log = Path(tmp) / "pytest.log"
-        outcome, base = run_tests(root, files + nodes, 3600, log)
-        if outcome != "survived":
-            sys.stdout.write(log.read_text()[-3000:])
-            raise SystemExit(f"mutate: the guarding tests fail on the unmutated code ({outcome})")
+        guard = files + nodes
+        if all_tests:
+            cmap = None
+            outcome, base = run_tests(root, guard, 3600, log)
+            if outcome != "survived":
+                sys.stdout.write(log.read_text()[-3000:])
+                raise SystemExit(f"mutate: the guarding tests fail on the unmutated code ({outcome})")
+        else:  # the unmutated run, under coverage: which test runs which line
+            cmap, base = coverage_map(root, module, guard, Path(tmp))
         print(f"{module}: {len(found)} mutants; {len(files)} test files + {len(nodes)} registry nodes, "
-              f"{base:.0f} s unmutated", flush=True)
+              f"{base:.0f} s unmutated" + ("" if all_tests else " under coverage"), flush=True)
         record = {"module": module, "tool": "cosmic-ray " + version(), "date": str(datetime.date.today()),
                   "commit": commit, "sha": sha(source), "tests": files + nodes,
                   "baseline_s": round(base, 1), "mutants": []}
@@ -384,25 +517,61 @@ def mutate(module: str, full: bool, fresh: bool) -> dict:
             if key in done:
                 record["mutants"].append(done[key])
                 continue
-            (root / module).write_text(m["code"])
+            chosen = select(cmap, lines, m["line"], guard)
             killers = [r["by"] for r in record["mutants"] if r.get("by")]
-            outcome, seconds = run_tests(root, files + nodes, 3 * base + 120, log, killers)
+            (root / module).write_text(m["code"])
+            outcome, seconds, by = run_mutant(root, chosen, 3 * base + 120, log, killers)
+            if outcome == "survived" and verify and chosen != guard:
+                outcome, more, by = run_mutant(root, guard, 3 * base + 120, log, killers)
+                seconds += more
             (root / module).write_text(source)
-            row = {k: m[k] for k in ("line", "op", "from", "to")} | {"outcome": outcome, "s": round(seconds, 1)}
+            row = {k: m[k] for k in ("line", "op", "from", "to")} | {"outcome": outcome, "s": round(seconds, 1),
+                                                                    "ran": "all" if chosen == guard else len(chosen)}
             if outcome == "killed":
-                row["by"] = next(iter(re.findall(r"^(?:FAILED|ERROR) (\S+)", log.read_text(), re.M)), "")
+                row["by"] = by
             if outcome != "survived" and key[:3] in survivors:
                 row["was"] = "survived"  # an earlier run's survivor: ``by`` is the test that now kills it
             record["mutants"].append(row)
             print(f"[{i + 1}/{len(found)}] {outcome:8s} {seconds:5.1f}s  L{m['line']} {m['op']}: {m['to']}",
                   flush=True)
             write(record)
+        if cmap is not None:
+            recheck_killers(root, module, record, guard, 3 * base + 120, log)
     # The kill rate before the tests written against this run's survivors: kept from the first run.
     killed = sum(m["outcome"] != "survived" for m in record["mutants"])
     record["first"] = previous.get("first") or {"mutants": len(record["mutants"]), "killed": killed,
                                                 "survived": len(record["mutants"]) - killed, "date": record["date"]}
     write(record)
     return record
+
+
+def run_mutant(root: Path, tests: list[str], timeout: float, log: Path, killers: list[str]) -> tuple[str, float, str]:
+    """(outcome, seconds, the failing test) of the mutant written in ``root``; no tests: it survives unrun."""
+    if not tests:
+        return "survived", 0.0, ""
+    outcome, seconds = run_tests(root, tests, timeout, log, killers)
+    by = next(iter(re.findall(r"^(?:FAILED|ERROR) (\S+)", log.read_text(), re.M)), "") if outcome == "killed" else ""
+    return outcome, seconds, by
+
+
+def recheck_killers(root: Path, module: str, record: dict, guard: list[str], timeout: float, log: Path) -> None:
+    """A mutant killed by a selection of the tests counts only if its killer passes on the unmutated code when
+    run as selected (alone, not after the tests that ran before it in the full run); the mutants of a killer
+    that does not are run again with every guarding test."""
+    bad = set()
+    for test in sorted({m["by"] for m in record["mutants"] if m.get("by") and m.get("ran") not in (None, "all")}):
+        if run_tests(root, [test], timeout, log)[0] != "survived":
+            bad.add(test)
+    source = (root / module).read_text()
+    code = {(m["op"], m["from"], m["to"], m["line"]): m["code"] for m in mutants(source)} if bad else {}
+    for row in record["mutants"]:
+        if row.get("by") in bad and row.get("ran") != "all":
+            print(f"mutate: {row['by']} fails alone on the unmutated code: L{row['line']} rerun with every test")
+            (root / module).write_text(code[(row["op"], row["from"], row["to"], row["line"])])
+            row["outcome"], seconds, row["by"] = run_mutant(root, guard, timeout, log, [])
+            row["s"], row["ran"] = round(row["s"] + seconds, 1), "all"
+            (root / module).write_text(source)
+            write(record)
 
 
 def sha(text: str) -> str:
@@ -508,6 +677,10 @@ def main(argv=None) -> int:
                    help="write the table, the modules not yet run and the survivors into docs/testing.md")
     p.add_argument("--fresh", action="store_true", help="rerun every mutant, not only the survivors")
     p.add_argument("--full", action="store_true", help="also run the slow registry tests (Ray, behaviour)")
+    p.add_argument("--all-tests", action="store_true",
+                   help="run every guarding test for every mutant, not only those that execute its line")
+    p.add_argument("--verify", action="store_true",
+                   help="rerun each survivor of a selection with every guarding test before recording it")
     args = p.parse_args(argv)
     if args.table:
         print(table() + "\n\n" + not_yet_run() + "\n\n" + survivors_report())
@@ -526,7 +699,7 @@ def main(argv=None) -> int:
         for m in mutants((REPO / module).read_text()):
             print(f"L{m['line']} {m['op']}: {m['from']}  ->  {m['to']}")
         return 0
-    record = mutate(module, args.full, args.fresh)
+    record = mutate(module, args.full, args.fresh, args.all_tests, args.verify)
     s = summary(record)
     print(f"{module}: {s['killed']}/{s['mutants']} killed, {s['equivalent']} equivalent, {s['survived']} "
           f"survived: {100 * s['rate']:.0f} %")

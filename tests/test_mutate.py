@@ -88,3 +88,111 @@ def test_earlier_killers_run_first_latest_first_and_nothing_is_dropped():
     assert [i.nodeid for i in items] == ["u.py::d", "t.py::b", "t.py::a", "t.py::c", "u.py::e"]
     mutate.KillersFirst([]).pytest_collection_modifyitems(items)  # no killer yet: the order is kept
     assert [i.nodeid for i in items] == ["u.py::d", "t.py::b", "t.py::a", "t.py::c", "u.py::e"]
+
+
+MODULE = '''K = 2
+
+
+def inproc(x):
+    return x + K
+
+
+def in_fork(x):
+    return (x *
+            3)
+
+
+def in_subprocess(x):
+    return x - 1
+
+
+def unused(x):
+    if x:
+        return -x
+    return x
+
+
+class C:
+    LIMIT = 4
+
+    def method(self, y=1):
+        return y
+
+
+def fixture_made():
+    return 7
+'''
+
+TESTS = '''import multiprocessing
+import subprocess
+import sys
+
+import pytest
+
+from pkg import mod
+
+
+@pytest.fixture(scope="module")
+def made():
+    return mod.fixture_made()
+
+
+def test_inproc():
+    assert mod.inproc(1) == 3
+
+
+def test_fork():
+    proc = multiprocessing.get_context("fork").Process(target=mod.in_fork, args=(2,))
+    proc.start()
+    proc.join()
+    assert proc.exitcode == 0
+
+
+def test_subprocess():
+    subprocess.run([sys.executable, "-c", "from pkg import mod; mod.in_subprocess(1)"], check=True)
+
+
+def test_uses_the_fixture(made):
+    assert made == 7
+'''
+
+
+def test_statement_lines_give_each_line_its_statement_and_none_at_import():
+    import mutate
+
+    lines = mutate.statement_lines(MODULE)
+    assert lines[1] is None  # K = 2: runs at import
+    assert lines[4] is None  # a module-level def line: its defaults run at import
+    assert lines[5] == range(5, 6)
+    assert lines[9] == lines[10] == range(9, 11)  # one statement over two lines
+    assert lines[18] == range(18, 19) and lines[19] == range(19, 20)  # an if's header, then its body
+    assert lines[24] is None and lines[26] is None  # a class attribute, a method's def line
+    assert lines[27] == range(27, 28)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("coverage") is None,
+                    reason="needs coverage (pip install -r requirements-dev.txt)")
+def test_each_line_maps_to_the_tests_that_run_it_in_this_process_a_fork_or_a_subprocess(tmp_path):
+    import mutate
+
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "mod.py").write_text(MODULE)
+    (root / "tests" / "test_a.py").write_text(TESTS)
+    (root / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
+    cmap, _ = mutate.coverage_map(root, "pkg/mod.py", ["tests/test_a.py"], tmp_path)
+    lines = mutate.statement_lines(MODULE)
+    tests = ["tests/test_a.py"]
+
+    def chosen(line):
+        return mutate.select(cmap, lines, line, tests)
+
+    assert chosen(5) == ["tests/test_a.py::test_inproc"]
+    assert chosen(9) == chosen(10) == ["tests/test_a.py::test_fork"]  # in a forked child
+    assert chosen(14) == ["tests/test_a.py::test_subprocess"]  # in a Python subprocess
+    assert chosen(18) == chosen(19) == []  # no test runs it: the mutant survives unrun
+    assert chosen(1) == chosen(24) == tests  # at import: every test
+    assert chosen(31) == tests  # in a module-scoped fixture, whose result other tests share
+    assert mutate.select(None, lines, 5, tests) == tests  # no map (--all-tests): every test
