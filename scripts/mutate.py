@@ -300,10 +300,11 @@ class KillersFirst:
         items.sort(key=lambda item: self.rank.get(item.nodeid, len(self.rank)))
 
 
-def run_tests(root: Path, args: list[str], timeout: float, log: Path,
-              killers: list[str] = ()) -> tuple[str, float]:
-    """Run pytest on ``args`` in a child forked from this process (torch already imported), ``killers``
-    first (``KillersFirst``); outcome, seconds."""
+def forked_pytest(root: Path, argv: list[str], timeout: float, log: Path, plugins: list = (),
+                  cover: Path | None = None) -> tuple[int | None, float]:
+    """Run pytest on ``argv`` in ``root``, in a child forked from this process (torch already imported), its
+    output in ``log``; under coverage.py with the configuration ``cover`` when given, each test its own context
+    (``TestContexts``), and the processes it starts measured too. (exit code or None after ``timeout``, seconds)."""
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
@@ -313,23 +314,46 @@ def run_tests(root: Path, args: list[str], timeout: float, log: Path,
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
+            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__  # the descriptors, even under a capture
             os.chdir(root)
             sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "scripts"]
-            code = int(pytest.main(["-x", "-q", "--tb=short", "-p", "no:cacheprovider", "-o", "addopts=", *args],
-                                   plugins=[KillersFirst(list(killers))]))
+            cov = None
+            if cover is not None:
+                import coverage
+
+                # Python processes the tests start (``python system/main.py ...``) measure themselves too
+                # (coverage's .pth file starts it where COVERAGE_PROCESS_START is set); forked ones save
+                # theirs at os._exit (the configuration's patch).
+                os.environ.update(MUTATE_TEST="", COVERAGE_PROCESS_START=str(cover))
+                cov = coverage.Coverage(config_file=str(cover))
+                cov.start()
+                plugins = [*plugins, TestContexts(cov)]
+            try:
+                code = int(pytest.main(["-q", "--tb=short", "-p", "no:cacheprovider", "-o", "addopts=", *argv],
+                                       plugins=list(plugins)))
+            finally:
+                if cov is not None:
+                    cov.stop()
+                    cov.save()
         finally:
             os._exit(code)
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            code = os.waitstatus_to_exitcode(status)
-            break
+            return os.waitstatus_to_exitcode(status), time.monotonic() - start
         if time.monotonic() - start > timeout:
             os.killpg(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            return "timeout", time.monotonic() - start
+            return None, time.monotonic() - start
         time.sleep(0.05)
-    seconds = time.monotonic() - start
+
+
+def run_tests(root: Path, args: list[str], timeout: float, log: Path,
+              killers: list[str] = ()) -> tuple[str, float]:
+    """Run the tests ``args`` with ``-x``, ``killers`` first (``KillersFirst``); outcome, seconds."""
+    code, seconds = forked_pytest(root, ["-x", *args], timeout, log, [KillersFirst(list(killers))])
+    if code is None:
+        return "timeout", seconds
     if code == 0:
         return "survived", seconds
     if code == 5:
@@ -388,33 +412,8 @@ def coverage_map(root: Path, module: str, args: list[str], tmp: Path) -> tuple[d
     cov_dir.mkdir()
     rc = tmp / "coverage.ini"
     rc.write_text(COVERAGE_RC.format(data=cov_dir / ".coverage", module=root / module))
-    start = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        code = 99
-        try:
-            os.setpgid(0, 0)
-            fd = os.open(tmp / "coverage.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            os.chdir(root)
-            sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "scripts"]
-            # Python processes the tests start (``python system/main.py ...``) measure themselves too (coverage's
-            # .pth file starts it where COVERAGE_PROCESS_START is set); forked ones save theirs at os._exit.
-            os.environ.update(MUTATE_TEST="", COVERAGE_PROCESS_START=str(rc))
-            cov = coverage.Coverage(config_file=str(rc))
-            cov.start()
-            try:
-                code = int(pytest.main(["-q", "--tb=short", "-p", "no:cacheprovider", "-o", "addopts=", *args],
-                                       plugins=[TestContexts(cov)]))
-            finally:
-                cov.stop()
-                cov.save()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    seconds = time.monotonic() - start
-    if os.waitstatus_to_exitcode(status) != 0:
+    code, seconds = forked_pytest(root, args, 3 * 3600, tmp / "coverage.log", cover=rc)
+    if code != 0:
         sys.stdout.write((tmp / "coverage.log").read_text()[-3000:])
         raise SystemExit("mutate: the guarding tests fail on the unmutated code under coverage")
     cov = coverage.Coverage(config_file=str(rc))

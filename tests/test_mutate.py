@@ -196,3 +196,10 @@ def test_each_line_maps_to_the_tests_that_run_it_in_this_process_a_fork_or_a_sub
     assert chosen(1) == chosen(24) == tests  # at import: every test
     assert chosen(31) == tests  # in a module-scoped fixture, whose result other tests share
     assert mutate.select(None, lines, 5, tests) == tests  # no map (--all-tests): every test
+    # a mutant runs its selection: killed by the test that runs its line; unrun where no test does
+    (root / "pkg" / "mod.py").write_text(MODULE.replace("return x + K", "return x - K"))
+    outcome, _, by = mutate.run_mutant(root, chosen(5), 120, tmp_path / "log", [])
+    assert (outcome, by) == ("killed", "tests/test_a.py::test_inproc")
+    (root / "pkg" / "mod.py").write_text(MODULE.replace("return -x", "return x"))
+    assert mutate.run_mutant(root, chosen(19), 120, tmp_path / "log", []) == ("survived", 0.0, "")
+    assert mutate.run_tests(root, tests, 120, tmp_path / "log") == ("survived", pytest.approx(0, abs=120))
