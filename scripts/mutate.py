@@ -425,11 +425,13 @@ def coverage_map(root: Path, module: str, args: list[str], tmp: Path) -> tuple[d
 
 
 def statement_lines(source: str) -> dict[int, range | None]:
-    """line -> the lines of the innermost statement that holds it (of a compound statement, its header:
-    ``if``/``for``/``def`` up to its body; coverage.py records a statement under any of its lines), or None
-    where that statement runs at import (outside any function body: constants, class attributes, a ``def``
-    line's defaults and decorators), whose effect every later test shares, whichever test imported it."""
+    """line -> the lines whose execution can show a mutant on it: those of the innermost statement that holds
+    it (of a compound statement, its header: ``if``/``for`` up to its body; coverage.py records a statement
+    under any of its lines); for the ``def`` line (defaults, annotations) and decorators of a function defined
+    at import, its body, since only a call can see them; None where the statement runs at import (constants,
+    class attributes), whose effect every later test shares, whichever test imported it."""
     out: dict[int, range | None] = {}
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
 
     def visit(node, in_function: bool):
         for child in ast.iter_child_nodes(node):
@@ -437,9 +439,12 @@ def statement_lines(source: str) -> dict[int, range | None]:
                 body = [c.lineno for c in ast.iter_child_nodes(child) if isinstance(c, ast.stmt)]
                 first = min([child.lineno] + [d.lineno for d in getattr(child, "decorator_list", [])])
                 end = max(child.lineno, min(body) - 1) if body else child.end_lineno
+                shown = range(first, end + 1) if in_function else None
+                if isinstance(child, functions) and not in_function:
+                    shown = range(min(body), child.end_lineno + 1)
                 for line in range(first, end + 1):
-                    out[line] = range(first, end + 1) if in_function else None
-            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+                    out[line] = shown
+            visit(child, in_function or isinstance(child, (*functions, ast.Lambda)))
 
     visit(ast.parse(source), False)
     return out

@@ -162,12 +162,12 @@ def test_statement_lines_give_each_line_its_statement_and_none_at_import():
 
     lines = mutate.statement_lines(MODULE)
     assert lines[1] is None  # K = 2: runs at import
-    assert lines[4] is None  # a module-level def line: its defaults run at import
-    assert lines[5] == range(5, 6)
+    assert lines[4] == lines[5] == range(5, 6)  # a def line's defaults: seen only by calls, i.e. its body
+    assert lines[8] == range(9, 11)
     assert lines[9] == lines[10] == range(9, 11)  # one statement over two lines
     assert lines[18] == range(18, 19) and lines[19] == range(19, 20)  # an if's header, then its body
-    assert lines[24] is None and lines[26] is None  # a class attribute, a method's def line
-    assert lines[27] == range(27, 28)
+    assert lines[24] is None  # a class attribute
+    assert lines[26] == lines[27] == range(27, 28)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("coverage") is None,
@@ -189,11 +189,12 @@ def test_each_line_maps_to_the_tests_that_run_it_in_this_process_a_fork_or_a_sub
     def chosen(line):
         return mutate.select(cmap, lines, line, tests)
 
-    assert chosen(5) == ["tests/test_a.py::test_inproc"]
+    assert chosen(5) == chosen(4) == ["tests/test_a.py::test_inproc"]  # its def line: the tests that call it
     assert chosen(9) == chosen(10) == ["tests/test_a.py::test_fork"]  # in a forked child
     assert chosen(14) == ["tests/test_a.py::test_subprocess"]  # in a Python subprocess
     assert chosen(18) == chosen(19) == []  # no test runs it: the mutant survives unrun
     assert chosen(1) == chosen(24) == tests  # at import: every test
+    assert chosen(26) == []  # a method no test calls: its defaults cannot matter
     assert chosen(31) == tests  # in a module-scoped fixture, whose result other tests share
     assert mutate.select(None, lines, 5, tests) == tests  # no map (--all-tests): every test
     # a mutant runs its selection: killed by the test that runs its line; unrun where no test does
