@@ -94,6 +94,9 @@ def test_convergence_rule():
     assert not converged([1.0, 1.0, 1.0], window=3, threshold=0.1)  # PFLlib needs more than `window` losses
     assert converged([5.0, 1.0, 1.01, 1.02], window=3, threshold=0.1)
     assert not converged([1.0, 2.0, 3.0, 4.0], window=3, threshold=0.1)
+    # strict, as PFLlib's `np.std(...) < threshold`: the std of [0, 1] is 0.5 exactly
+    assert not converged([9.0, 0.0, 1.0], window=2, threshold=0.5)
+    assert converged([9.0, 0.0, 1.0], window=2, threshold=0.5 + 1e-9)
 
 
 def test_start_phase_with_constant_losses_stops_after_window_plus_one_epochs():
@@ -103,6 +106,18 @@ def test_start_phase_with_constant_losses_stops_after_window_plus_one_epochs():
               batch_size=10)  # eta 0: W stays at ones, every epoch's mean loss is the same
     ala.adaptive_local_aggregation(glob, local, x, y)
     assert ala.last_epochs == 4
+
+
+def test_constructor_defaults_are_the_papers_and_the_flags():
+    """ALA built directly (a researcher's own loop) behaves as `-algo FedALA` does by default: η = 1.0 and
+    s = 80 % (the paper), PFLlib's start-phase rule (std < 0.1 over 10 epochs), a cap of 100 epochs, batch
+    10, nothing kept for the train-loss evaluation, the whole model run per batch, the global buffers."""
+    ala = ALA(["fc.weight"])
+    got = (ala.eta, ala.rand_percent, ala.threshold, ala.window, ala.max_epochs, ala.batch_size)
+    assert got == (1.0, 80, 0.1, 10, 100, 10)
+    cfg = main.parse_config(["-algo", "FedALA"])
+    assert got == (cfg.eta, cfg.rand_percent, cfg.ala_threshold, cfg.ala_window, cfg.ala_max_epochs, cfg.batch_size)
+    assert (ala.keep_features, ala.head, ala.global_buffers) == (False, None, True)
 
 
 def test_same_seed_same_weights():
