@@ -120,6 +120,35 @@ def test_constructor_defaults_are_the_papers_and_the_flags():
     assert (ala.keep_features, ala.head, ala.global_buffers) == (False, None, True)
 
 
+def test_the_sample_is_s_percent_of_the_indices_from_the_clients_own_stream():
+    def perm(n, seed):
+        return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+
+    # int(20 * 30 / 100) = 6 indices, from the given stream, which advances: a new sample each round
+    ala = ALA(["fc.weight"], rand_percent=30, generator=torch.Generator().manual_seed(5))
+    first, again = ala.sample(20), ala.sample(20)
+    g = torch.Generator().manual_seed(5)
+    assert torch.equal(first, torch.randperm(20, generator=g)[:6])
+    assert torch.equal(again, torch.randperm(20, generator=g)[:6]) and not torch.equal(first, again)
+    # without a stream of its own: one seeded 0, not the global generator
+    torch.manual_seed(123)
+    assert torch.equal(ALA(["fc.weight"], rand_percent=30).sample(20), perm(20, 0)[:6])
+    assert len(ALA(["fc.weight"], rand_percent=10, generator=torch.Generator()).sample(1000)) == 100
+    assert len(ALA(["fc.weight"], rand_percent=1, generator=torch.Generator()).sample(5)) == 1  # at least one
+
+
+@pytest.mark.parametrize("flags, keep", [
+    ((), True),  # every round evaluates the train loss in fp32: ALA keeps the classifier's inputs for it
+    (("--train_loss_eval", "sampled"), True),
+    (("--train_loss_eval", "off"), False),  # nothing would read them
+    (("-eg", "2"), False),  # every sample's inputs in each round, read in every other: they cost more than they save
+    (("--amp", "bf16"), False),  # the evaluation runs in bf16: fp32 inputs would change its figure
+])
+def test_kept_features_only_where_this_rounds_train_loss_evaluation_reads_them(flags, keep):
+    cfg = main.parse_config(["-algo", "FedALA", *flags])
+    assert ALA.from_config(cfg, cid=0, run=0, names=["fc.weight"], head="fc").keep_features is keep
+
+
 def test_same_seed_same_weights():
     outs = []
     for _ in range(2):
@@ -171,6 +200,7 @@ def test_round_one_leaves_local_model_as_global(digits_root):
     before = copy.deepcopy(client.model.state_dict())
     server._send_models(server.clients)
     assert client.ala.weights is None and client.ala.start_phase  # ALA did not run
+    assert (client.ala.last_epochs, client.ala.last_losses) == (0, [])  # and reports no epoch
     assert all(torch.equal(before[k], v) for k, v in client.model.state_dict().items())
 
 
