@@ -149,6 +149,21 @@ def test_kept_features_only_where_this_rounds_train_loss_evaluation_reads_them(f
     assert ALA.from_config(cfg, cid=0, run=0, names=["fc.weight"], head="fc").keep_features is keep
 
 
+def test_from_config_takes_each_flag_into_its_own_field():
+    """Every value distinct, so two flags trading places shows."""
+    from utils.seeding import derive_seed
+
+    cfg = main.parse_config(["-algo", "FedALA", "-et", "0.7", "-s", "37", "--ala_threshold", "0.03",
+                             "--ala_window", "4", "--ala_max_epochs", "9", "-lbs", "13", "--seed", "5"])
+    ala = ALA.from_config(cfg, cid=3, run=2, names=["fc.weight"], head="fc")
+    assert (ala.eta, ala.rand_percent, ala.threshold, ala.window, ala.max_epochs, ala.batch_size, ala.head) \
+        == (0.7, 37, 0.03, 4, 9, 13, "fc")
+    assert ala.generator.initial_seed() == derive_seed(5, 2, "ala", 3)  # the client's own stream of this run
+    assert ala.global_buffers  # --bn_stats shared: Θ̂ takes the global model's buffers
+    local = ALA.from_config(main.parse_config(["-algo", "FedALA", "--bn_stats", "local"]), 0, 0, ["fc.weight"])
+    assert not local.global_buffers and local.head is None
+
+
 def test_same_seed_same_weights():
     outs = []
     for _ in range(2):
