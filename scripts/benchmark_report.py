@@ -240,13 +240,16 @@ def best_last(entry: dict) -> tuple[np.ndarray, np.ndarray]:
 def flatness(entry: dict) -> float:
     """How much the best accuracy still rose over the last ``FLAT_TAIL`` of the rounds (points, mean over
     seeds): the best over all evaluations minus the best up to round (1 - FLAT_TAIL) * R. The curves have
-    flattened when the top ``FLAT_TOP`` rows of a table each moved less than ``FLAT_PT``."""
+    flattened when the top ``FLAT_TOP`` rows of a table each moved less than ``FLAT_PT``. A run that diverged
+    has no last rounds to judge and is left out (nan when every run diverged)."""
     moved = []
     for r in entry["runs"]:
+        if r.get("status") == "diverged":
+            continue
         rounds, acc = np.asarray(r["rounds"]), np.asarray(r["test_acc"]) * 100
         cut = rounds <= (1 - FLAT_TAIL) * rounds[-1]
         moved.append(acc.max() - acc[cut].max())
-    return float(np.mean(moved))
+    return float(np.mean(moved)) if moved else float("nan")
 
 
 def leaderboard_names(board: dict) -> dict:
@@ -288,7 +291,8 @@ def converged_markdown(data: dict, board: dict, split: str) -> tuple[str, dict]:
         cells = list(acc[n])
         pub = published.get(n)
         cells.append(f"{pub[0]:.2f} ± {pub[1]:.2f}" if pub else "-")
-        cells.append(f"{flatness(entries[n]):.2f}")
+        rise = flatness(entries[n])
+        cells.append("-" if np.isnan(rise) else f"{rise:.2f}")
         cells.append(mb_cell(runs))
         cells.append(seconds_cell(runs))
         cells.append(str(len(runs)))

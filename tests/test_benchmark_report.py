@@ -27,6 +27,10 @@ def test_flatness_is_the_best_gained_after_the_first_80_percent_of_rounds():
     assert br.flatness({"runs": [rising]}) == pytest.approx(3.0)
     assert br.flatness({"runs": [early]}) == pytest.approx(0.0)
     assert br.flatness({"runs": [rising, early]}) == pytest.approx(1.5)
+    # a run that diverged in round 2 has no last 20 % of rounds: left out, and a row of such runs has none
+    diverged = {**run([0.1, 0.5, 0.1]), "status": "diverged"}
+    assert br.flatness({"runs": [rising, diverged]}) == pytest.approx(3.0)
+    assert np.isnan(br.flatness({"runs": [diverged]}))
 
 
 def test_spearman_by_hand():
@@ -64,6 +68,11 @@ def test_converged_table_by_hand():
     data["splits"]["FMNIST_pat_s2000"]["FedALA"]["runs"][0]["executor"] = "sequential"
     s = br.converged_markdown(data, board, "FMNIST_pat_s2000")[1]
     assert br.summary_markdown("FMNIST_pat_s2000", s).endswith("fork 1, not recorded 1, sequential 1.")
+    # a row whose every run diverged has no still-rising figure
+    data["splits"]["FMNIST_pat_s2000"]["pFedMe"] = {"command": "c3", "runs": [
+        {**run([0.1, 0.3], [0, 1], 1.0, 1.0, 1.0, 5.0), "status": "diverged"}]}
+    row = br.converged_markdown(data, board, "FMNIST_pat_s2000")[0].splitlines()[-1]
+    assert row == "| pFedMe | 30.00 | 30.00 | - | - | 1.00 / 1.00 | 1.00 | 1 |"
 
 
 def test_export_holds_each_runs_curve_and_command(digits_tiny_root, tmp_path):
