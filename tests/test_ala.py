@@ -24,6 +24,30 @@ class Tiny(nn.Module):
         return self.fc(torch.relu(self.fc1(x)))
 
 
+class TinyBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(2, 3)
+        self.bn = nn.BatchNorm1d(3)
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.fc1(x))))
+
+
+def bn_pair():
+    """Two BatchNorm models whose weights and running statistics all differ."""
+    torch.manual_seed(7)
+    glob, local = TinyBN(), TinyBN()
+    with torch.no_grad():
+        glob.bn.running_mean.copy_(torch.tensor([1.0, 2.0, 3.0]))
+        glob.bn.running_var.copy_(torch.tensor([4.0, 5.0, 6.0]))
+        glob.bn.num_batches_tracked.fill_(9)
+        local.bn.running_mean.copy_(torch.tensor([-1.0, 0.5, -2.0]))
+        local.bn.running_var.copy_(torch.tensor([0.5, 2.0, 3.0]))
+    return glob, local
+
+
 def pair(seed=0):
     torch.manual_seed(seed)
     return Tiny(), Tiny()
@@ -162,6 +186,45 @@ def test_from_config_takes_each_flag_into_its_own_field():
     assert ala.global_buffers  # --bn_stats shared: Θ̂ takes the global model's buffers
     local = ALA.from_config(main.parse_config(["-algo", "FedALA", "--bn_stats", "local"]), 0, 0, ["fc.weight"])
     assert not local.global_buffers and local.head is None
+
+
+@pytest.mark.parametrize("global_buffers", [True, False])
+def test_batchnorm_statistics_come_from_the_global_model_or_stay_local_and_the_global_model_is_untouched(
+        global_buffers):
+    glob, local = bn_pair()
+    before_glob, before_local = copy.deepcopy(glob.state_dict()), copy.deepcopy(local.state_dict())
+    x, y = torch.randn(40, 2), torch.randint(0, 2, (40,))
+    ala = ALA(adapted_names(local, 1), rand_percent=100, batch_size=8, max_epochs=3, global_buffers=global_buffers,
+              generator=torch.Generator().manual_seed(1))
+    local.train()  # train-mode forwards update the running statistics they are given
+    ala.adaptive_local_aggregation(glob, local, x, y)
+    assert all(torch.equal(before_glob[k], v) for k, v in glob.state_dict().items())
+    want = before_glob if global_buffers else before_local
+    for k in ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked"):
+        assert torch.equal(local.state_dict()[k], want[k]), k
+    assert torch.equal(local.fc1.weight, glob.fc1.weight)  # lower layers from the global model either way
+
+
+def test_the_forward_passes_use_the_global_statistics_unless_kept_local():
+    """In eval mode the statistics shape the loss W learns from: with the global ones, W is what it would
+    be for a local model that already held them (and not what the local statistics give)."""
+    def weights(global_buffers, local):
+        glob = bn_pair()[0]
+        local.eval()
+        ala = ALA(adapted_names(local, 1), rand_percent=100, batch_size=8, max_epochs=2,
+                  global_buffers=global_buffers, generator=torch.Generator().manual_seed(1))
+        ala.adaptive_local_aggregation(glob, local, x, y)
+        return ala.weights
+
+    x, y = torch.randn(40, 2), torch.randint(0, 2, (40,))
+    glob, local = bn_pair()
+    holding = copy.deepcopy(local)
+    holding.load_state_dict({**local.state_dict(), **{k: v for k, v in glob.state_dict().items() if "bn.running" in k
+                                                      or "num_batches" in k}})
+    shared, own, reference = weights(True, copy.deepcopy(local)), weights(False, copy.deepcopy(local)), \
+        weights(False, holding)
+    assert all(torch.equal(shared[k], reference[k]) for k in shared)
+    assert not all(torch.equal(shared[k], own[k]) for k in shared)
 
 
 def test_same_seed_same_weights():
