@@ -227,6 +227,25 @@ def test_the_forward_passes_use_the_global_statistics_unless_kept_local():
     assert not all(torch.equal(shared[k], own[k]) for k in shared)
 
 
+def test_when_only_the_classifier_is_adapted_the_lower_layers_run_once_per_round():
+    """The fast path (``head``): the frozen lower layers' outputs are computed once, in one no-grad pass of
+    the global model over the sample (30 < FEATURE_BATCH samples), instead of in each of the 4 epochs x 6
+    batches of W steps; without ``head`` every step runs the whole model."""
+    def lower_layer_calls(head):
+        glob, local = pair(5)
+        calls = []
+        for name, model in (("global", glob), ("local", local)):
+            model.fc1.register_forward_hook(lambda m, a, o, name=name: calls.append(name))
+        ala = ALA(adapted_names(local, 1), rand_percent=100, batch_size=5, threshold=0.0, window=2, max_epochs=4,
+                  head=head, generator=torch.Generator().manual_seed(0))
+        ala.adaptive_local_aggregation(glob, local, torch.randn(30, 2), torch.randint(0, 2, (30,)))
+        assert ala.last_epochs == 4
+        return calls
+
+    assert lower_layer_calls("fc") == ["global"]
+    assert lower_layer_calls(None) == ["local"] * 24
+
+
 def test_same_seed_same_weights():
     outs = []
     for _ in range(2):
