@@ -246,6 +246,25 @@ def test_when_only_the_classifier_is_adapted_the_lower_layers_run_once_per_round
     assert lower_layer_calls(None) == ["local"] * 24
 
 
+def test_a_last_batch_of_one_joins_the_one_before_only_where_batchnorm_would_see_it():
+    """31 samples in batches of 5: 6 batches and a last one of a single sample, which a train-mode
+    BatchNorm cannot normalise; it joins the batch before only where the whole model, with BatchNorm, runs."""
+    def steps(models, head):
+        glob, local = models
+        calls = []
+        local.fc.register_forward_hook(lambda *a: calls.append(1))
+        ala = ALA(adapted_names(local, 1), rand_percent=100, batch_size=5, head=head,
+                  generator=torch.Generator().manual_seed(0))
+        ala.start_phase = False  # one epoch
+        local.train()
+        ala.adaptive_local_aggregation(glob, local, torch.randn(31, 2), torch.randint(0, 2, (31,)))
+        return len(calls)
+
+    assert steps(pair(6), "fc") == 7  # the classifier alone
+    assert steps(pair(6), None) == 7  # the whole model, without BatchNorm
+    assert steps(bn_pair(), None) == 6  # with BatchNorm
+
+
 def test_same_seed_same_weights():
     outs = []
     for _ in range(2):
