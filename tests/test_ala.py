@@ -265,6 +265,21 @@ def test_a_last_batch_of_one_joins_the_one_before_only_where_batchnorm_would_see
     assert steps(bn_pair(), None) == 6  # with BatchNorm
 
 
+def test_the_epoch_loss_is_the_mean_batch_loss_and_no_hook_is_left_behind():
+    glob, local = pair(8)
+    x, y = torch.randn(12, 2), torch.randint(0, 2, (12,))
+    # η = 0 keeps W at ones, so every batch is scored by the global model: two batches of 6
+    ala = ALA(adapted_names(local, 1), eta=0.0, rand_percent=100, batch_size=6, head="fc",
+              generator=torch.Generator().manual_seed(0))
+    ala.start_phase = False
+    ala.adaptive_local_aggregation(glob, local, x, y)
+    with torch.no_grad():
+        per_sample = nn.functional.cross_entropy(glob(x), y, reduction="none")
+    # two batches of equal size, in whatever order: the mean of their means is the mean over the 12
+    assert ala.last_losses == pytest.approx([float(per_sample.mean())], rel=1e-6)
+    assert not glob.fc._forward_hooks and not local.fc._forward_hooks  # the capture hook was removed
+
+
 def test_same_seed_same_weights():
     outs = []
     for _ in range(2):
