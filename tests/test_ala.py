@@ -277,6 +277,10 @@ def test_the_epoch_loss_is_the_mean_batch_loss_and_no_hook_is_left_behind():
         per_sample = nn.functional.cross_entropy(glob(x), y, reduction="none")
     # two batches of equal size, in whatever order: the mean of their means is the mean over the 12
     assert ala.last_losses == pytest.approx([float(per_sample.mean())], rel=1e-6)
+    one = ALA(adapted_names(local, 1), eta=0.0, rand_percent=100, batch_size=12, generator=torch.Generator())
+    one.start_phase = False
+    one.adaptive_local_aggregation(glob, copy.deepcopy(local), x, y)
+    assert one.last_losses == pytest.approx([float(per_sample.mean())], rel=1e-6)  # one batch: its own loss
     assert not glob.fc._forward_hooks and not local.fc._forward_hooks  # the capture hook was removed
 
 
