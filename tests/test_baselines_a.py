@@ -291,6 +291,32 @@ def test_ditto_records_global_accuracy_apart(digits_root):
     assert not same(params(client.pmodel), params(server.global_model))
 
 
+def test_ditto_personal_step_by_hand(digits_root):
+    """One batch holding the client's whole training split: v <- v - η (∇F(v) + λ (v - w^t)), by hand."""
+    server = make_server(digits_root, "Ditto", "-mu", "0.7", "-lr", "0.05", "-lbs", "100000")
+    server._send_models(server.clients)
+    client = server.clients[0]
+    perturb(client.pmodel)  # v apart from w^t (in round 0 both are the common initialisation)
+    ref, anchor = copy.deepcopy(client.pmodel), [a.clone() for a in client.anchor]
+    assert not same(params(ref), anchor)
+    client.train(0)
+    grads = torch.autograd.grad(nn.functional.cross_entropy(ref(client.x_train), client.y_train),
+                                list(ref.parameters()))
+    expect = [p - 0.05 * (g + 0.7 * (p - a)) for p, g, a in zip(ref.parameters(), grads, anchor)]
+    assert all(torch.allclose(p, e, atol=1e-6) for p, e in zip(client.pmodel.parameters(), expect))
+
+
+def test_ditto_personal_model_follows_the_schedule_and_trains_in_training_mode(digits_tiny_root):
+    server = make_server(digits_tiny_root, "Ditto", "-lr", "0.1", "-ld", "-ldg", "0.5", "-m", "BNCNN")
+    server._send_models(server.clients)
+    client = server.clients[0]
+    client.pmodel.eval()  # as an evaluation could leave it
+    stats = {k: v.clone() for k, v in client.pmodel.state_dict().items() if "running_mean" in k}
+    client.train(3)
+    assert [g["lr"] for g in client.poptimizer.param_groups] == [pytest.approx(0.1 * 0.5 ** 3)]
+    assert stats and all(not torch.equal(client.pmodel.state_dict()[k], v) for k, v in stats.items())
+
+
 def test_ditto_with_ala_initialises_w_and_leaves_v(digits_root):
     server = make_server(digits_root, "Ditto", "-ala", "--ala_max_epochs", "5", "-lr", "0.1", "-gr", "1")
     server.train()
