@@ -253,9 +253,8 @@ def guards(module: str, full: bool = False) -> tuple[list[str], list[str]]:
     imports = re.compile(rf"^\s*(from\s+{re.escape(name)}\s+import|import\s+{re.escape(name)}\b"
                          rf"|from\s+{re.escape(parent)}\s+import\s+[^#\n]*\b{re.escape(stem)}\b)", re.M)
     algos = algorithms_of(module)
-    # an algorithm's own tests build it by name: get_server_class("FD"), "-algo", "FD"
-    named = re.compile("|".join(rf'get_server_class\("{re.escape(a)}"\)|"-algo", "{re.escape(a)}"' for a in algos)) \
-        if algos else None
+    # an algorithm's own tests name it: get_server_class("FD"), "-algo", "FD", or a helper's make_server(root, "FD")
+    named = re.compile("|".join(rf'["\']{re.escape(a)}["\']' for a in algos)) if algos else None
     files = sorted({f"tests/{p.name}" for p in (REPO / "tests").glob("test_*.py")
                     if imports.search(p.read_text()) or (named and named.search(p.read_text()))}
                    | set(EXTRA.get(module, ())))

@@ -286,6 +286,7 @@ def test_ditto_records_global_accuracy_apart(digits_root):
     total = sum(c.test_samples for c in server.clients)
     assert summary["global_test_acc"] == pytest.approx(correct / total)
     assert summary["global_test_acc"] != summary["test_acc"]  # the personal models are evaluated
+    assert all(c.model.training for c in server.clients)  # w goes back to training mode after its evaluation
     client = server.clients[0]
     assert same(client.anchor, params(server.global_model))
     assert not same(params(client.pmodel), params(server.global_model))

@@ -46,6 +46,8 @@ def test_guards_of_a_utility_module_are_its_importers_and_the_listed_files():
     assert all(Path(mutate.REPO / f).is_file() for f in files)
     assert mutate.algorithms_of("system/flcore/clients/clientfd.py") == ["FD"]
     assert mutate.dotted("dataset/utils/partition.py") == "dataset.utils.partition"
+    # an algorithm's own tests, which build it through a helper (make_server(root, "Ditto")), guard its modules
+    assert "tests/test_baselines_a.py" in mutate.guards("system/flcore/clients/clientditto.py")[0]
 
 
 def test_the_doc_lists_the_modules_in_scope_not_yet_run_and_keeps_its_text_outside_the_blocks(tmp_path,
