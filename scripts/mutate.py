@@ -18,9 +18,10 @@ is usually killed by the test that killed its neighbour, and ``-x`` then stops t
 a mutant runs only those that execute its line (``coverage_map``: one run of them under coverage.py, each test
 its own context, followed into the processes it forks or starts); a line that runs at import or in a
 fixture's set-up runs them all, and a line that none runs survives without a run. ``--all-tests`` runs every
-guarding test for every mutant instead; ``--verify`` reruns each survivor with all of them. Which tests guard a module is decided in one place, ``guards()`` below: the test
-files that import the module, the tests parametrized with the name of every algorithm whose server is (or
-imports) the module, and the explicit ``EXTRA`` files. Results go to ``docs/benchmarks/mutation/<module>.json``
+guarding test for every mutant instead; ``--verify`` reruns each survivor with all of them. Which tests guard
+a module is decided in one place, ``guards()`` below: the test files that import the module or name its
+algorithm, the tests parametrized with the name of every algorithm whose server is (or imports) the module,
+and the explicit ``EXTRA`` files. Results go to ``docs/benchmarks/mutation/<module>.json``
 (written after every mutant, so an interrupted run resumes); survivors judged equivalent are listed with the
 reason in ``docs/benchmarks/mutation/equivalent.json``, matched by operator and the line before and after.
 Run it under ``nice -n 19``: it keeps one core busy for minutes.
@@ -513,7 +514,7 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
         print(f"{module}: {len(found)} mutants; {len(files)} test files + {len(nodes)} registry nodes, "
               f"{base:.0f} s unmutated" + ("" if all_tests else " under coverage"), flush=True)
         record = {"module": module, "tool": "cosmic-ray " + version(), "date": str(datetime.date.today()),
-                  "commit": commit, "sha": sha(source), "tests": files + nodes,
+                  "commit": commit, "sha": sha(source), "tests": guard,
                   "baseline_s": round(base, 1), "mutants": []}
         for i, m in enumerate(found):
             key = (m["op"], m["from"], m["to"], m["line"])
@@ -539,7 +540,7 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
                   flush=True)
             write(record)
         if cmap is not None:
-            recheck_killers(root, module, record, guard, 3 * base + 120, log)
+            recheck_killers(root, module, found, record, guard, 3 * base + 120, log)
     # The kill rate before the tests written against this run's survivors: kept from the first run.
     killed = sum(m["outcome"] != "survived" for m in record["mutants"])
     record["first"] = previous.get("first") or {"mutants": len(record["mutants"]), "killed": killed,
@@ -557,18 +558,17 @@ def run_mutant(root: Path, tests: list[str], timeout: float, log: Path, killers:
     return outcome, seconds, by
 
 
-def recheck_killers(root: Path, module: str, record: dict, guard: list[str], timeout: float, log: Path) -> None:
+def recheck_killers(root: Path, module: str, found: list[dict], record: dict, guard: list[str], timeout: float,
+                    log: Path) -> None:
     """A mutant killed by a selection of the tests counts only if its killer passes on the unmutated code when
     run as selected (alone, not after the tests that ran before it in the full run); the mutants of a killer
-    that does not are run again with every guarding test."""
-    bad = set()
-    for test in sorted({m["by"] for m in record["mutants"] if m.get("by") and m.get("ran") not in (None, "all")}):
-        if run_tests(root, [test], timeout, log)[0] != "survived":
-            bad.add(test)
+    that does not are run again with every guarding test. ``found``: the module's mutants (``mutants()``)."""
+    selected = [m for m in record["mutants"] if m.get("by") and m.get("ran") not in (None, "all")]
+    bad = {test for test in {m["by"] for m in selected} if run_tests(root, [test], timeout, log)[0] != "survived"}
     source = (root / module).read_text()
-    code = {(m["op"], m["from"], m["to"], m["line"]): m["code"] for m in mutants(source)} if bad else {}
-    for row in record["mutants"]:
-        if row.get("by") in bad and row.get("ran") != "all":
+    code = {(m["op"], m["from"], m["to"], m["line"]): m["code"] for m in found}
+    for row in selected:
+        if row["by"] in bad:
             print(f"mutate: {row['by']} fails alone on the unmutated code: L{row['line']} rerun with every test")
             (root / module).write_text(code[(row["op"], row["from"], row["to"], row["line"])])
             row["outcome"], seconds, row["by"] = run_mutant(root, guard, timeout, log, [])

@@ -206,3 +206,27 @@ def test_each_line_maps_to_the_tests_that_run_it_in_this_process_a_fork_or_a_sub
     (root / "pkg" / "mod.py").write_text(MODULE.replace("return -x", "return x"))
     assert mutate.run_mutant(root, chosen(19), 120, tmp_path / "log", []) == ("survived", 0.0, "")
     assert mutate.run_tests(root, tests, 120, tmp_path / "log") == ("survived", pytest.approx(0, abs=120))
+
+
+def test_a_killer_that_fails_alone_on_the_unmutated_code_is_not_believed(tmp_path, monkeypatch):
+    """test_second passes after test_first only: a mutant it "killed" when run alone is run again with every
+    guarding test, in which it survives (the mutant, in a function no test calls, changes nothing)."""
+    import mutate
+
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "mod.py").write_text(MODULE)
+    (root / "tests" / "test_b.py").write_text("STATE = []\n\n\ndef test_first():\n    STATE.append(1)\n\n\n"
+                                               "def test_second():\n    assert STATE\n")
+    (root / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
+    monkeypatch.setattr(mutate, "RESULTS", tmp_path / "results")
+    mutant = {"line": 14, "op": "BinaryOperator_Sub_Add", "from": "return x - 1", "to": "return x + 1"}
+    found = [{**mutant, "code": MODULE.replace("return x - 1", "return x + 1")}]
+    record = {"module": "pkg/mod.py", "mutants": [
+        {**mutant, "outcome": "killed", "s": 1.0, "ran": 1, "by": "tests/test_b.py::test_second"}]}
+    mutate.recheck_killers(root, "pkg/mod.py", found, record, ["tests/test_b.py"], 120, tmp_path / "log")
+    row = record["mutants"][0]
+    assert (row["outcome"], row["ran"], row["by"]) == ("survived", "all", "")
+    assert (root / "pkg" / "mod.py").read_text() == MODULE  # the unmutated module is back
