@@ -287,17 +287,21 @@ def copy_repo(dest: Path) -> Path:
 
 class KillersFirst:
     """A pytest plugin that runs the tests which killed this module's earlier mutants first, the latest
-    killer first: a mutant near one already killed usually fails the same test, and with ``-x`` the run
-    stops there instead of after every test collected before it. Only the order changes, never the set."""
+    killer first, then the others fastest first (``durations``: seconds per node id in the unmutated run;
+    without it their collected order): a mutant near one already killed usually fails the same test, and
+    with ``-x`` the run stops at the first failure, so a mutant no earlier killer catches is found by the
+    cheapest test that fails. Only the order changes, never the set."""
 
-    def __init__(self, killers: list[str]):
+    def __init__(self, killers: list[str], durations: dict[str, float] | None = None):
         self.rank: dict[str, int] = {}
+        self.durations = durations or {}
         for node in reversed(killers):
             self.rank.setdefault(node, len(self.rank))
 
     @pytest.hookimpl(trylast=True)  # after conftest's own hook: this order is the one that runs
     def pytest_collection_modifyitems(self, items):
-        items.sort(key=lambda item: self.rank.get(item.nodeid, len(self.rank)))
+        items.sort(key=lambda item: (self.rank.get(item.nodeid, len(self.rank)),
+                                     self.durations.get(item.nodeid, 0.0)))
 
 
 def forked_pytest(root: Path, argv: list[str], timeout: float, log: Path, plugins: list = (),
@@ -327,7 +331,7 @@ def forked_pytest(root: Path, argv: list[str], timeout: float, log: Path, plugin
                 os.environ.update(MUTATE_TEST="", COVERAGE_PROCESS_START=str(cover))
                 cov = coverage.Coverage(config_file=str(cover))
                 cov.start()
-                plugins = [*plugins, TestContexts(cov)]
+                plugins = [*plugins, TestContexts(cov, Path(cover).with_name("durations.json"))]
             try:
                 code = int(pytest.main(["-q", "--tb=short", "-p", "no:cacheprovider", "-o", "addopts=", *argv],
                                        plugins=list(plugins)))
@@ -349,9 +353,10 @@ def forked_pytest(root: Path, argv: list[str], timeout: float, log: Path, plugin
 
 
 def run_tests(root: Path, args: list[str], timeout: float, log: Path,
-              killers: list[str] = ()) -> tuple[str, float]:
-    """Run the tests ``args`` with ``-x``, ``killers`` first (``KillersFirst``); outcome, seconds."""
-    code, seconds = forked_pytest(root, ["-x", *args], timeout, log, [KillersFirst(list(killers))])
+              killers: list[str] = (), durations: dict[str, float] | None = None) -> tuple[str, float]:
+    """Run the tests ``args`` with ``-x``, ``killers`` first, then fastest first (``KillersFirst``);
+    outcome, seconds."""
+    code, seconds = forked_pytest(root, ["-x", *args], timeout, log, [KillersFirst(list(killers), durations)])
     if code is None:
         return "timeout", seconds
     if code == 0:
@@ -374,10 +379,11 @@ patch = _exit
 class TestContexts:
     """A pytest plugin that records each test's lines under its own coverage context: its node id while it
     runs, ``<node id>|setup`` / ``|teardown`` around it. ``MUTATE_TEST`` carries the same label into the
-    processes the test forks or starts (the coverage configuration's static context)."""
+    processes the test forks or starts (the coverage configuration's static context). Each test's seconds,
+    set-up to teardown, go to the JSON file ``durations`` at the end of the session."""
 
-    def __init__(self, cov):
-        self.cov = cov
+    def __init__(self, cov, durations: Path):
+        self.cov, self.path, self.seconds, self.started = cov, durations, {}, {}
 
     def switch(self, label: str) -> None:
         os.environ["MUTATE_TEST"] = label
@@ -385,6 +391,7 @@ class TestContexts:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_setup(self, item):
+        self.started[item.nodeid] = time.monotonic()
         self.switch(item.nodeid + "|setup")
         yield
 
@@ -398,13 +405,18 @@ class TestContexts:
         self.switch(item.nodeid + "|teardown")
         yield
         self.switch("")
+        self.seconds[item.nodeid] = round(time.monotonic() - self.started.pop(item.nodeid), 3)
+
+    def pytest_sessionfinish(self):
+        self.path.write_text(json.dumps(self.seconds))
 
 
-def coverage_map(root: Path, module: str, args: list[str], tmp: Path) -> tuple[dict[int, set[str]], float]:
+def coverage_map(root: Path, module: str, args: list[str],
+                 tmp: Path) -> tuple[dict[int, set[str]], float, dict[str, float]]:
     """Run ``args`` (the guarding tests) once under coverage.py, measuring ``module`` only, in this process and
     in every process a test forks or starts; line -> the node ids of the tests that ran it (``ALL`` where it ran
     outside a test's own call: at import, or in a fixture's set-up or teardown, whose results other tests
-    share), and the seconds the run took. Raises SystemExit if a test fails."""
+    share), the seconds the run took, and each test's seconds in it. Raises SystemExit if a test fails."""
     import coverage
 
     cov_dir = tmp / "coverage"
@@ -420,8 +432,8 @@ def coverage_map(root: Path, module: str, args: list[str], tmp: Path) -> tuple[d
     cov.combine([str(cov_dir)])
     by_line = cov.get_data().contexts_by_lineno(str(root / module))
     label = re.compile(r"\|(setup|teardown)$")
-    return {line: {ALL if not c or label.search(c) else c for c in contexts}
-            for line, contexts in by_line.items()}, seconds
+    return ({line: {ALL if not c or label.search(c) else c for c in contexts} for line, contexts in by_line.items()},
+            seconds, json.loads((tmp / "durations.json").read_text()))
 
 
 def statement_lines(source: str) -> dict[int, range | None]:
@@ -504,13 +516,13 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
         log = Path(tmp) / "pytest.log"
         guard = files + nodes
         if all_tests:
-            cmap = None
+            cmap, durations = None, None
             outcome, base = run_tests(root, guard, 3600, log)
             if outcome != "survived":
                 sys.stdout.write(log.read_text()[-3000:])
                 raise SystemExit(f"mutate: the guarding tests fail on the unmutated code ({outcome})")
         else:  # the unmutated run, under coverage: which test runs which line
-            cmap, base = coverage_map(root, module, guard, Path(tmp))
+            cmap, base, durations = coverage_map(root, module, guard, Path(tmp))
         print(f"{module}: {len(found)} mutants; {len(files)} test files + {len(nodes)} registry nodes, "
               f"{base:.0f} s unmutated" + ("" if all_tests else " under coverage"), flush=True)
         record = {"module": module, "tool": "cosmic-ray " + version(), "date": str(datetime.date.today()),
@@ -524,9 +536,9 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
             chosen = select(cmap, lines, m["line"], guard)
             killers = [r["by"] for r in record["mutants"] if r.get("by")]
             (root / module).write_text(m["code"])
-            outcome, seconds, by = run_mutant(root, chosen, 3 * base + 120, log, killers)
+            outcome, seconds, by = run_mutant(root, chosen, 3 * base + 120, log, killers, durations)
             if outcome == "survived" and verify and chosen != guard:
-                outcome, more, by = run_mutant(root, guard, 3 * base + 120, log, killers)
+                outcome, more, by = run_mutant(root, guard, 3 * base + 120, log, killers, durations)
                 seconds += more
             (root / module).write_text(source)
             row = {k: m[k] for k in ("line", "op", "from", "to")} | {"outcome": outcome, "s": round(seconds, 1),
@@ -549,11 +561,12 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
     return record
 
 
-def run_mutant(root: Path, tests: list[str], timeout: float, log: Path, killers: list[str]) -> tuple[str, float, str]:
+def run_mutant(root: Path, tests: list[str], timeout: float, log: Path, killers: list[str],
+               durations: dict[str, float] | None = None) -> tuple[str, float, str]:
     """(outcome, seconds, the failing test) of the mutant written in ``root``; no tests: it survives unrun."""
     if not tests:
         return "survived", 0.0, ""
-    outcome, seconds = run_tests(root, tests, timeout, log, killers)
+    outcome, seconds = run_tests(root, tests, timeout, log, killers, durations)
     by = next(iter(re.findall(r"^(?:FAILED|ERROR) (\S+)", log.read_text(), re.M)), "") if outcome == "killed" else ""
     return outcome, seconds, by
 

@@ -90,6 +90,10 @@ def test_earlier_killers_run_first_latest_first_and_nothing_is_dropped():
     assert [i.nodeid for i in items] == ["u.py::d", "t.py::b", "t.py::a", "t.py::c", "u.py::e"]
     mutate.KillersFirst([]).pytest_collection_modifyitems(items)  # no killer yet: the order is kept
     assert [i.nodeid for i in items] == ["u.py::d", "t.py::b", "t.py::a", "t.py::c", "u.py::e"]
+    # with the unmutated run's seconds: the killers first all the same, then the others fastest first
+    seconds = {"u.py::d": 9.0, "t.py::b": 5.0, "t.py::a": 3.0, "t.py::c": 0.5, "u.py::e": 1.0}
+    mutate.KillersFirst(["t.py::b"], seconds).pytest_collection_modifyitems(items)
+    assert [i.nodeid for i in items] == ["t.py::b", "t.py::c", "u.py::e", "t.py::a", "u.py::d"]
 
 
 MODULE = '''K = 2
@@ -184,7 +188,12 @@ def test_each_line_maps_to_the_tests_that_run_it_in_this_process_a_fork_or_a_sub
     (root / "pkg" / "mod.py").write_text(MODULE)
     (root / "tests" / "test_a.py").write_text(TESTS)
     (root / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
-    cmap, _ = mutate.coverage_map(root, "pkg/mod.py", ["tests/test_a.py"], tmp_path)
+    cmap, _, seconds = mutate.coverage_map(root, "pkg/mod.py", ["tests/test_a.py"], tmp_path)
+    # each test's seconds in the unmutated run, set-up to teardown: test_subprocess starts a Python process
+    assert set(seconds) == {f"tests/test_a.py::{t}" for t in ("test_inproc", "test_fork", "test_subprocess",
+                                                                 "test_uses_the_fixture")}
+    assert all(s > 0 for s in seconds.values())
+    assert seconds["tests/test_a.py::test_subprocess"] > seconds["tests/test_a.py::test_inproc"]
     lines = mutate.statement_lines(MODULE)
     tests = ["tests/test_a.py"]
 
