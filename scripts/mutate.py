@@ -23,7 +23,9 @@ a module is decided in one place, ``guards()`` below: the test files that import
 algorithm, the tests parametrized with the name of every algorithm whose server is (or imports) the module,
 and the explicit ``EXTRA`` files. Results go to ``docs/benchmarks/mutation/<module>.json``
 (written after every mutant, so an interrupted run resumes); survivors judged equivalent are listed with the
-reason in ``docs/benchmarks/mutation/equivalent.json``, matched by operator and the line before and after.
+reason in ``docs/benchmarks/mutation/equivalent.json``, matched by operator and the line before and after; a
+mutant listed there is not run (e.g. ``super().add_args(parser)`` dropped where the base is ``Server``, whose
+``add_args`` adds nothing: every guarding test would run to show it survives).
 Run it under ``nice -n 19``: it keeps one core busy for minutes.
 """
 from __future__ import annotations
@@ -532,6 +534,13 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
             key = (m["op"], m["from"], m["to"], m["line"])
             if key in done:
                 record["mutants"].append(done[key])
+                continue
+            if key[:3] in equivalent:  # judged equivalent, with its reason, before it ran: no test can kill it
+                record["mutants"].append({k: m[k] for k in ("line", "op", "from", "to")}
+                                         | {"outcome": "survived", "s": 0.0, "ran": 0})
+                print(f"[{i + 1}/{len(found)}] equivalent (listed, not run)  L{m['line']} {m['op']}: {m['to']}",
+                      flush=True)
+                write(record)
                 continue
             chosen = select(cmap, lines, m["line"], guard)
             killers = [r["by"] for r in record["mutants"] if r.get("by")]

@@ -239,3 +239,30 @@ def test_a_killer_that_fails_alone_on_the_unmutated_code_is_not_believed(tmp_pat
     row = record["mutants"][0]
     assert (row["outcome"], row["ran"], row["by"]) == ("survived", "all", "")
     assert (root / "pkg" / "mod.py").read_text() == MODULE  # the unmutated module is back
+
+
+def test_a_mutant_listed_as_equivalent_is_not_run(tmp_path, monkeypatch):
+    """mutate() end to end on a made-up repository: "x + 1" gives three mutants ("x - 1", "x + 2", "x + 0"),
+    each of which the test kills; "x + 2", listed as equivalent before the run, is recorded unrun."""
+    import json
+    import subprocess
+
+    import mutate
+
+    repo, results = tmp_path / "repo", tmp_path / "repo" / "results"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    results.mkdir()
+    (repo / "pkg" / "__init__.py").write_text("")
+    (repo / "pkg" / "mod.py").write_text("def f(x):\n    return x + 1\n")
+    (repo / "tests" / "test_mod.py").write_text("from pkg import mod\n\n\ndef test_f():\n    assert mod.f(1) == 2\n")
+    (repo / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    (results / "equivalent.json").write_text(json.dumps({"pkg/mod.py": [
+        {"op": "NumberReplacer", "from": "return x + 1", "to": "return x + 2", "why": "made up"}]}))
+    for name, value in (("REPO", repo), ("RESULTS", results), ("EQUIVALENT", results / "equivalent.json")):
+        monkeypatch.setattr(mutate, name, value)
+    record = mutate.mutate("pkg/mod.py", full=False, fresh=True)
+    rows = {m["to"]: (m["outcome"], m["ran"]) for m in record["mutants"]}
+    assert rows == {"return x - 1": ("killed", 1), "return x + 2": ("survived", 0), "return x + 0": ("killed", 1)}
+    assert mutate.summary(record) == {"mutants": 3, "killed": 2, "equivalent": 1, "survived": 0, "rate": 1.0}
