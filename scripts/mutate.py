@@ -487,7 +487,11 @@ def result_path(module: str) -> Path:
     return RESULTS / f"{dotted(module)}.json"
 
 
-def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify: bool = False) -> dict:
+def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify: bool = False,
+           only: list[str] | None = None) -> dict:
+    """Run the module's mutants (the survivors of an earlier run on the same source, unless ``fresh``) and
+    record them. ``only``: tests written against an earlier run's survivors; those survivors run against
+    them alone, without the coverage run (a kill by any test is a kill; one they miss stays a survivor)."""
     source = (REPO / module).read_text()
     lines = statement_lines(source)
     files, nodes = guards(module, full)
@@ -500,6 +504,9 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
     # does a survivor recorded as equivalent (no test can kill it); the other survivors are run again, so a
     # new test shows at once. --fresh runs everything.
     same = not fresh and previous.get("sha") == sha(source)
+    if only is not None and not same:
+        raise SystemExit(f"mutate: --with reruns the survivors of an earlier run of {module} on the same source, "
+                         "and there is none: run it without --with")
     equivalent = equivalent_notes(module)
     done = {} if not same else {
         (m["op"], m["from"], m["to"], m["line"]): m for m in previous["mutants"]
@@ -517,7 +524,9 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
         root = copy_repo(Path(tmp))
         log = Path(tmp) / "pytest.log"
         guard = files + nodes
-        if all_tests:
+        if only is not None:
+            cmap, durations, base = None, None, previous["baseline_s"]
+        elif all_tests:
             cmap, durations = None, None
             outcome, base = run_tests(root, guard, 3600, log)
             if outcome != "survived":
@@ -526,7 +535,8 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
         else:  # the unmutated run, under coverage: which test runs which line
             cmap, base, durations = coverage_map(root, module, guard, Path(tmp))
         print(f"{module}: {len(found)} mutants; {len(files)} test files + {len(nodes)} registry nodes, "
-              f"{base:.0f} s unmutated" + ("" if all_tests else " under coverage"), flush=True)
+              f"{base:.0f} s unmutated" + ("" if all_tests else " under coverage")
+              + (f"; survivors against {len(only)} test(s) given" if only is not None else ""), flush=True)
         record = {"module": module, "tool": "cosmic-ray " + version(), "date": str(datetime.date.today()),
                   "commit": commit, "sha": sha(source), "tests": guard,
                   "baseline_s": round(base, 1), "mutants": []}
@@ -542,7 +552,7 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
                       flush=True)
                 write(record)
                 continue
-            chosen = select(cmap, lines, m["line"], guard)
+            chosen = only if only is not None else select(cmap, lines, m["line"], guard)
             killers = [r["by"] for r in record["mutants"] if r.get("by")]
             (root / module).write_text(m["code"])
             outcome, seconds, by = run_mutant(root, chosen, 3 * base + 120, log, killers, durations)
@@ -560,7 +570,7 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
             print(f"[{i + 1}/{len(found)}] {outcome:8s} {seconds:5.1f}s  L{m['line']} {m['op']}: {m['to']}",
                   flush=True)
             write(record)
-        if cmap is not None:
+        if cmap is not None or only is not None:
             recheck_killers(root, module, found, record, guard, 3 * base + 120, log)
     # The kill rate before the tests written against this run's survivors: kept from the first run.
     killed = sum(m["outcome"] != "survived" for m in record["mutants"])
@@ -706,6 +716,9 @@ def main(argv=None) -> int:
                    help="run every guarding test for every mutant, not only those that execute its line")
     p.add_argument("--verify", action="store_true",
                    help="rerun each survivor of a selection with every guarding test before recording it")
+    p.add_argument("--with", dest="only", nargs="+", metavar="TEST",
+                   help="rerun an earlier run's survivors (same source) against these tests only, without the "
+                        "coverage run: the tests written against them")
     args = p.parse_args(argv)
     if args.table:
         print(table() + "\n\n" + not_yet_run() + "\n\n" + survivors_report())
@@ -724,7 +737,7 @@ def main(argv=None) -> int:
         for m in mutants((REPO / module).read_text()):
             print(f"L{m['line']} {m['op']}: {m['from']}  ->  {m['to']}")
         return 0
-    record = mutate(module, args.full, args.fresh, args.all_tests, args.verify)
+    record = mutate(module, args.full, args.fresh, args.all_tests, args.verify, args.only)
     s = summary(record)
     print(f"{module}: {s['killed']}/{s['mutants']} killed, {s['equivalent']} equivalent, {s['survived']} "
           f"survived: {100 * s['rate']:.0f} %")

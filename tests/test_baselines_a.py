@@ -292,6 +292,17 @@ def test_ditto_records_global_accuracy_apart(digits_root):
     assert not same(params(client.pmodel), params(server.global_model))
 
 
+@pytest.mark.parametrize("counts, expect", [([(1, 1), (0, 0), (0, 0), (0, 0), (0, 0)], 1.0),
+                                            ([(3, 4), (1, 6), (0, 0), (0, 2), (0, 0)], 4 / 12)])
+def test_ditto_global_accuracy_pools_the_clients_counts(digits_root, monkeypatch, counts, expect):
+    """The global model's accuracy is Σ correct / Σ test samples over the clients (4 / 12 here, not the mean
+    of the clients' own accuracies), also when the clients hold one test sample in all."""
+    server = make_server(digits_root, "Ditto")
+    for client, count in zip(server.clients, counts):
+        monkeypatch.setattr(client, "received_test_metrics", lambda count=count: count)
+    assert server.extra_metrics() == {"global_test_acc": pytest.approx(expect)}
+
+
 def test_ditto_personal_step_by_hand(digits_root):
     """One batch holding the client's whole training split: v <- v - η (∇F(v) + λ (v - w^t)), by hand."""
     server = make_server(digits_root, "Ditto", "-mu", "0.7", "-lr", "0.05", "-lbs", "100000")

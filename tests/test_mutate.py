@@ -241,9 +241,9 @@ def test_a_killer_that_fails_alone_on_the_unmutated_code_is_not_believed(tmp_pat
     assert (root / "pkg" / "mod.py").read_text() == MODULE  # the unmutated module is back
 
 
-def test_a_mutant_listed_as_equivalent_is_not_run(tmp_path, monkeypatch):
-    """mutate() end to end on a made-up repository: "x + 1" gives three mutants ("x - 1", "x + 2", "x + 0"),
-    each of which the test kills; "x + 2", listed as equivalent before the run, is recorded unrun."""
+def one_line_repo(tmp_path, monkeypatch, test: str, equivalent: dict):
+    """A made-up git repository: pkg/mod.py is "return x + 1" (three mutants: "x - 1", "x + 2", "x + 0"),
+    tests/test_mod.py holds ``test``; scripts/mutate.py pointed at it."""
     import json
     import subprocess
 
@@ -255,14 +255,50 @@ def test_a_mutant_listed_as_equivalent_is_not_run(tmp_path, monkeypatch):
     results.mkdir()
     (repo / "pkg" / "__init__.py").write_text("")
     (repo / "pkg" / "mod.py").write_text("def f(x):\n    return x + 1\n")
-    (repo / "tests" / "test_mod.py").write_text("from pkg import mod\n\n\ndef test_f():\n    assert mod.f(1) == 2\n")
+    (repo / "tests" / "test_mod.py").write_text(f"from pkg import mod\n\n\ndef test_f():\n    {test}\n")
     (repo / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    (results / "equivalent.json").write_text(json.dumps({"pkg/mod.py": [
-        {"op": "NumberReplacer", "from": "return x + 1", "to": "return x + 2", "why": "made up"}]}))
+    (results / "equivalent.json").write_text(json.dumps(equivalent))
     for name, value in (("REPO", repo), ("RESULTS", results), ("EQUIVALENT", results / "equivalent.json")):
         monkeypatch.setattr(mutate, name, value)
+    return repo
+
+
+def test_a_mutant_listed_as_equivalent_is_not_run(tmp_path, monkeypatch):
+    """mutate() end to end: the test kills all three mutants, but "x + 2", listed as equivalent before the
+    run, is recorded unrun."""
+    import mutate
+
+    one_line_repo(tmp_path, monkeypatch, "assert mod.f(1) == 2", {"pkg/mod.py": [
+        {"op": "NumberReplacer", "from": "return x + 1", "to": "return x + 2", "why": "made up"}]})
     record = mutate.mutate("pkg/mod.py", full=False, fresh=True)
     rows = {m["to"]: (m["outcome"], m["ran"]) for m in record["mutants"]}
     assert rows == {"return x - 1": ("killed", 1), "return x + 2": ("survived", 0), "return x + 0": ("killed", 1)}
     assert mutate.summary(record) == {"mutants": 3, "killed": 2, "equivalent": 1, "survived": 0, "rate": 1.0}
+
+
+def test_survivors_rerun_against_the_tests_given_without_the_coverage_run(tmp_path, monkeypatch):
+    """A weak test leaves "x + 2" and "x + 0" alive; a test written since, given with --with, kills "x + 2"
+    (recorded with it, as an earlier survivor) and misses "x + 0", which stays a survivor; the killed
+    mutant of the first run is kept without a run, and no coverage run is made."""
+    import mutate
+
+    repo = one_line_repo(tmp_path, monkeypatch, "assert mod.f(1) > 0", {})
+    first = mutate.mutate("pkg/mod.py", full=False, fresh=True)
+    assert [m["outcome"] for m in first["mutants"]] == ["killed", "survived", "survived"]
+    (repo / "tests" / "test_new.py").write_text("from pkg import mod\n\n\ndef test_not_three():\n"
+                                                "    assert mod.f(1) != 3\n")
+
+    def no_coverage_run(*args):
+        raise AssertionError("the coverage run was made")
+
+    monkeypatch.setattr(mutate, "coverage_map", no_coverage_run)
+    record = mutate.mutate("pkg/mod.py", full=False, fresh=False, only=["tests/test_new.py"])
+    rows = {m["to"]: (m["outcome"], m.get("by"), m.get("was")) for m in record["mutants"]}
+    assert rows == {"return x - 1": ("killed", "tests/test_mod.py::test_f", None),
+                    "return x + 2": ("killed", "tests/test_new.py::test_not_three", "survived"),
+                    "return x + 0": ("survived", None, None)}
+    assert record["first"]["killed"] == 1  # the first run's kill rate is kept
+    (repo / "pkg" / "mod.py").write_text("def f(x):\n    return x + 1  # changed\n")
+    with pytest.raises(SystemExit, match="same source"):
+        mutate.mutate("pkg/mod.py", full=False, fresh=False, only=["tests/test_new.py"])
