@@ -586,8 +586,14 @@ def run_mutant(root: Path, tests: list[str], timeout: float, log: Path, killers:
     if not tests:
         return "survived", 0.0, ""
     outcome, seconds = run_tests(root, tests, timeout, log, killers, durations)
-    by = next(iter(re.findall(r"^(?:FAILED|ERROR) (\S+)", log.read_text(), re.M)), "") if outcome == "killed" else ""
-    return outcome, seconds, by
+    return outcome, seconds, first_failure(log.read_text()) if outcome == "killed" else ""
+
+
+def first_failure(log: str) -> str:
+    """The node id of the first test pytest's short summary reports failed (``FAILED <id> - <message>``);
+    an id may hold spaces (a parametrized value's)."""
+    found = re.search(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", log, re.M)
+    return found.group(1) if found else ""
 
 
 def recheck_killers(root: Path, module: str, found: list[dict], record: dict, guard: list[str], timeout: float,

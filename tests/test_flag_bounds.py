@@ -58,7 +58,7 @@ BOUNDS = {
     "FedPAC": [("-lam", ["-0.5"], ["0"], ()), ("-pls", ["-1"], ["0"], ())],
     "PFL-DA": [("-lam", ["-0.5"], ["0"], ())],
 }
-CASES = [pytest.param(algo, flag, value, refused, extra, id=f"{algo} {flag} {value}")
+CASES = [pytest.param(algo, flag, value, refused, extra, id=f"{algo}{flag}={value}")
          for algo, flags in BOUNDS.items() for flag, bad, good, extra in flags
          for values, refused in ((bad, True), (good, False)) for value in values]
 

@@ -302,3 +302,14 @@ def test_survivors_rerun_against_the_tests_given_without_the_coverage_run(tmp_pa
     (repo / "pkg" / "mod.py").write_text("def f(x):\n    return x + 1  # changed\n")
     with pytest.raises(SystemExit, match="same source"):
         mutate.mutate("pkg/mod.py", full=False, fresh=False, only=["tests/test_new.py"])
+
+
+def test_the_killer_is_read_whole_from_the_summary_line():
+    import mutate
+
+    log = ("F\n=== short test summary info ===\n"
+           "FAILED tests/t.py::test_x[Ditto -mu -0.5] - Failed: DID NOT RAISE <class 'FLError'>\n"
+           "FAILED tests/t.py::test_y - assert 1 == 2\n")
+    assert mutate.first_failure(log) == "tests/t.py::test_x[Ditto -mu -0.5]"
+    assert mutate.first_failure("ERROR tests/t.py::test_z\n") == "tests/t.py::test_z"
+    assert mutate.first_failure("1 passed\n") == ""
