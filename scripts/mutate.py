@@ -69,7 +69,7 @@ EXTRA = {
 }
 # Registry-parametrized tests left out of a module's selection: Ray's (they test the executor, at 20 s each) and
 # the behaviour harness's training runs (seconds per algorithm; the full suite runs them).
-SLOW = re.compile(r"test_ray_|test_behaviour\.py::test_(learns|personalized_beats|no_algorithm_is_local)")
+SLOW = re.compile(r"test_ray_|\[(?:[^\]]*-)?ray\]$|test_behaviour\.py::test_(learns|personalized_beats|no_algorithm_is_local)")
 REGISTRY_TESTS = ["tests/test_algorithms.py", "tests/test_behaviour.py", "tests/test_comm.py",
                   "tests/test_documented_defaults.py", "tests/test_dp_client.py", "tests/test_dp_registry.py",
                   "tests/test_executors.py"]
@@ -250,26 +250,49 @@ def algorithms_of(module: str) -> list[str]:
 
 
 def guards(module: str, full: bool = False) -> tuple[list[str], list[str]]:
-    """(test files, registry-parametrized test nodes) that guard ``module``."""
+    """(test files, test nodes) that guard ``module``: whole, the files that import it and its ``EXTRA``
+    files; as nodes, the registry-parametrized tests of its algorithms, and in the other files that name one
+    of its algorithms as a string (``get_server_class("FD")``, ``"-algo", "FD"``, ``make_server(root, "FD")``)
+    the tests that name it, in their code or their parameters (a file of many algorithms' tests, such as
+    ``test_baselines_a.py``, guards each algorithm with its own tests only; a test parametrized over the
+    algorithms guards each with its own cases)."""
     name = dotted(module)
     parent, stem = name.rpartition(".")[::2]
     imports = re.compile(rf"^\s*(from\s+{re.escape(name)}\s+import|import\s+{re.escape(name)}\b"
                          rf"|from\s+{re.escape(parent)}\s+import\s+[^#\n]*\b{re.escape(stem)}\b)", re.M)
     algos = algorithms_of(module)
-    # an algorithm's own tests name it: get_server_class("FD"), "-algo", "FD", or a helper's make_server(root, "FD")
-    named = re.compile("|".join(rf'["\']{re.escape(a)}["\']' for a in algos)) if algos else None
-    files = sorted({f"tests/{p.name}" for p in (REPO / "tests").glob("test_*.py")
-                    if imports.search(p.read_text()) or (named and named.search(p.read_text()))}
-                   | set(EXTRA.get(module, ())))
+    tests = {f"tests/{p.name}": p.read_text() for p in sorted((REPO / "tests").glob("test_*.py"))}
+    files = sorted({f for f, text in tests.items() if imports.search(text)} | set(EXTRA.get(module, ())))
+    if not algos:
+        return files, []
+    named = re.compile("|".join(rf'["\']{re.escape(a)}["\']' for a in algos))
+    naming = {f: text for f, text in tests.items() if f not in files and named.search(text)}
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=",
+                             "-p", "no:cacheprovider", *sorted(set(REGISTRY_TESTS) | set(naming))], cwd=REPO,
+                            capture_output=True, text=True).stdout.splitlines()
+    ids = re.compile(r"\[(?:[^\]]*-)?(%s)(?:-[^\]]*)?\]$" % "|".join(map(re.escape, algos)))
+    by_code = {f"{f}::{fn}" for f, text in naming.items() for fn in tests_naming(text, named)}
     nodes = []
-    if algos:
-        listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=",
-                                 "-p", "no:cacheprovider", *REGISTRY_TESTS], cwd=REPO, capture_output=True,
-                                text=True).stdout.split()
-        ids = re.compile(r"\[(?:[^\]]*-)?(%s)(?:-[^\]]*)?\]$" % "|".join(map(re.escape, algos)))
-        nodes = [n for n in listed if "::" in n and ids.search(n) and (full or not SLOW.search(n))
-                 and n.split("::")[0] not in files]
+    for n in listed:
+        f, _, rest = n.partition("::")
+        if not rest or f in files or (SLOW.search(n) and not full):
+            continue
+        function = re.split(r"[\[:]", rest)[0]  # a test function or class: its node id's first name
+        if ids.search(n) and (f in REGISTRY_TESTS or f in naming) or f in naming and (
+                named.search(rest) or f"{f}::{function}" in by_code):
+            nodes.append(n)
     return files, nodes
+
+
+def tests_naming(text: str, named: re.Pattern) -> set[str]:
+    """The top-level test functions and test classes of a test file whose code matches ``named``, or calls a
+    top-level helper of the file whose code does."""
+    defs = [node for node in ast.parse(text).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+    code = {node.name: ast.get_source_segment(text, node) or "" for node in defs}
+    helpers = [n for n in code if not n.startswith(("test", "Test")) and named.search(code[n])]
+    calls = re.compile("|".join(rf"\b{re.escape(h)}\(" for h in helpers)) if helpers else None
+    return {n for n in code if n.startswith(("test", "Test"))
+            and (named.search(code[n]) or (calls and calls.search(code[n])))}
 
 
 def copy_repo(dest: Path) -> Path:

@@ -46,8 +46,29 @@ def test_guards_of_a_utility_module_are_its_importers_and_the_listed_files():
     assert all(Path(mutate.REPO / f).is_file() for f in files)
     assert mutate.algorithms_of("system/flcore/clients/clientfd.py") == ["FD"]
     assert mutate.dotted("dataset/utils/partition.py") == "dataset.utils.partition"
-    # an algorithm's own tests, which build it through a helper (make_server(root, "Ditto")), guard its modules
-    assert "tests/test_baselines_a.py" in mutate.guards("system/flcore/clients/clientditto.py")[0]
+    # an algorithm's own tests in a file of several algorithms' (make_server(root, "Ditto"), or through a
+    # helper that names it) guard its modules, and the other algorithms' tests there do not
+    files, nodes = mutate.guards("system/flcore/clients/clientditto.py")
+    assert "tests/test_baselines_a.py" not in files
+    assert {"tests/test_baselines_a.py::test_ditto_personal_step_by_hand",
+            "tests/test_baselines_a.py::test_ditto_personal_model_is_pulled_toward_the_global_model",
+            "tests/test_algorithms.py::test_algorithm_learns_and_is_deterministic[Ditto]",
+            "tests/test_flag_bounds.py::test_each_bound_refuses_just_past_it_and_accepts_it[Ditto-pls=0]"} <= set(nodes)
+    assert not any("fedrep" in n or "FedRep" in n or "[ray]" in n for n in nodes)
+
+
+def test_the_tests_that_name_an_algorithm_in_their_code_or_through_a_helper():
+    import re
+
+    import mutate
+
+    text = ('def helper(root):\n    return build(root, "Ditto")\n\n\n'
+            'def test_a(root):\n    assert helper(root)\n\n\n'
+            'def test_b():\n    assert make("Ditto")\n\n\n'
+            'def test_c():\n    assert make("FedRep")\n\n\n'
+            'class TestD:\n    def test_e(self):\n        assert make("Ditto")\n\n\n'
+            'def test_helpers_name():\n    assert "helper"\n')
+    assert mutate.tests_naming(text, re.compile(r'["\']Ditto["\']')) == {"test_a", "test_b", "TestD"}
 
 
 def test_the_doc_lists_the_modules_in_scope_not_yet_run_and_keeps_its_text_outside_the_blocks(tmp_path,
