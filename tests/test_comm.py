@@ -82,9 +82,12 @@ def tensors_in(obj):
 
 
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
-def test_payload_tensors_own_their_storage(algo, digits_tiny_root):
+def test_payload_tensors_own_their_storage_and_hold_no_graph(algo, digits_tiny_root):
     """What the wire carries is what the bytes count: a payload tensor that is a view of a larger one
-    (a row of a stacked matrix) would be pickled with its whole storage, once per client."""
+    (a row of a stacked matrix) would be pickled with its whole storage, once per client. And neither a
+    broadcast nor an upload carries an autograd graph (a tensor computed from a parameter and not
+    detached: SCAFFOLD's Δc_i from the trained model, a prototype from a forward pass), which would keep
+    the graph alive beyond the round, move gradients across clients, and not cross a process boundary."""
     from runtime.executors import SequentialExecutor
     from utils.data_utils import load_split
 
@@ -99,3 +102,10 @@ def test_payload_tensors_own_their_storage(algo, digits_tiny_root):
     for c in server.clients:
         for t in tensors_in(server.broadcast(c)):
             assert t.untyped_storage().nbytes() == t.nelement() * t.element_size(), (algo, c.id, t.shape)
+            assert not t.requires_grad, (algo, c.id, t.shape)
+    server._send_models(server.selected)
+    active = server._active_clients(server.selected)
+    server._train_clients(active)
+    for upload in server._receive_models(active):
+        for t in tensors_in([upload.state or {}, upload.extras]):
+            assert not t.requires_grad, (algo, upload.id, t.shape)
