@@ -81,11 +81,41 @@ def tensors_in(obj):
             yield from tensors_in(v)
 
 
+def graphs_in(obj, path="client", seen=None):
+    """The paths of the tensors that carry an autograd graph (a ``grad_fn``) anywhere in ``obj``: its
+    tensors, modules (parameters, their gradients, buffers), optimizers' states, containers, and the
+    attributes of the library's own objects it holds (an ALA module, a model part)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        if obj.grad_fn is not None:
+            yield path
+        if obj.grad is not None:
+            yield from graphs_in(obj.grad, path + ".grad", seen)
+    elif isinstance(obj, torch.nn.Module):
+        for name, t in [*obj.named_parameters(), *obj.named_buffers()]:
+            yield from graphs_in(t, f"{path}.{name}", seen)
+    elif isinstance(obj, torch.optim.Optimizer):
+        for i, state in enumerate(obj.state.values()):
+            yield from graphs_in(state, f"{path}.state[{i}]", seen)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from graphs_in(v, f"{path}[{k!r}]", seen)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from graphs_in(v, f"{path}[{i}]", seen)
+    elif type(obj).__module__.split(".")[0] in ("flcore", "utils") and hasattr(obj, "__dict__"):
+        for k, v in vars(obj).items():
+            yield from graphs_in(v, f"{path}.{k}", seen)
+
+
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
 def test_payload_tensors_own_their_storage_and_hold_no_graph(algo, digits_tiny_root):
     """What the wire carries is what the bytes count: a payload tensor that is a view of a larger one
     (a row of a stacked matrix) would be pickled with its whole storage, once per client. And neither a
-    broadcast nor an upload carries an autograd graph (a tensor computed from a parameter and not
+    broadcast nor an upload, nor what a client keeps after training, carries an autograd graph (a tensor computed from a parameter and not
     detached: SCAFFOLD's Δc_i from the trained model, a prototype from a forward pass), which would keep
     the graph alive beyond the round, move gradients across clients, and not cross a process boundary."""
     from runtime.executors import SequentialExecutor
@@ -109,3 +139,7 @@ def test_payload_tensors_own_their_storage_and_hold_no_graph(algo, digits_tiny_r
     for upload in server._receive_models(active):
         for t in tensors_in([upload.state or {}, upload.extras]):
             assert not t.requires_grad, (algo, upload.id, t.shape)
+    # nor does what a client keeps after a round (its state, models, gradients, optimizer buffers): a graph
+    # kept across rounds grows with them and holds every step's activations
+    for c in active:
+        assert list(graphs_in(c)) == [], algo
