@@ -84,7 +84,7 @@ def tensors_in(obj):
 def graphs_in(obj, path="client", seen=None):
     """The paths of the tensors that carry an autograd graph (a ``grad_fn``) anywhere in ``obj``: its
     tensors, modules (parameters, their gradients, buffers), optimizers' states, containers, and the
-    attributes of the library's own objects it holds (an ALA module, a model part)."""
+    attributes of the library's own objects it holds (a server's clients, an ALA module, a model part)."""
     seen = set() if seen is None else seen
     if id(obj) in seen:
         return
@@ -136,10 +136,12 @@ def test_payload_tensors_own_their_storage_and_hold_no_graph(algo, digits_tiny_r
     server._send_models(server.selected)
     active = server._active_clients(server.selected)
     server._train_clients(active)
-    for upload in server._receive_models(active):
+    uploads = server._receive_models(active)
+    for upload in uploads:
         for t in tensors_in([upload.state or {}, upload.extras]):
             assert not t.requires_grad, (algo, upload.id, t.shape)
-    # nor does what a client keeps after a round (its state, models, gradients, optimizer buffers): a graph
-    # kept across rounds grows with them and holds every step's activations
-    for c in active:
-        assert list(graphs_in(c)) == [], algo
+    # nor does what a client or the server keeps after a round (state, models, gradients, optimizer
+    # buffers): a graph kept across rounds grows with them and holds every step's activations
+    server._aggregate(uploads)
+    server.after_round()
+    assert list(graphs_in(server, "server")) == [], algo
