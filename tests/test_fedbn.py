@@ -115,6 +115,31 @@ def test_ala_runs_and_leaves_bn_alone(digits_tiny_root, tmp_path):
     assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedBN", "-ala", "-gr", "2", "-lr", "0.1")) == 0
 
 
+def test_ala_blends_the_received_shared_layers_into_the_clients_own_under_its_batchnorm(digits_tiny_root):
+    """With -ala (from the second broadcast on, once the client has trained), FedBN's receive gives, by
+    ALA's rule: Θ_i + (Θ − Θ_i) ⊙ W on the adapted layers (W: the weights ALA learned in that call), the
+    global entries on the other shared layers, and the client's own BatchNorm entries untouched."""
+    server = build(digits_tiny_root, "-ala", "-p", "2")
+    server.run_round(0)
+    server.run_round(1)
+    c = server.clients[0]
+    own = {k: v.clone() for k, v in c.model.state_dict().items()}
+    glob = {k: v.clone() for k, v in server.global_model.state_dict().items()}
+    assert not all(torch.equal(own[k], glob[k]) for k in c.ala.names)
+    server._send_models(server.clients)
+    new, w = c.model.state_dict(), c.ala.weights
+    assert set(c.ala.names) and not any(k.startswith(c.personal_keys) for k in c.ala.names)
+    for k in own:
+        if k.startswith(c.personal_keys):
+            assert torch.equal(new[k], own[k]), k
+        elif k in c.ala.names:
+            assert torch.allclose(new[k], own[k] + (glob[k] - own[k]) * w[k], atol=1e-6), k
+        else:
+            assert torch.equal(new[k], glob[k]), k
+    assert server.global_model.state_dict().keys() == glob.keys()
+    assert all(torch.equal(server.global_model.state_dict()[k], v) for k, v in glob.items())  # left as it was
+
+
 @pytest.mark.parametrize("shape, config, bn", [((1, 8, 8), {}, True),  # auto = the CNN: its BatchNorm twin
                                                ((9, 1, 128), {"modality": "series"}, False)])  # auto = HARCNN
 def test_auto_takes_the_batchnorm_twin_only_where_auto_means_the_cnn(shape, config, bn):
