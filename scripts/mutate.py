@@ -19,9 +19,9 @@ a mutant runs only those that execute its line (``coverage_map``: one run of the
 its own context, followed into the processes it forks or starts); a line that runs at import or in a
 fixture's set-up runs them all, and a line that none runs survives without a run. ``--all-tests`` runs every
 guarding test for every mutant instead; ``--verify`` reruns each survivor with all of them. Which tests guard
-a module is decided in one place, ``guards()`` below: the test files that import the module or name its
-algorithm, the tests parametrized with the name of every algorithm whose server is (or imports) the module,
-and the explicit ``EXTRA`` files. Results go to ``docs/benchmarks/mutation/<module>.json``
+a module is decided in one place, ``guards()`` below: the test files that import the module and the explicit
+``EXTRA`` files, and for every algorithm whose server is (or imports) the module, the tests parametrized with
+its name and the tests elsewhere that name it. Results go to ``docs/benchmarks/mutation/<module>.json``
 (written after every mutant, so an interrupted run resumes); survivors judged equivalent are listed with the
 reason in ``docs/benchmarks/mutation/equivalent.json``, matched by operator and the line before and after; a
 mutant listed there is not run (e.g. ``super().add_args(parser)`` dropped where the base is ``Server``, whose
@@ -69,7 +69,8 @@ EXTRA = {
 }
 # Registry-parametrized tests left out of a module's selection: Ray's (they test the executor, at 20 s each) and
 # the behaviour harness's training runs (seconds per algorithm; the full suite runs them).
-SLOW = re.compile(r"test_ray_|\[(?:[^\]]*-)?ray\]$|test_behaviour\.py::test_(learns|personalized_beats|no_algorithm_is_local)")
+SLOW = re.compile(r"test_ray_|\[(?:[^\]]*-)?ray\]$"
+                  r"|test_behaviour\.py::test_(learns|personalized_beats|no_algorithm_is_local)")
 REGISTRY_TESTS = ["tests/test_algorithms.py", "tests/test_behaviour.py", "tests/test_comm.py",
                   "tests/test_documented_defaults.py", "tests/test_dp_client.py", "tests/test_dp_registry.py",
                   "tests/test_executors.py"]
@@ -278,8 +279,7 @@ def guards(module: str, full: bool = False) -> tuple[list[str], list[str]]:
         if not rest or f in files or (SLOW.search(n) and not full):
             continue
         function = re.split(r"[\[:]", rest)[0]  # a test function or class: its node id's first name
-        if ids.search(n) and (f in REGISTRY_TESTS or f in naming) or f in naming and (
-                named.search(rest) or f"{f}::{function}" in by_code):
+        if ids.search(n) or f in naming and f"{f}::{function}" in by_code:
             nodes.append(n)
     return files, nodes
 
@@ -356,7 +356,7 @@ def forked_pytest(root: Path, argv: list[str], timeout: float, log: Path, plugin
                 os.environ.update(MUTATE_TEST="", COVERAGE_PROCESS_START=str(cover))
                 cov = coverage.Coverage(config_file=str(cover))
                 cov.start()
-                plugins = [*plugins, TestContexts(cov, Path(cover).with_name("durations.json"))]
+                plugins = [*plugins, TestContexts(cov, durations_file(cover))]
             try:
                 code = int(pytest.main(["-q", "--tb=short", "-p", "no:cacheprovider", "-o", "addopts=", *argv],
                                        plugins=list(plugins)))
@@ -436,6 +436,11 @@ class TestContexts:
         self.path.write_text(json.dumps(self.seconds))
 
 
+def durations_file(cover: Path) -> Path:
+    """Where a run under the coverage configuration ``cover`` writes each test's seconds."""
+    return Path(cover).with_name("durations.json")
+
+
 def coverage_map(root: Path, module: str, args: list[str],
                  tmp: Path) -> tuple[dict[int, set[str]], float, dict[str, float]]:
     """Run ``args`` (the guarding tests) once under coverage.py, measuring ``module`` only, in this process and
@@ -458,7 +463,7 @@ def coverage_map(root: Path, module: str, args: list[str],
     by_line = cov.get_data().contexts_by_lineno(str(root / module))
     label = re.compile(r"\|(setup|teardown)$")
     return ({line: {ALL if not c or label.search(c) else c for c in contexts} for line, contexts in by_line.items()},
-            seconds, json.loads((tmp / "durations.json").read_text()))
+            seconds, json.loads(durations_file(rc).read_text()))
 
 
 def statement_lines(source: str) -> dict[int, range | None]:
@@ -557,7 +562,7 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
                 raise SystemExit(f"mutate: the guarding tests fail on the unmutated code ({outcome})")
         else:  # the unmutated run, under coverage: which test runs which line
             cmap, base, durations = coverage_map(root, module, guard, Path(tmp))
-        print(f"{module}: {len(found)} mutants; {len(files)} test files + {len(nodes)} registry nodes, "
+        print(f"{module}: {len(found)} mutants; {len(files)} test files + {len(nodes)} test nodes, "
               f"{base:.0f} s unmutated" + ("" if all_tests else " under coverage")
               + (f"; survivors against {len(only)} test(s) given" if only is not None else ""), flush=True)
         record = {"module": module, "tool": "cosmic-ray " + version(), "date": str(datetime.date.today()),

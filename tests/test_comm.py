@@ -112,12 +112,13 @@ def graphs_in(obj, path="client", seen=None):
 
 
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
-def test_payload_tensors_own_their_storage_and_hold_no_graph(algo, digits_tiny_root):
+def test_payload_tensors_own_their_storage_and_hold_no_graph(algo, digits_tiny_root, monkeypatch):
     """What the wire carries is what the bytes count: a payload tensor that is a view of a larger one
     (a row of a stacked matrix) would be pickled with its whole storage, once per client. And neither a
-    broadcast nor an upload, nor what a client keeps after training, carries an autograd graph (a tensor computed from a parameter and not
-    detached: SCAFFOLD's Δc_i from the trained model, a prototype from a forward pass), which would keep
-    the graph alive beyond the round, move gradients across clients, and not cross a process boundary."""
+    broadcast nor an upload, nor what the server and its clients keep after a round, carries an autograd
+    graph (a tensor computed from a parameter and not detached: SCAFFOLD's Δc_i from the trained model, a
+    prototype from a forward pass), which would keep the graph alive beyond the round, move gradients
+    across clients, and not cross a process boundary."""
     from runtime.executors import SequentialExecutor
     from utils.data_utils import load_split
 
@@ -133,15 +134,13 @@ def test_payload_tensors_own_their_storage_and_hold_no_graph(algo, digits_tiny_r
         for t in tensors_in(server.broadcast(c)):
             assert t.untyped_storage().nbytes() == t.nelement() * t.element_size(), (algo, c.id, t.shape)
             assert not t.requires_grad, (algo, c.id, t.shape)
-    server._send_models(server.selected)
-    active = server._active_clients(server.selected)
-    server._train_clients(active)
-    uploads = server._receive_models(active)
+    uploads, aggregate = [], server._aggregate
+    monkeypatch.setattr(server, "_aggregate", lambda ups: (uploads.extend(ups), aggregate(ups)))
+    server.run_round(1)
+    assert uploads, algo
     for upload in uploads:
         for t in tensors_in([upload.state or {}, upload.extras]):
             assert not t.requires_grad, (algo, upload.id, t.shape)
     # nor does what a client or the server keeps after a round (state, models, gradients, optimizer
     # buffers): a graph kept across rounds grows with them and holds every step's activations
-    server._aggregate(uploads)
-    server.after_round()
     assert list(graphs_in(server, "server")) == [], algo
