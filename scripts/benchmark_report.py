@@ -404,9 +404,11 @@ def report_converged(args, data: dict) -> int:
 
 
 def ablations_markdown(data: dict) -> str:
-    """One row per (split, variant): best and last accuracy (mean ± std over seeds), the runs' status
-    (a diverged run counted), CPU seconds per run and the reproducing command."""
-    lines = ["| split | variant | best acc (%) | last acc (%) | runs | CPU-s/run | command |", "|---|---|---|---|---|---|---|"]
+    """One row per (split, variant): best and last accuracy (mean ± std over seeds), how much the best still
+    rose over the last rounds (``flatness``), the runs' status (a diverged run counted), CPU seconds per run
+    and the reproducing command."""
+    lines = ["| split | variant | best acc (%) | last acc (%) | still rising (pt) | runs | CPU-s/run | command |",
+             "|---|---|---|---|---|---|---|---|"]
     for split, entries in data["splits"].items():
         cells = accuracy_cells({n: best_last(e) for n, e in entries.items()})
         for n in ordered(entries):
@@ -415,7 +417,10 @@ def ablations_markdown(data: dict) -> str:
             cpu = [r["cpu_s"] for r in runs if r["cpu_s"] is not None]
             cpu_cell = f"{np.mean(cpu):.0f}" if cpu else "-"
             best, last = (c.replace("**", "") for c in cells[n])
-            lines.append(f"| {split} | {n} | {best} | {last} | {status} | {cpu_cell} | `{entries[n]['command']}` |")
+            rise = flatness(entries[n])
+            rise_cell = "-" if np.isnan(rise) else f"{rise:.2f}"
+            lines.append(f"| {split} | {n} | {best} | {last} | {rise_cell} | {status} | {cpu_cell} | "
+                         f"`{entries[n]['command']}` |")
     return "\n".join(lines)
 
 

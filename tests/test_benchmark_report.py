@@ -211,8 +211,10 @@ def test_ablation_variants_are_rows_of_their_own(digits_tiny_root, tmp_path):
     assert sorted(entries) == ["FedAvg local_learning_rate=0.1", "FedAvg local_learning_rate=0.2"]
     assert [len(e["runs"]) for e in map(entries.get, sorted(entries))] == [2, 1]
     hand = {"splits": {"s": {"A x=1": {"command": "c1", "runs": [run([0.1, 0.5, 0.4], cpu=4.0),
-                                                                 run([0.2, 0.7, 0.6], cpu=None, seed=1)]},
+                                                                 run([0.2, 0.6, 0.7], cpu=None, seed=1)]},
                              "A x=2": {"command": "c2", "runs": [dict(run([0.3, 0.2]), status="diverged")]}}}}
     lines = br.ablations_markdown(hand).splitlines()
-    assert lines[2] == "| s | A x=1 | 60.00 ± 10.00 | 50.00 ± 10.00 | finished 2 | 4 | `c1` |"
-    assert lines[3] == "| s | A x=2 | 30.00 | 20.00 | diverged 1 | 10 | `c2` |"
+    # best 50 and 70, last 40 and 70; still rising: seed 0's best came by round 1 (0), seed 1's at round 2,
+    # 10 points above its best up to round 1.6 (60): 5.00; the diverged run has no last rounds to judge
+    assert lines[2] == "| s | A x=1 | 60.00 ± 10.00 | 55.00 ± 15.00 | 5.00 | finished 2 | 4 | `c1` |"
+    assert lines[3] == "| s | A x=2 | 30.00 | 20.00 | - | diverged 1 | 10 | `c2` |"
