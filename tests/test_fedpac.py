@@ -60,6 +60,15 @@ def test_weights_solve_the_quadratic_program(case, i):
         assert (alpha == 0).sum() == 1 and alpha[2 - i] == 0
 
 
+def test_weights_without_any_spread_are_a_point_of_the_simplex():
+    """Clients with zero variance and equal H make every α optimal (G = 0, nothing to rescale): the
+    weights are still finite and sum to 1, and a lone participant gets weight 1."""
+    v, hs = torch.zeros(3), torch.ones(3, 2, 2)
+    alpha = combination_weights(v, hs, 1)
+    assert np.isfinite(alpha).all() and alpha.min() >= 0 and alpha.sum() == pytest.approx(1.0, abs=1e-12)
+    assert combination_weights(torch.zeros(1), torch.ones(1, 2, 2), 0).tolist() == [1.0]
+
+
 def test_feature_statistics_by_hand():
     f = torch.tensor([[1.0, 0.0], [3.0, 2.0], [0.0, 4.0], [2.0, 2.0]], dtype=torch.float64)
     y = torch.tensor([0, 0, 2, 1])
