@@ -25,6 +25,9 @@ Protocol B, converged (``--protocol converged``; ``docs/benchmarks/converged.jso
     python scripts/sweep.py --config scripts/benchmark_converged.json -j 2   # both splits, 3 seeds
     python scripts/benchmark_report.py --protocol converged                  # export, rows, figures
 
+(``--protocol converged-s2000``: its first size, 2,000 images for 100 rounds, whose curves had not
+flattened: ``scripts/benchmark_converged_s2000.json``, ``docs/benchmarks/converged_s2000.json``.)
+
 gives the two tables (best and last accuracy, PFLlib's published leaderboard value beside every algorithm
 it has, ``docs/benchmarks/pfllib_leaderboard.json``), the flatness check, the Spearman rank correlation
 with PFLlib's ordering, and the figures (curves of the traditional and the personalised groups with ±1 std
@@ -56,10 +59,12 @@ sys.path.insert(0, str(REPO / "scripts"))
 import table  # noqa: E402
 
 EXPORT = REPO / "docs" / "benchmarks" / "converged.json"
+EXPORT_S2000 = REPO / "docs" / "benchmarks" / "converged_s2000.json"
 QUICK_EXPORT = REPO / "docs" / "benchmarks" / "quick.json"
 ABLATIONS_EXPORT = REPO / "docs" / "benchmarks" / "ablations.json"
 LEADERBOARD = REPO / "docs" / "benchmarks" / "pfllib_leaderboard.json"
-SPLITS = {"FMNIST_pat_s2000": "pat", "FMNIST_dir0.1_s2000": "dir"}  # Protocol B's splits -> leaderboard column
+# Protocol B's splits (and those of its first, larger size) -> PFLlib's leaderboard column
+SPLITS = {"FMNIST_pat_s1200": "pat", "FMNIST_dir0.1_s1200": "dir", "FMNIST_pat_s2000": "pat", "FMNIST_dir0.1_s2000": "dir"}
 # The traditional-FL group of the figures (evaluated on the global model); every other algorithm is personalised.
 TRADITIONAL = ("FedAvg", "FedProx", "SCAFFOLD", "FedDyn", "MOON", "FedLC", "FedGen", "FedNTD", "FedCross")
 FLAT_PT, FLAT_TAIL, FLAT_TOP = 0.5, 0.2, 5  # the flatness criterion: see flatness()
@@ -328,9 +333,10 @@ def summary_markdown(split: str, s: dict) -> str:
             f"load change; the CPU seconds are each run's own): {executors}.")
 
 
-def plot_converged(data: dict, summaries: dict, out: Path) -> list[Path]:
+def plot_converged(data: dict, summaries: dict, out: Path, ranks_name: str = "converged_ranks") -> list[Path]:
     """Curves of each split's traditional and personalised groups (mean ± std over seeds) and one figure
-    of this library's ranks against PFLlib's (from each split's ``converged_markdown`` summary)."""
+    (``ranks_name``) of this library's ranks against PFLlib's (from each split's ``converged_markdown``
+    summary)."""
     import plot
 
     plt = plot.plt
@@ -368,7 +374,7 @@ def plot_converged(data: dict, summaries: dict, out: Path) -> list[Path]:
             ax.set_xlabel("rank in PFLlib's leaderboard (1 = best)")
             ax.set_ylabel("rank here, Protocol B")
             ax.set_title(f"{split}: Spearman {s['spearman']:.2f} (n={s['common']})")
-        written += plot.save(fig, out, "converged_ranks")
+        written += plot.save(fig, out, ranks_name)
     return written
 
 
@@ -393,10 +399,11 @@ def report_converged(args, data: dict) -> int:
         if args.print:
             print(f"## {split}\n{block}\n")
         else:
-            write_block(args.doc, f"converged-{SPLITS[split]}", block)
+            write_block(args.doc, f"converged-{split}", block)
             print(f"wrote {split}'s rows to {args.doc}")
     if not args.print:  # --print changes no file
-        for path in plot_converged(data, {k: s for k, (_, s) in summaries.items()}, args.figures):
+        ranks_figure = args.protocol.replace("-", "_") + "_ranks"
+        for path in plot_converged(data, {k: s for k, (_, s) in summaries.items()}, args.figures, ranks_figure):
             print(path)
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
@@ -431,10 +438,11 @@ def main(argv=None) -> int:
     p.add_argument("--doc", type=Path, default=REPO / "docs" / "benchmark.md")
     p.add_argument("--print", action="store_true",
                    help="print the rows instead of writing the document (and, converged, the figures)")
-    p.add_argument("--protocol", default="quick", choices=["quick", "converged", "ablations"],
-                   help="quick: the 5-round table; converged: Protocol B (--results defaults to its sweep's folder)")
+    p.add_argument("--protocol", default="quick", choices=["quick", "converged", "converged-s2000", "ablations"],
+                   help="quick: the 5-round table; converged: Protocol B; converged-s2000: its first, larger size "
+                        "(--results defaults to the protocol's sweep folder)")
     p.add_argument("--export", type=Path, default=None,
-                   help="the compact export of every run (default: docs/benchmarks/quick.json or converged.json)")
+                   help="the compact export of every run (default: the protocol's, under docs/benchmarks/)")
     p.add_argument("--export-only", action="store_true", help="write the export, nothing else")
     p.add_argument("--from-export", action="store_true", help="tables (and figures) from the export alone")
     p.add_argument("--figures", type=Path, default=REPO / "docs" / "img", help="converged: where figures go")
@@ -442,7 +450,8 @@ def main(argv=None) -> int:
     # per protocol: its export, its sweep config, its results folder, and how its runs are grouped
     export, config, folder, extra = {
         "quick": (QUICK_EXPORT, "benchmark_zoo.json", "benchmark", {"timing": args.timing}),
-        "converged": (EXPORT, "benchmark_converged.json", "benchmark_converged", {}),
+        "converged": (EXPORT, "benchmark_converged.json", "benchmark_converged_s1200", {}),
+        "converged-s2000": (EXPORT_S2000, "benchmark_converged_s2000.json", "benchmark_converged", {}),
         "ablations": (ABLATIONS_EXPORT, "benchmark_ablations.json", "benchmark_ablations", {"by_variant": True}),
     }[args.protocol]
     args.export = export if args.export is None else args.export
@@ -457,7 +466,7 @@ def main(argv=None) -> int:
     print(f"export: {args.export}")
     if args.export_only:
         return 0
-    if args.protocol == "converged":
+    if args.protocol.startswith("converged"):
         return report_converged(args, data)
     if args.protocol == "ablations":
         text = ablations_markdown(data)
