@@ -2,6 +2,7 @@
 brute-force grid on 3 clients), the feature statistics by hand, a round's heads, body and centroids
 against a reference computation, -ala runs on the body, -dp refused."""
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -128,6 +129,19 @@ def test_statistics_are_of_the_received_body_before_training(digits_tiny_root):
     c.train(0)
     assert float(c.stats[0]) == pytest.approx(float(want[0]), rel=1e-5)
     assert torch.allclose(c.stats[1], want[1], atol=1e-6)
+
+
+def test_steps_per_round_counts_head_and_body_steps(digits_tiny_root):
+    """Both phases move the uploaded model (head and body are uploaded): -pls 2 head epochs and -ls 1
+    body epoch of ceil(n / 20) batches each, the count the optimizer really takes in a round."""
+    server = make_server(digits_tiny_root, "-pls", "2", "-ls", "1")
+    server._send_models(server.select_clients())
+    c = server.clients[0]
+    taken = []
+    step = c._sgd_step
+    c._sgd_step = lambda *a: taken.append(1) or step(*a)
+    c.train(0)
+    assert len(taken) == c.steps_per_round() == 3 * math.ceil(c.train_samples / 20)
 
 
 def test_ala_runs_on_the_body(digits_tiny_root):
