@@ -70,6 +70,15 @@ def test_weights_without_any_spread_are_a_point_of_the_simplex():
     assert combination_weights(torch.zeros(1), torch.ones(1, 2, 2), 0).tolist() == [1.0]
 
 
+def test_a_variance_rounded_below_zero_counts_as_zero():
+    """v >= 0 in exact arithmetic, but float rounding can leave a client with no spread slightly below
+    zero: it is read as 0, not turned into NaN weights."""
+    v, hs = CASES["interior"]
+    low = combination_weights(torch.tensor([-1e-7, 0.8, 1.1]), hs, 0)
+    assert np.isfinite(low).all()
+    assert np.allclose(low, combination_weights(torch.tensor([0.0, 0.8, 1.1]), hs, 0), atol=1e-12)
+
+
 def test_feature_statistics_by_hand():
     f = torch.tensor([[1.0, 0.0], [3.0, 2.0], [0.0, 4.0], [2.0, 2.0]], dtype=torch.float64)
     y = torch.tensor([0, 0, 2, 1])
@@ -117,6 +126,23 @@ def test_a_round_combines_heads_averages_bodies_and_centroids(digits_tiny_root):
                    for k, t in server.clients[u.id].model.base.state_dict().items())
     # and not every client gets the same head: the weights follow each client's own statistics
     assert len({tuple(np.round(w, 6)) for w in server.weights.values()}) > 1
+
+
+def test_a_lone_upload_keeps_its_own_head(digits_tiny_root):
+    """A round with one upload (the others dropped or not selected): its α is [1], so the head it gets
+    back is its own, and the body is its own too."""
+    server = make_server(digits_tiny_root)
+    server._send_models(server.select_clients())
+    c = server.clients[2]
+    c.train(0)
+    upload = c.upload()
+    state = {k: t.detach().clone() for k, t in upload.state.items()}
+    server.aggregate([upload])
+    assert server.weights[c.id].tolist() == [1.0] and list(server.heads) == [c.id]
+    for k, t in server.heads[c.id].items():
+        assert torch.equal(t, state[f"head.{k}"]), k
+    for k, t in server.global_model.base.state_dict().items():
+        assert torch.allclose(t, state[f"base.{k}"]), k
 
 
 def test_statistics_are_of_the_received_body_before_training(digits_tiny_root):
