@@ -113,8 +113,9 @@ def test_loss_is_ce_of_the_gumbel_split_plus_lambda_mmd_to_the_received_extracto
     c = server.clients[0]
     server._send_models([c])
     received = {k: v.clone() for k, v in c.model.base.state_dict().items()}
-    with torch.no_grad():  # local training has moved the extractor away from the received one
-        for p in c.model.base.parameters():
+    with torch.no_grad():  # local training has moved the extractor away from the received one, and the
+        # personal head away from the global one (while they are equal, r + s = 1 makes the policy invisible)
+        for p in [*c.model.base.parameters(), *c.model.phead.parameters()]:
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
     x, y = c.x_train[:8], c.y_train[:8]
     gen = torch.Generator().set_state(c.gumbel_gen.get_state())
