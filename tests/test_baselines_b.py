@@ -203,11 +203,81 @@ def test_fomo_client_moves_only_toward_neighbours_that_help(digits_root):
     assert client.affinity[2] > 0 > client.affinity[3]
 
 
+def test_fomo_weights_two_helpful_neighbours_by_gain_over_distance(digits_root):
+    """Two neighbours that both lower the validation loss, at different distances: w_n ∝ (L_i - L_n) /
+    ||θ_n - θ_i|| (losses and distances by hand, over the parameters), the model starts from Σ w_n θ_n
+    and is left in training mode (scoring ran in evaluation mode)."""
+    server = make_server(digits_root, "FedFomo", "-lr", "0.1")
+    client = server.clients[0]
+    own = state(client.model)
+    good_model = copy.deepcopy(client.model)
+    opt = torch.optim.SGD(good_model.parameters(), lr=0.1)
+    for _ in range(20):
+        opt.zero_grad()
+        nn.functional.cross_entropy(good_model(client.x_val), client.y_val).backward()
+        opt.step()
+    good = state(good_model)
+    half = {k: (own[k] + good[k]) / 2 if own[k].is_floating_point() else own[k] for k in own}
+    names = [n for n, _ in client.model.named_parameters()]
+
+    def loss_of(sd):
+        m = copy.deepcopy(client.model)
+        m.load_state_dict(sd)
+        m.eval()
+        with torch.no_grad():
+            return float(nn.functional.cross_entropy(m(client.x_val), client.y_val))
+
+    def dist(sd):
+        return math.sqrt(sum(float(((sd[k] - own[k]).double() ** 2).sum()) for k in names))
+
+    gain = {j: (loss_of(own) - loss_of(sd)) / dist(sd) for j, sd in ((2, good), (4, half))}
+    assert gain[2] > 0 and gain[4] > 0 and not math.isclose(gain[2], gain[4], rel_tol=0.05)
+    want = {j: g / (gain[2] + gain[4]) for j, g in gain.items()}
+    client.receive({2: good, 4: half})
+    assert client.last_weights == pytest.approx(want, rel=1e-4)
+    for k in names:
+        ref = want[2] * good[k].double() + want[4] * half[k].double()
+        assert torch.allclose(client.model.state_dict()[k].double(), ref, atol=1e-5), k
+    assert client.model.training
+
+
 def test_fomo_greedy_choice_follows_affinity(digits_root):
     client = make_server(digits_root, "FedFomo", "-M", "2", "--epsilon", "0").clients[0]
     client.affinity = {1: 0.5, 2: 2.0, 3: 1.0, 4: -1.0}
     assert client.choose_neighbours(0, [1, 2, 3, 4]) == [2, 3]
     assert client.choose_neighbours(0, [4]) == [4]
+
+
+def test_fomo_neighbour_choice_replays_the_documented_draws(digits_root):
+    """ε-greedy on the client's own stream ("fomo-neighbours", seed, run, id), replayed by an independent
+    loop: tie-breakers first, then per pick a uniform u; u < ε_t = max(0, ε - t · decay) explores a
+    uniformly drawn remaining candidate, otherwise the highest affinity is taken (unseen clients: 0)."""
+    import numpy as np
+
+    from utils.seeding import derive_seed
+
+    server = make_server(digits_root, "FedFomo", "-M", "3", "--epsilon", "0.5", "--epsilon_decay", "0.1",
+                         "--seed", "4")
+    client = server.clients[1]
+    affinity = {0: 0.4, 2: -0.3, 3: 0.0}  # client 4 unseen: affinity 0, tied with client 3
+    client.affinity = dict(affinity)
+    rng = np.random.default_rng(derive_seed(4, 0, "fomo-neighbours", 1))
+    explored = greedy = 0
+    for t, eps in zip((0, 2, 4, 6, 8), (0.5, 0.3, 0.1, 0.0, 0.0)):
+        candidates = [0, 2, 3, 4]
+        ties = dict(zip(candidates, rng.random(4)))
+        rest, want = list(candidates), []
+        for _ in range(3):
+            if rng.random() < eps:
+                j = rest[int(rng.integers(len(rest)))]
+                explored += 1
+            else:
+                j = min(rest, key=lambda c: (-affinity.get(c, 0.0), ties[c]))
+                greedy += 1
+            rest.remove(j)
+            want.append(j)
+        assert client.choose_neighbours(t, candidates) == want, t
+    assert explored >= 2 and greedy >= 6  # both branches ran (the draws are seeded)
 
 
 # ---- APPLE ---------------------------------------------------------------------------------------
