@@ -64,7 +64,8 @@ QUICK_EXPORT = REPO / "docs" / "benchmarks" / "quick.json"
 ABLATIONS_EXPORT = REPO / "docs" / "benchmarks" / "ablations.json"
 LEADERBOARD = REPO / "docs" / "benchmarks" / "pfllib_leaderboard.json"
 # Protocol B's splits (and those of its first, larger size) -> PFLlib's leaderboard column
-SPLITS = {"FMNIST_pat_s1200": "pat", "FMNIST_dir0.1_s1200": "dir", "FMNIST_pat_s2000": "pat", "FMNIST_dir0.1_s2000": "dir"}
+SPLITS = {"FMNIST_pat_s1200": "pat", "FMNIST_dir0.1_s1200": "dir",
+          "FMNIST_pat_s2000": "pat", "FMNIST_dir0.1_s2000": "dir"}
 # The traditional-FL group of the figures (evaluated on the global model); every other algorithm is personalised.
 TRADITIONAL = ("FedAvg", "FedProx", "SCAFFOLD", "FedDyn", "MOON", "FedLC", "FedGen", "FedNTD", "FedCross")
 FLAT_PT, FLAT_TAIL, FLAT_TOP = 0.5, 0.2, 5  # the flatness criterion: see flatness()

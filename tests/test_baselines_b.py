@@ -179,6 +179,17 @@ def test_fomo_affinity_moves_by_the_scores_over_their_absolute_sum():
     assert torch.equal(fomo_affinity_step(torch.zeros(2, dtype=torch.float64)), torch.zeros(2, dtype=torch.float64))
 
 
+def fitted_on_validation(client) -> dict:
+    """The state of a copy of ``client``'s model after 20 SGD steps (rate 0.1) on its validation split."""
+    model = copy.deepcopy(client.model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(20):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(client.x_val), client.y_val).backward()
+        opt.step()
+    return state(model)
+
+
 def test_fomo_client_moves_only_toward_neighbours_that_help(digits_root):
     server = make_server(digits_root, "FedFomo", "-lr", "0.1")
     client = server.clients[0]
@@ -190,13 +201,7 @@ def test_fomo_client_moves_only_toward_neighbours_that_help(digits_root):
     assert client.last_weights == {3: 0.0}
     assert client.affinity[3] == -1.0  # its score over its own absolute value
     assert all(torch.equal(v, own[k]) for k, v in state(client.model).items())  # kept as it was
-    good_model = copy.deepcopy(client.model)  # fitted on the validation split: surely lower loss there
-    opt = torch.optim.SGD(good_model.parameters(), lr=0.1)
-    for _ in range(20):
-        opt.zero_grad()
-        nn.functional.cross_entropy(good_model(client.x_val), client.y_val).backward()
-        opt.step()
-    good = state(good_model)
+    good = fitted_on_validation(client)  # surely a lower validation loss than the client's own
     client.receive({2: good, 3: bad})
     assert client.last_weights[3] == 0.0 and client.last_weights[2] == pytest.approx(1.0)
     assert all(torch.allclose(v, good[k]) for k, v in state(client.model).items())
@@ -210,13 +215,7 @@ def test_fomo_weights_two_helpful_neighbours_by_gain_over_distance(digits_root):
     server = make_server(digits_root, "FedFomo", "-lr", "0.1")
     client = server.clients[0]
     own = state(client.model)
-    good_model = copy.deepcopy(client.model)
-    opt = torch.optim.SGD(good_model.parameters(), lr=0.1)
-    for _ in range(20):
-        opt.zero_grad()
-        nn.functional.cross_entropy(good_model(client.x_val), client.y_val).backward()
-        opt.step()
-    good = state(good_model)
+    good = fitted_on_validation(client)
     half = {k: (own[k] + good[k]) / 2 if own[k].is_floating_point() else own[k] for k in own}
     names = [n for n, _ in client.model.named_parameters()]
 
