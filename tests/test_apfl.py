@@ -104,6 +104,46 @@ def test_alpha_is_projected_onto_the_unit_interval(digits_tiny_root):
     assert abs(c.mixing_weight() - 1.0) < 1e-6
 
 
+def test_alpha_off_the_interval_by_rounding_is_clamped_back(digits_tiny_root):
+    # The step's a - lr * g can miss a bound by an ulp: α is clamped before its next gradient is rewritten
+    # and after the round, so it is never read outside [0, 1].
+    c = build(digits_tiny_root, "-al", "0.5", "-lr", "0.1").clients[0]
+    for off, bound in ((1.0 + 1e-6, 1.0), (-1e-6, 0.0)):
+        with torch.no_grad():
+            c.mixer.alpha.fill_(off)
+        c.mixer.alpha.grad = torch.zeros(1)
+        c.after_backward()
+        assert float(c.mixer.alpha) == bound  # already clamped, before the step
+        torch.testing.assert_close(c.mixer.alpha.grad, torch.zeros(1))  # and the step then stays there
+
+        def last_step_misses(*args, **kwargs):
+            with torch.no_grad():
+                c.mixer.alpha.fill_(off)
+        c.run_epochs = last_step_misses
+        c.local_update(0)
+        assert c.mixing_weight() == bound
+
+
+def test_fixed_alpha_takes_no_gradient(digits_tiny_root):
+    # --no-adapt_alpha: α is a constant, so no gradient is computed for it (nor clipped with w's and v's by -dp).
+    c = build(digits_tiny_root, "-al", "0.25", "--no-adapt_alpha").clients[1]
+    c.train(0)
+    assert c.mixer.alpha.grad is None and c.mixing_weight() == 0.25
+    assert all(p.grad is not None for p in c.vmodel.parameters())
+
+
+def test_personalised_model_has_the_personal_models_batchnorm_statistics(digits_tiny_root):
+    server = build(digits_tiny_root, "-al", "0.3", "-lr", "0.1", "-m", "BNCNN")
+    c = server.clients[0]
+    c.train(0)
+    moved = [b for b, m in zip(c.vmodel.buffers(), c.mixed.buffers()) if b.is_floating_point() and not torch.equal(b, m)]
+    assert moved  # v's statistics moved in training, the mixture's copy has not yet
+    trained = [b.clone() for b in c.vmodel.buffers()]
+    for b, vb, t in zip(c.eval_model().buffers(), c.vmodel.buffers(), trained):
+        assert torch.equal(b, t) and torch.equal(vb, t)
+    assert not any(torch.equal(b, m) for b, m in zip(c.model.buffers(), c.vmodel.buffers()) if b.is_floating_point())
+
+
 def test_personalised_model_is_the_mixture(digits_tiny_root):
     server = build(digits_tiny_root, "-al", "0.25", "-lr", "0.1")
     server.run_round(0)

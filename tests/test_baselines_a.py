@@ -196,6 +196,53 @@ def test_perfedavg_training_step_updates_w_with_beta(digits_root):
         assert torch.allclose(p.detach(), p0.detach() - beta * q.grad, atol=1e-6)
 
 
+@pytest.mark.parametrize("dp", [False, True])
+def test_perfedavg_meta_steps_take_batches_of_twice_lbs(digits_root, dp):
+    bs = 7
+    client = make_server(digits_root, "Per-FedAvg", "-lbs", str(bs), *(("-dp",) if dp else ())).clients[1]
+    sizes = []
+    name = "dp_meta_step" if dp else "meta_loss"
+    real = getattr(client, name)
+    setattr(client, name, lambda x, y: (sizes.append(len(x)), real(x, y))[1])
+    client.train(0)
+    n = client.train_samples
+    assert sizes == [2 * bs] * (n // (2 * bs)) + ([n % (2 * bs)] if n % (2 * bs) else [])
+    assert len(sizes) == client.steps_per_round()
+
+
+def test_perfedavg_dp_meta_step_is_the_fo_maml_step_on_the_two_releases(digits_root):
+    # The releases themselves are DP-SGD's (tests/test_privacy.py); here each is replaced by the exact batch
+    # gradient, which leaves the step's composition: w' = w - α g(w; D), then w ← w - β g(w'; D').
+    alpha, beta = 0.1, 0.03
+    client = make_server(digits_root, "Per-FedAvg", "-dp", "-lr", str(alpha), "-bt", str(beta)).clients[0]
+    for group in client.optimizer.param_groups:
+        group["lr"] = beta
+    seen = []
+
+    def exact(objective, optimizer, x, y):
+        seen.append(len(x))
+        loss = objective(x, y)
+        for p, g in zip(client.model.parameters(), torch.autograd.grad(loss, list(client.model.parameters()))):
+            p.grad = g
+        return loss.detach()
+
+    client.dp_backward = exact
+    x, y = client.x_train[:12], client.y_train[:12]
+    w0 = copy.deepcopy(client.model)
+    client.dp_meta_step(x, y)
+    inner = copy.deepcopy(w0)
+    nn.functional.cross_entropy(inner(x[:6]), y[:6]).backward()
+    with torch.no_grad():
+        for p in inner.parameters():
+            p -= alpha * p.grad
+    inner.zero_grad()
+    nn.functional.cross_entropy(inner(x[6:]), y[6:]).backward()
+    assert seen == [6, 6]
+    for p, p0, q in zip(client.model.parameters(), w0.parameters(), inner.parameters()):
+        torch.testing.assert_close(p.detach(), p0.detach() - beta * q.grad, atol=1e-6, rtol=1e-5)
+    assert not same(params(client.model), params(w0))
+
+
 def test_perfedavg_personalisation_is_one_step_on_a_copy(digits_root):
     alpha, bs = 0.05, 10
     server = make_server(digits_root, "Per-FedAvg", "-lr", str(alpha), "-lbs", str(bs))
@@ -210,6 +257,23 @@ def test_perfedavg_personalisation_is_one_step_on_a_copy(digits_root):
         assert torch.allclose(p, q.detach() - alpha * q.grad, atol=1e-6)
     assert same(params(client.model), before)
 
+
+
+def test_perfedavg_dp_personalisation_is_the_same_step_as_a_release(digits_root):
+    # -dp with a clip no per-sample gradient reaches and negligible noise: the release is the batch gradient.
+    alpha, bs = 0.05, 10
+    server = make_server(digits_root, "Per-FedAvg", "-lr", str(alpha), "-lbs", str(bs), "-dp",
+                         "--dp_clip", "1000", "-dps", "1e-9")
+    server._send_models(server.clients)
+    client = server.clients[2]
+    before = params(client.model)
+    tuned = client.eval_model()
+    idx = torch.randperm(client.train_samples, generator=torch_gen(0, 0, "fine-tune", 2))[:bs]
+    ref = copy.deepcopy(client.model)
+    nn.functional.cross_entropy(ref(client.x_train[idx]), client.y_train[idx]).backward()
+    for p, q in zip(tuned.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach() - alpha * q.grad, atol=1e-5, rtol=1e-4)
+    assert not same(params(tuned), before) and same(params(client.model), before)
 
 # ---- FedRep --------------------------------------------------------------------------------------
 def test_fedrep_head_phase_freezes_body_then_body_phase_freezes_head(digits_root):
