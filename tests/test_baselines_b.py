@@ -55,6 +55,7 @@ def test_pfedme_local_update_matches_reference_loop(digits_root):
     server = make_server(digits_root, "pFedMe", "-lam", str(lam), "-lrp", str(lrp), "-lr", str(lr),
                          "-K", str(K), "-lbs", "100")
     client = server.clients[0]
+    client.theta.load_state_dict(perturbed(client.theta, seed=3))  # last round's θ: not where this one starts
     gen = torch.Generator()
     gen.set_state(client.batch_gen.get_state())  # the client's batch order
     model = copy.deepcopy(client.model)
@@ -76,6 +77,16 @@ def test_pfedme_local_update_matches_reference_loop(digits_root):
         assert torch.allclose(v, theta[k], atol=1e-5), k
     assert client.eval_model() is client.theta
 
+
+
+def test_pfedme_uploads_the_batchnorm_statistics_theta_tracked(digits_root):
+    client = make_server(digits_root, "pFedMe", "-m", "BNCNN", "-K", "1", "-lbs", "50").clients[1]
+    start = state(client.model)
+    client.train(0)
+    stats = {k: v for k, v in client.theta.state_dict().items() if "running" in k}
+    assert stats and all(not torch.equal(v, start[k]) for k, v in stats.items())  # θ's statistics moved
+    after = client.model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in stats.items())  # and w carries them to the server
 
 # ---- FedAMP --------------------------------------------------------------------------------------
 def test_amp_attention_rows_sum_to_one_and_favour_similar_clients():

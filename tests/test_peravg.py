@@ -60,6 +60,7 @@ def test_beta_defaults_to_the_learning_rate(digits_root):
 
 def test_bt_sets_beta_and_must_be_positive(digits_root, capsys):
     assert make_server(digits_root, "-lr", "0.1", "-bt", "0.02").clients[0].beta(0) == pytest.approx(0.02)
+    assert "-bt" not in capsys.readouterr().err  # a β that is set draws no warning
     with pytest.raises(FLError, match="-bt"):
         make_server(digits_root, "-bt", "-0.1")
     # PFLlib's default -bt 0.0, which its Per-FedAvg ignores: beta = -lr, with a warning
