@@ -352,6 +352,25 @@ def test_ala_initialises_the_received_model(algo, digits_root):
     assert any(c.ala.weights is not None for c in server.clients)  # ALA ran in round 1
 
 
+def test_fedamp_ala_blends_the_cloud_model_with_the_personal_model(digits_root):
+    server = make_server(digits_root, "FedAMP", "-ala", "-lr", "0.1", "--ala_max_epochs", "3",
+                         "--train_loss_eval", "off")
+    server.run_round(0)
+    client = server.clients[2]
+    server.prepare_broadcast(server.clients)
+    cloud = server.broadcast(client)
+    twin = copy.deepcopy(client)  # the same client, but a round it dropped out of left another start
+    twin.model.load_state_dict(perturbed(twin.model, seed=5))
+    client.receive(copy.deepcopy(cloud), True)
+    twin.receive(copy.deepcopy(cloud), True)
+    def same(a, b):
+        return all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+    assert same(twin.model, client.model)  # ALA blended u_i with w_i in both
+    assert same(twin.personal, client.personal)  # w_i itself untouched
+    assert not same(client.model, cloud) and not same(client.model, client.personal)
+
+
 def test_apple_rejects_ala(digits_root, tmp_path, capsys):
     assert main.main(cli(digits_root, tmp_path, "-algo", "APPLE", "-ala")) == 2
     assert "drop -ala" in capsys.readouterr().err
