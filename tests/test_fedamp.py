@@ -9,7 +9,7 @@ import torch
 import main
 from conftest import cli
 from flcore.registry import get_server_class
-from flcore.servers.serveramp import FedAMPServer
+from flcore.servers.serveramp import FedAMPServer, heur_attention, pairwise_cosine
 from utils.data_utils import load_split
 from utils.results import read_h5
 
@@ -47,6 +47,23 @@ def test_heur_attention_matches_a_hand_computation():
     assert torch.allclose(xi, torch.tensor(expected, dtype=torch.float64), atol=1e-12)
     assert torch.allclose(xi.sum(1), torch.ones(3, dtype=torch.float64))
     assert torch.allclose(xi.diagonal(), torch.full((3,), xi_ii, dtype=torch.float64))
+
+
+def test_heur_attention_edge_cases_and_cosine_by_hand():
+    one = heur_attention(torch.ones(1, 1, dtype=torch.float64), 0.3, 5.0)
+    assert torch.equal(one, torch.ones(1, 1, dtype=torch.float64))  # a single client keeps all its weight
+    two = heur_attention(torch.tensor([[1.0, 0.2], [0.2, 1.0]], dtype=torch.float64), 0.3, 5.0)
+    assert torch.allclose(two, torch.tensor([[0.3, 0.7], [0.7, 0.3]], dtype=torch.float64))  # the other: 1 - ξ_ii
+    # vectors shorter than 1, and a zero vector (orthogonal to everything, itself included)
+    states = [{"a": torch.tensor([0.3, 0.4])}, {"a": torch.tensor([0.0, 0.5])}, {"a": torch.tensor([0.0, 0.0])}]
+    cos = pairwise_cosine(states, ["a"])
+    want = torch.tensor([[1.0, 0.8, 0.0], [0.8, 1.0, 0.0], [0.0, 0.0, 0.0]], dtype=cos.dtype)
+    torch.testing.assert_close(cos, want, atol=1e-7, rtol=0)
+
+
+def test_documented_defaults_of_each_kernel(digits_root):
+    heur, euclid = make_server(digits_root), make_server(digits_root, "--amp_kernel", "euclid")
+    assert (heur.sigma, heur.xi_ii, euclid.sigma) == (1000.0, 0.8, 0.1)  # -sg and --xi_ii's help
 
 
 def test_heur_is_the_default_and_euclid_stays_reachable(digits_root, tmp_path, capsys):
@@ -92,6 +109,42 @@ def test_warning_fires_once_when_attention_collapses(digits_root, capsys):
     lines = collapse_lines(capsys)
     assert len(lines) == 1 and "--xi_ii" in lines[0]
 
+
+def test_collapse_needs_another_client(digits_root, capsys):
+    pair = make_server(digits_root, "--xi_ii", "0.995")
+    pair.clients, pair.client_states = pair.clients[:2], pair.client_states[:2]
+    pair.prepare_broadcast(pair.clients)
+    assert len(collapse_lines(capsys)) == 1  # two clients can collapse
+    alone = make_server(digits_root)
+    alone.clients, alone.client_states = alone.clients[:1], alone.client_states[:1]
+    alone.prepare_broadcast(alone.clients)
+    assert float(alone.xi[0, 0]) == 1.0 and collapse_lines(capsys) == []  # one has no one to ignore
+
+
+def extrapolation_lines(capsys):
+    return [line for line in capsys.readouterr().err.splitlines() if "ξ_ii < 0" in line]
+
+
+def test_negative_self_attention_warns_once_with_the_bound(digits_root, capsys):
+    # euclid on identical models: ξ_ij = α_k / σ off the diagonal, ξ_ii = 1 - (N - 1) α_k / σ.
+    def euclid(alk, n=5):
+        server = make_server(digits_root, "--amp_kernel", "euclid", "-sg", "1", "-alk", str(alk))
+        server.clients, server.client_states = server.clients[:n], server.client_states[:n]
+        server.prepare_broadcast(server.clients)
+        return server
+
+    assert float(euclid(0.25).xi[0, 0]) == 0.0 and extrapolation_lines(capsys) == []  # 1 - 4 · 0.25: not below 0
+    assert extrapolation_lines(capsys) == [] and float(euclid(0.1).xi[0, 0]) > 0.5
+    assert extrapolation_lines(capsys) == []
+    server = euclid(0.375)  # ξ_ii = -0.5
+    assert float(server.xi[0, 0]) == -0.5
+    lines = extrapolation_lines(capsys)
+    assert len(lines) == 1 and lines[0].startswith("WARNING: FedAMP") and "-sg/(N-1) = 0.25" in lines[0]
+    server.prepare_broadcast(server.clients)
+    assert extrapolation_lines(capsys) == []  # once per run
+    euclid(1.5, n=2)  # ξ_ii = 1 - 1.5
+    lines = extrapolation_lines(capsys)
+    assert len(lines) == 1 and lines[0].endswith("-sg/(N-1) = 1")
 
 # ---- the evaluated model is w_i -----------------------------------------------------------------------
 def test_evaluation_sees_the_trained_w_i_not_the_cloud_model(digits_noniid_root):
