@@ -143,6 +143,11 @@ def test_fedphp_momentum_grows_linearly_then_caps(digits_root):
     for tau, mu in expected.items():
         client.train_time = [0.0] * tau
         assert math.isclose(client.momentum(), mu)
+    # fewer than one expected participation (ρ R = 0.2 · 2, rounded to 0) counts as one: μ from the first
+    for flags in (("-gr", "1"), ("-gr", "2", "-jr", "0.2")):
+        client = make_server(digits_root, "FedPHP", "-mu", "0.9", *flags).clients[0]
+        client.train_time = [0.0]
+        assert math.isclose(client.momentum(), 0.9), flags
 
 
 def test_fedphp_private_model_inherits_trained_models(digits_root):
