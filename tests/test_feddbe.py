@@ -108,6 +108,8 @@ def test_initialization_period_gives_the_weighted_mean_once(digits_tiny_root):
     twin.run_round(0)
     for k, v in server.global_model.state_dict().items():
         assert torch.allclose(v, twin.global_model.state_dict()[k], atol=1e-6), k
+    # the initialization period's means are counted as uploaded, on top of the round's models
+    assert server.bytes_up - twin.bytes_up == sum(m.numel() * m.element_size() for _, m in results) > 0
 
 
 def test_prbm_is_trained_but_never_uploaded(digits_tiny_root):

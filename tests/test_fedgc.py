@@ -81,6 +81,25 @@ def test_round_uploads_own_rows_and_receives_them_corrected(digits_noniid_root, 
         assert torch.equal(c.model.head.weight[c.own], server.embeddings[i][1])
 
 
+@pytest.mark.parametrize("lam", [0.0, 1.0])
+def test_server_step_is_lambda_times_the_decayed_rate(digits_noniid_root, monkeypatch, lam):
+    server = make_server(digits_noniid_root, "-lam", str(lam), "-lr", "0.05", "-ld", "-ldg", "0.5")
+    seen = []
+    receive = server._receive_models
+    monkeypatch.setattr(server, "_receive_models", lambda cs: seen.extend(receive(cs)) or seen)
+    server.run_round(2)
+    up = {u.id: u.extras for u in seen}
+    ids = sorted(up)
+    step = lam * 0.05 * 0.5 ** 2  # λ · lr decayed for round 2
+    want = corrected([up[i]["embeddings"] for i in ids], [up[i]["classes"] for i in ids], step)
+    for i, w in zip(ids, want):
+        assert torch.equal(server.embeddings[i][0], up[i]["classes"])  # the classes stay with them
+        assert torch.equal(server.embeddings[i][1], w if lam else up[i]["embeddings"])
+    stored = {i: e.clone() for i, (_, e) in server.embeddings.items()}
+    server.aggregate([])  # a round nobody uploaded in: no further step
+    assert all(torch.equal(server.embeddings[i][1], e) for i, e in stored.items())
+
+
 def test_embeddings_start_as_the_classifier_and_the_class_mask_stays_out_of_the_state():
     """GCModel takes the split model's classifier weights as its class embeddings (a copy; its bias is
     dropped), and ``classes`` is a buffer outside the state: the state is the body and the embeddings."""
