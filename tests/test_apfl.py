@@ -136,7 +136,8 @@ def test_personalised_model_has_the_personal_models_batchnorm_statistics(digits_
     server = build(digits_tiny_root, "-al", "0.3", "-lr", "0.1", "-m", "BNCNN")
     c = server.clients[0]
     c.train(0)
-    moved = [b for b, m in zip(c.vmodel.buffers(), c.mixed.buffers()) if b.is_floating_point() and not torch.equal(b, m)]
+    moved = [b for b, m in zip(c.vmodel.buffers(), c.mixed.buffers())
+             if b.is_floating_point() and not torch.equal(b, m)]
     assert moved  # v's statistics moved in training, the mixture's copy has not yet
     trained = [b.clone() for b in c.vmodel.buffers()]
     for b, vb, t in zip(c.eval_model().buffers(), c.vmodel.buffers(), trained):
