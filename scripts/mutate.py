@@ -234,18 +234,28 @@ def dotted(module: str) -> str:
 
 
 def algorithms_of(module: str) -> list[str]:
-    """Registered algorithms whose server module is ``module`` or imports it (``module`` in flcore/; a
-    utility's importers are too many to run: its tests are the files that import it, and ``EXTRA``)."""
+    """Registered algorithms whose server module is ``module`` or reaches it through flcore's imports (the
+    server's client module, and the mixins that one builds on: ``clients/partsharing.py`` reaches FedPer
+    through ``clientper.py``); ``module`` in flcore/ (a utility's importers are too many to run: its tests are
+    the files that import it, and ``EXTRA``)."""
     if not module.startswith("system/flcore/"):
         return []
     source = (REPO / "system" / "flcore" / "registry.py").read_text()
     table = ast.literal_eval(re.search(r"ALGORITHMS = (\{.*?\})", source, re.S).group(1))
-    name, found = dotted(module), []
+    name, found, reach = dotted(module), [], {}
+
+    def reaches(mod: str) -> set[str]:
+        """``mod`` and every flcore module it imports, directly or through another."""
+        if mod not in reach:
+            reach[mod] = {mod}
+            path = REPO / "system" / Path(*mod.split("."))
+            text = path.with_suffix(".py").read_text() if path.with_suffix(".py").exists() else ""
+            for target in re.findall(r"^\s*from\s+(flcore\.[\w.]+)\s+import", text, re.M):
+                reach[mod] |= reaches(target)
+        return reach[mod]
+
     for algo, target in table.items():
-        server = target.split(":")[0]
-        server_file = REPO / "system" / Path(*server.split("."))
-        imports = re.findall(r"^\s*from\s+([\w.]+)\s+import", server_file.with_suffix(".py").read_text(), re.M)
-        if server == name or name in imports:
+        if name in reaches(target.split(":")[0]):
             found.append(algo)
     return found
 
@@ -523,6 +533,9 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
     source = (REPO / module).read_text()
     lines = statement_lines(source)
     files, nodes = guards(module, full)
+    if not files and not nodes:
+        raise SystemExit(f"mutate: no test guards {module} (no test file imports it and no registered algorithm "
+                         "reaches it): name its tests in EXTRA")
     found = mutants(source)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip()

@@ -45,6 +45,9 @@ def test_guards_of_a_utility_module_are_its_importers_and_the_listed_files():
     assert {"tests/test_aggregate.py", "tests/test_bn_stats.py"} <= set(files)
     assert all(Path(mutate.REPO / f).is_file() for f in files)
     assert mutate.algorithms_of("system/flcore/clients/clientfd.py") == ["FD"]
+    # a mixin no server imports is reached through the client modules that build on it
+    assert {"FedPer", "FedRep", "LG-FedAvg"} <= set(mutate.algorithms_of("system/flcore/clients/partsharing.py"))
+    assert "FedAvg" not in mutate.algorithms_of("system/flcore/clients/partsharing.py")
     assert mutate.dotted("dataset/utils/partition.py") == "dataset.utils.partition"
     # an algorithm's own tests in a file of several algorithms' (make_server(root, "Ditto"), or through a
     # helper that names it) guard its modules, and the other algorithms' tests there do not
@@ -283,6 +286,16 @@ def one_line_repo(tmp_path, monkeypatch, test: str, equivalent: dict):
     for name, value in (("REPO", repo), ("RESULTS", results), ("EQUIVALENT", results / "equivalent.json")):
         monkeypatch.setattr(mutate, name, value)
     return repo
+
+
+def test_a_module_no_test_guards_is_refused_not_recorded(tmp_path, monkeypatch):
+    import mutate
+
+    repo = one_line_repo(tmp_path, monkeypatch, "assert True", {})
+    (repo / "pkg" / "other.py").write_text("def g(x):\n    return x - 1\n")
+    with pytest.raises(SystemExit, match="no test guards pkg/other.py"):
+        mutate.mutate("pkg/other.py", full=False, fresh=True)
+    assert not mutate.result_path("pkg/other.py").exists()
 
 
 def test_a_mutant_listed_as_equivalent_is_not_run(tmp_path, monkeypatch):
