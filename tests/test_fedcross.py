@@ -267,20 +267,24 @@ def test_ala_initialises_the_training_start_from_the_middleware_model(digits_tin
     assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedCross", "-ala", "-gr", "2", *FAST)) == 0
 
 
-def test_local_batchnorm_statistics_stay_with_the_client(digits_tiny_root):
-    """--bn_stats local: the evaluated global model carries the client's own BatchNorm statistics."""
-    server = build(digits_tiny_root, "-m", "BNCNN", "--bn_stats", "local")
+@pytest.mark.parametrize("bn", ["shared", "local"])
+def test_evaluated_batchnorm_statistics_are_the_global_or_the_clients_own(bn, digits_tiny_root):
+    """The evaluated global model has the global parameters and, with --bn_stats shared, the global
+    model's BatchNorm statistics; with local, the client's own."""
+    server = build(digits_tiny_root, "-m", "BNCNN", "--bn_stats", bn)
     play_round(server, 0)
     server.round_idx = 1
     server._send_models(server.select_clients())
     glob = dict(server.global_model.named_parameters())
+    glob_buffers = dict(server.global_model.named_buffers())
     for c in server.clients:
         evaluated = c.eval_model()
         assert all(torch.equal(p, glob[k]) for k, p in evaluated.named_parameters())
         own = dict(c.model.named_buffers())
-        assert all(torch.equal(b, own[k]) for k, b in evaluated.named_buffers())
+        want = own if bn == "local" else glob_buffers
+        assert all(torch.equal(b, want[k]) for k, b in evaluated.named_buffers())
         mean = [k for k in own if k.endswith("running_mean")]
-        assert mean and not torch.equal(own[mean[0]], dict(server.global_model.named_buffers())[mean[0]])
+        assert mean and not torch.equal(own[mean[0]], glob_buffers[mean[0]])
 
 
 def test_ala_blends_the_last_trained_model_even_after_a_drop_out(digits_tiny_root):
