@@ -99,6 +99,15 @@ def test_dp_counts_the_fine_tune_steps(digits_noniid_root):
     assert sum(steps for _, _, steps in client.dp.history) == 5 * per_epoch
 
 
+def test_fine_tune_streams_are_the_named_ones(digits_noniid_root):
+    """The fine-tune's batches and its -dp noise come from the streams named (seed, run, "fine-tune", id)
+    and (seed, run, "fine-tune-noise", id): a published -dp figure reproduces from its seed."""
+    server = make_server(digits_noniid_root, "-dp", "--seed", "3")
+    for c in server.clients[:2]:
+        for gen, key in ((c.tune_gen, "fine-tune"), (c.tune_noise, "fine-tune-noise")):
+            assert torch.equal(gen.get_state(), torch_gen(3, 0, key, c.id).get_state()), (c.id, key)
+
+
 def test_ala_adapts_the_body_under_the_common_head(digits_noniid_root, tmp_path):
     server = make_server(digits_noniid_root, "-ala", "--ala_max_epochs", "3", "-lr", "0.1", "-fte", "1")
     assert server.clients[0].ala.names and all(n.startswith("base.") for n in server.clients[0].ala.names)
