@@ -3,6 +3,7 @@ aggregation with those weights against a hand-weighted mean, the parameter align
 only participants receiving (the body only), and -ala."""
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -39,6 +40,29 @@ def test_fisher_trace_of_softmax_regression_by_hand():
         want += float((gw ** 2).sum() + (gc ** 2).sum())
     assert abs(fisher_trace(model, x, y, batches) - want) < 1e-6 * want  # float32 gradients
     assert model.training  # its mode is restored
+
+
+def test_fisher_trace_takes_batchnorm_in_evaluation_mode():
+    """With BatchNorm the trace is the evaluation-mode model's (running statistics, not each batch's):
+    a frozen BatchNorm in front of the linear layer is the by-hand formula on the normalised inputs."""
+    torch.manual_seed(1)
+    bn, lin = nn.BatchNorm1d(3), nn.Linear(3, 4)
+    bn.running_mean.copy_(torch.tensor([0.5, -1.0, 2.0]))
+    bn.running_var.copy_(torch.tensor([4.0, 0.25, 1.0]))
+    bn.weight.requires_grad_(False)
+    bn.bias.requires_grad_(False)
+    model = nn.Sequential(bn, lin)
+    x, y = torch.randn(6, 3), torch.tensor([0, 3, 1, 1, 2, 0])
+    batches = [torch.tensor([0, 1, 2]), torch.tensor([3, 4, 5])]
+    z = (x.double() - bn.running_mean.double()) / (bn.running_var.double() + bn.eps).sqrt()
+    want = 0.0
+    for b in batches:
+        err = torch.softmax(z[b] @ lin.weight.detach().double().T + lin.bias.detach().double(), 1)
+        err[range(len(b)), y[b]] -= 1
+        gw, gc = (err[:, :, None] * z[b][:, None, :]).mean(0), err.mean(0)
+        want += float((gw ** 2).sum() + (gc ** 2).sum())
+    assert abs(fisher_trace(model, x, y, batches) - want) < 1e-5 * want
+    assert model.training and torch.equal(bn.running_mean, torch.tensor([0.5, -1.0, 2.0]))
 
 
 def test_bodies_are_averaged_with_the_fisher_traces_as_weights(digits_tiny_root, monkeypatch):
@@ -104,6 +128,24 @@ def test_only_participants_receive_the_body(digits_tiny_root):
     assert not all(torch.equal(v, before[1][k]) for k, v in server.clients[1].model.state_dict().items())
     server.clients[0].receive(server.broadcast(server.clients[1]), participating=False)  # told it sits out
     assert all(torch.equal(v, before[0][k]) for k, v in server.clients[0].model.state_dict().items())
+
+
+@pytest.mark.parametrize("bn", ["shared", "local"])
+def test_received_batchnorm_statistics_are_the_global_or_the_clients_own(bn, digits_tiny_root):
+    """Without alignment steps (--align_epochs 0) a participant's body takes the global parameters and, with
+    --bn_stats shared, the global BatchNorm statistics; with local, it keeps its own."""
+    server = make_server(digits_tiny_root, "-m", "BNCNN", "--bn_stats", bn, "--align_epochs", "0")
+    server.run_round(0)
+    client = server.clients[1]
+    own = {k: v.clone() for k, v in client.model.base.named_buffers()}
+    glob = dict(server.global_model.base.named_buffers())
+    mean = [k for k in own if k.endswith("running_mean")]
+    assert mean and not torch.equal(own[mean[0]], glob[mean[0]])
+    server._send_models([client])
+    want = own if bn == "local" else glob
+    assert all(torch.equal(b, want[k]) for k, b in client.model.base.named_buffers())
+    params = dict(server.global_model.base.named_parameters())
+    assert all(torch.equal(p, params[k]) for k, p in client.model.base.named_parameters())
 
 
 def test_ala_takes_the_aligned_body(digits_tiny_root, tmp_path):
