@@ -296,13 +296,19 @@ def guards(module: str, full: bool = False) -> tuple[list[str], list[str]]:
 
 def tests_naming(text: str, named: re.Pattern) -> set[str]:
     """The top-level test functions and test classes of a test file whose code matches ``named``, or calls a
-    top-level helper of the file whose code does."""
+    top-level helper of the file that does, directly or through other helpers (``prepared()`` calling
+    ``make_server()``)."""
     defs = [node for node in ast.parse(text).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
     code = {node.name: ast.get_source_segment(text, node) or "" for node in defs}
-    helpers = [n for n in code if not n.startswith(("test", "Test")) and named.search(code[n])]
-    calls = re.compile("|".join(rf"\b{re.escape(h)}\(" for h in helpers)) if helpers else None
-    return {n for n in code if n.startswith(("test", "Test"))
-            and (named.search(code[n]) or (calls and calls.search(code[n])))}
+    reaching = {n for n in code if named.search(code[n])}
+    while True:  # the helpers that call one already found, until none is added
+        calls = re.compile("|".join(rf"\b{re.escape(h)}\(" for h in reaching
+                                    if not h.startswith(("test", "Test")))) if reaching else None
+        more = {n for n in code if n not in reaching and calls is not None and calls.pattern and calls.search(code[n])}
+        if not more:
+            break
+        reaching |= more
+    return {n for n in reaching if n.startswith(("test", "Test"))}
 
 
 def copy_repo(dest: Path) -> Path:

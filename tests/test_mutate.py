@@ -70,8 +70,10 @@ def test_the_tests_that_name_an_algorithm_in_their_code_or_through_a_helper():
             'def test_b():\n    assert make("Ditto")\n\n\n'
             'def test_c():\n    assert make("FedRep")\n\n\n'
             'class TestD:\n    def test_e(self):\n        assert make("Ditto")\n\n\n'
+            'def prepared(root):\n    return helper(root), 1\n\n\n'
+            'def test_f(root):\n    assert prepared(root)\n\n\n'
             'def test_helpers_name():\n    assert "helper"\n')
-    assert mutate.tests_naming(text, re.compile(r'["\']Ditto["\']')) == {"test_a", "test_b", "TestD"}
+    assert mutate.tests_naming(text, re.compile(r'["\']Ditto["\']')) == {"test_a", "test_b", "TestD", "test_f"}
 
 
 def test_the_doc_lists_the_modules_in_scope_not_yet_run_and_keeps_its_text_outside_the_blocks(tmp_path,
