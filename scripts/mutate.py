@@ -248,8 +248,8 @@ def algorithms_of(module: str) -> list[str]:
         """``mod`` and every flcore module it imports, directly or through another."""
         if mod not in reach:
             reach[mod] = {mod}
-            path = REPO / "system" / Path(*mod.split("."))
-            text = path.with_suffix(".py").read_text() if path.with_suffix(".py").exists() else ""
+            file = (REPO / "system" / Path(*mod.split("."))).with_suffix(".py")
+            text = file.read_text() if file.is_file() else ""  # a package's name: its modules are imported by name
             for target in re.findall(r"^\s*from\s+(flcore\.[\w.]+)\s+import", text, re.M):
                 reach[mod] |= reaches(target)
         return reach[mod]
@@ -300,14 +300,12 @@ def tests_naming(text: str, named: re.Pattern) -> set[str]:
     ``make_server()``)."""
     defs = [node for node in ast.parse(text).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
     code = {node.name: ast.get_source_segment(text, node) or "" for node in defs}
-    reaching = {n for n in code if named.search(code[n])}
-    while True:  # the helpers that call one already found, until none is added
-        calls = re.compile("|".join(rf"\b{re.escape(h)}\(" for h in reaching
-                                    if not h.startswith(("test", "Test")))) if reaching else None
-        more = {n for n in code if n not in reaching and calls is not None and calls.pattern and calls.search(code[n])}
-        if not more:
-            break
-        reaching |= more
+    reaching, added = set(), {n for n in code if named.search(code[n])}
+    while added:  # then the helpers' callers, until none is added
+        reaching |= added
+        helpers = [h for h in added if not h.startswith(("test", "Test"))]
+        calls = re.compile("|".join(rf"\b{re.escape(h)}\(" for h in helpers)) if helpers else None
+        added = {n for n in code if n not in reaching and calls is not None and calls.search(code[n])}
     return {n for n in reaching if n.startswith(("test", "Test"))}
 
 
