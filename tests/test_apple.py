@@ -100,6 +100,8 @@ def test_momentum_restarts_every_round(digits_root):
     server, client = prepared(digits_root)
     client.train(0)
     assert not client.optimizer.state  # nothing of the round's momentum is kept
+    # nor any autograd state on p: a plain tensor between rounds, so nothing outside training builds a graph
+    assert not client.p.requires_grad and client.p.grad is None
     server._send_models(server.clients)
     keys = [k for k, _ in client.model.named_parameters()]
     cores = [{k: (dict(client.model.named_parameters()) if j == client.id else c)[k].detach().clone() for k in keys}
@@ -111,6 +113,18 @@ def test_momentum_restarts_every_round(digits_root):
     for k, v in client.model.named_parameters():
         torch.testing.assert_close(v.detach(), theta[k], atol=2e-6, rtol=1e-4)
     torch.testing.assert_close(client.p, p, atol=1e-6, rtol=1e-5)
+
+
+def test_a_federation_of_one_mixes_only_its_own_core(digits_root):
+    """No other cores (one client): θ̃ = p_ii θ_i, with nothing added for the absent others."""
+    server, client = prepared(digits_root)
+    client.stacks = {}
+    with torch.no_grad():
+        client.p.copy_(torch.tensor([0.1, 0.6, 0.1, 0.1, 0.1]))
+    own = dict(client.model.named_parameters())
+    got = client.mixed()
+    for k in client.keys:
+        torch.testing.assert_close(got[k], 0.6 * own[k], rtol=0, atol=0)
 
 
 def test_core_rate_and_momentum_defaults_follow_the_official_code(digits_root):
