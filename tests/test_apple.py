@@ -137,12 +137,23 @@ def test_core_rate_and_momentum_defaults_follow_the_official_code(digits_root):
     (("--sgd_momentum", "1"), "--sgd_momentum < 1"),
     (("--sgd_momentum", "-0.1"), "--sgd_momentum < 1"),
     (("--core_lr_scale", "0"), "--core_lr_scale > 0"),
+    (("-dlr", "-0.001"), "-dlr >= 0"),
+    (("-mu", "-0.1"), "-mu >= 0"),
+    (("-L", "1.1"), "0 <= -L <= 1"),
+    (("-L", "-0.1"), "0 <= -L <= 1"),
     pytest.param(("-dp",), "drop -dp", marks=pytest.mark.optional_deps("opacus")),
 ])
 def test_bad_flags_end_with_one_line(flags, words, digits_root, tmp_path, capsys):
     assert main.main(cli(digits_root, tmp_path, "-algo", "APPLE", "-gr", "1", *flags)) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("flags", [("-dlr", "0", "-mu", "0", "-L", "0", "--sgd_momentum", "0"), ("-L", "1")])
+def test_flags_at_their_bounds_are_accepted(flags, digits_root):
+    """p frozen, no pull, no momentum, and λ(r) over all rounds (PFLlib's settings) are valid runs."""
+    cfg = main.parse_config(cli(digits_root, digits_root, "-algo", "APPLE", *flags))
+    get_server_class("APPLE").check_config(cfg)  # raises FLError on a refused flag
 
 
 @pytest.mark.parametrize("mode", ["cpu", "disk"])
