@@ -104,3 +104,18 @@ def test_ala_refused_and_dp_runs(digits_tiny_root, tmp_path):
         main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedMTL", "-ala"))
     assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedMTL", "-dp", "-gr", "2", "-lr", "0.1")) == 0
     assert read_h5(tmp_path / "Digits_FedMTL_test_0.h5")["rs_dp_epsilon_max"][-1] > 0
+
+
+@pytest.mark.parametrize("flags", [("-lam", "-0.1"), ("--lamda2", "-0.1")])
+def test_negative_weights_end_with_one_line(flags, digits_tiny_root, tmp_path, capsys):
+    assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedMTL", "-gr", "1", *flags)) == 2
+    err = capsys.readouterr().err.strip()
+    assert "-lam >= 0 and --lamda2 >= 0" in err and len(err.splitlines()) == 1, err
+
+
+def test_itk_is_accepted_with_a_warning_and_only_when_given(digits_tiny_root, capsys):
+    cls = get_server_class("FedMTL")
+    cls.check_config(main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedMTL")))
+    assert capsys.readouterr().err == ""
+    cls.check_config(main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedMTL", "-itk", "4000")))
+    assert "-itk 4000 has no effect" in capsys.readouterr().err
