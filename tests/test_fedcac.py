@@ -107,10 +107,17 @@ def test_nothing_critical_is_fedavg(digits_tiny_root):
         assert all(torch.equal(p, q) for p, q in zip(c.model.parameters(), a.model.parameters()))
 
 
-@pytest.mark.parametrize("flags,message", [(("-ala",), "-ala"), (("-bt", "0"), "-bt > 0"), (("-tau", "0"), "-tau")])
+@pytest.mark.parametrize("flags,message", [(("-ala",), "-ala"), (("-bt", "0"), "-bt > 0"), (("-tau", "0"), "-tau"),
+                                           (("-tau", "1.5"), "-tau")])
 def test_refusals(flags, message, digits_tiny_root):
     with pytest.raises(FLError, match=message):
         main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCAC", *flags))
+
+
+def test_every_entry_critical_and_a_short_beta_are_accepted(digits_tiny_root):
+    """-tau 1 (PFLlib's) and any positive -bt are valid."""
+    cfg = main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCAC", "-tau", "1", "-bt", "0.5"))
+    assert (cfg.tau, cfg.beta) == (1.0, 0.5)
 
 
 def test_defaults_are_the_official_cifar10_configuration(digits_tiny_root):
