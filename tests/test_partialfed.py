@@ -152,10 +152,20 @@ def test_choice_moves_to_the_better_model(better, digits_root):
     assert client.from_global() == [better == "global"] * len(layer_groups(client.model)), client.logits
 
 
-@pytest.mark.parametrize("flag", [("--strategy_percent", "1"), ("--strategy_prior", "0"), ("--strategy_prior", "1")])
+@pytest.mark.parametrize("flag", [("--strategy_percent", "1"), ("--strategy_percent", "-0.1"),
+                                  ("--strategy_prior", "0"), ("--strategy_prior", "1"), ("--tau", "0"),
+                                  ("--tau_decay", "0"), ("--tau_decay", "1.1"), ("--strategy_lr", "-1")])
 def test_bad_strategy_flags_get_one_line(flag, digits_root, tmp_path, capsys):
     assert main.main(cli(digits_root, tmp_path, "-algo", "PartialFed", "-gr", "1", *flag)) == 2
-    assert "0 <= --strategy_percent < 1 and 0 < --strategy_prior < 1" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert "0 <= --strategy_percent < 1 and 0 < --strategy_prior < 1" in err and len(err.splitlines()) == 1, err
+
+
+def test_strategy_flags_at_their_bounds_are_accepted(digits_root):
+    """No temperature decay, a frozen choice (rate 0) and nothing held out (no learning) are valid runs."""
+    cfg = main.parse_config(cli(digits_root, digits_root, "-algo", "PartialFed", "--tau_decay", "1",
+                                "--strategy_lr", "0", "--strategy_percent", "0"))
+    assert (cfg.tau_decay, cfg.strategy_lr, cfg.strategy_percent) == (1.0, 0.0, 0.0)
 
 
 # ---- what it learns --------------------------------------------------------------------------------
