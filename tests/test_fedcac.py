@@ -34,6 +34,37 @@ def test_critical_mask_is_the_top_tau_by_sensitivity():
     assert not critical_mask(after, after.clone(), 0.5).any()  # nothing moved: nothing critical
 
 
+def test_critical_mask_at_its_two_small_thresholds():
+    """The k-th largest sensitivity at exactly 1e-10 counts as ~0 (the moved entries are taken instead), and
+    an entry whose sensitivity is exactly 1e-20 has not moved. Sensitivities set exactly: with θ = θ' - 1,
+    s = |1 · θ'| = θ'."""
+    tiny = torch.tensor(1e-10).item()  # float32's nearest value, the one the comparison sees
+    after = torch.tensor([tiny, 1e-15, 0.0, 0.0])
+    before = after - 1
+    before[2:] = 0.0  # unmoved: s = 0
+    assert torch.equal(((after - before) * after).abs(), after)
+    # tau 0.25: k = 1, threshold s_0 = 1e-10 -> ~0, so the two moved entries are critical
+    assert critical_mask(before, after, 0.25).tolist() == [True, True, False, False]
+    edge = torch.tensor([torch.tensor(1e-20).item(), 0.0, 0.0, 0.0])
+    edge_before = edge - 1
+    edge_before[1:] = 0.0
+    assert not critical_mask(edge_before, edge, 0.5).any()  # s = 1e-20 is not "moved"
+
+
+def test_the_client_scores_sensitivity_by_its_trained_parameters(digits_tiny_root):
+    """The masks after a local update are the top tau of |(θ' − θ) ⊙ θ'|, θ' the trained parameters
+    (ranked here by sorting, ties at the threshold included)."""
+    server = make_server(digits_tiny_root, "-lr", "0.1")
+    c = server.clients[0]
+    before = {k: p.detach().clone() for k, p in c.model.named_parameters()}
+    c.local_update(0)
+    for k, p in c.model.named_parameters():
+        s = ((p.detach() - before[k]) * p.detach()).abs().reshape(-1)
+        kth = s.sort(descending=True).values[int(0.5 * s.numel()) - 1]
+        assert kth > 1e-10
+        assert torch.equal(c.critical[k].reshape(-1), s >= kth), k
+
+
 def test_overlap_rates_and_collaborators_on_hand_made_masks():
     m = torch.tensor([[1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=torch.bool)
     o = overlap_rates(m)
@@ -50,6 +81,13 @@ def test_overlap_rates_and_collaborators_on_hand_made_masks():
     assert collaborators(o, 1.0) == [[0, 2], [1], [2, 0], [3]]
     assert collaborators(o, 2.0) == [[0], [1], [2], [3]]  # past β rounds: everyone alone
     assert collaborators(o[:1, :1], 0.0) == [[0]]
+    # two clients: the threshold is their common overlap (mean = max), so they collaborate
+    assert collaborators(o[:2, :2], 0.0) == [[0, 1], [1, 0]]
+    # a client with no critical entry (its overlap uses |m_i|₁ clamped at 1) and one with a single entry
+    m = torch.tensor([[0, 0, 0], [1, 0, 0], [1, 1, 0]], dtype=torch.bool)
+    want = torch.tensor([[1, 1 - 1 / 2, 1 - 2 / 2], [1 - 1 / 2, 1, 1 - 1 / 2], [1 - 2 / 4, 1 - 1 / 4, 1]],
+                        dtype=torch.float64)
+    assert torch.equal(overlap_rates(m), want)
 
 
 def test_server_composes_each_uploaders_model_by_hand(digits_tiny_root, monkeypatch):

@@ -76,6 +76,42 @@ def test_choice_is_per_layer(digits_root):
         assert all(torch.equal(got[n], source[n]) for n in names), names
 
 
+def test_the_choice_starts_at_the_prior_and_ties_load_the_global_layer(digits_root):
+    client = make_server(digits_root, "--strategy_prior", "0.7").clients[0]
+    probs = torch.softmax(client.logits, dim=1)  # (load global, keep local) per layer
+    torch.testing.assert_close(probs[:, 0], torch.full((len(probs),), 0.7), rtol=0, atol=1e-6)
+    client.logits = torch.zeros_like(client.logits)
+    assert client.from_global() == [True] * len(probs)
+
+
+def test_temperature_decays_once_per_participation(digits_root, monkeypatch):
+    """The Gumbel temperature is --tau at a client's first participation, times --tau_decay per later one."""
+    import flcore.clients.clientpartial as cp
+    server = make_server(digits_root, "--tau", "4", "--tau_decay", "0.5")
+    client = server.clients[0]
+    seen = []
+    real = cp.gumbel_straight_through
+    monkeypatch.setattr(cp, "gumbel_straight_through", lambda lg, tau, gen: seen.append(tau) or real(lg, tau, gen))
+    for participations in (1, 3):
+        client.train_time = [0.0] * participations
+        client.held_out = torch.arange(5)
+        seen.clear()
+        client.learn_strategy(server.global_model)
+        assert seen and set(seen) == {4 * 0.5 ** (participations - 1)}, seen
+        # the learnt logits are kept as a plain tensor: no graph (a checkpoint or a parked client copies them)
+        assert not client.logits.requires_grad and client.logits.grad_fn is None
+
+
+def test_at_least_one_sample_is_trained_on(digits_root):
+    """ceil(--strategy_percent · n) held out, at most n - 1 (a share near 1 would leave nothing to train)."""
+    client = make_server(digits_root, "--strategy_percent", "0.999").clients[0]
+    n = client.train_samples
+    assert math.ceil(0.999 * n) == n  # the cap applies
+    assert client.held_out_count() == n - 1 and client.train_count() == 1
+    client = make_server(digits_root, "--strategy_percent", "0.3").clients[0]
+    assert client.held_out_count() == math.ceil(0.3 * client.train_samples)
+
+
 def test_learned_choice_takes_whole_layers(digits_root):
     server = make_server(digits_root, "--strategy_percent", "0.5", "--strategy_prior", "0.5")
     client = server.clients[1]
