@@ -155,3 +155,22 @@ def test_ala_runs(digits_tiny_root, tmp_path):
 def test_bad_flags_end_with_one_line(flags, words, digits_tiny_root, tmp_path, capsys):
     assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedGen", "-gr", "0", *flags)) == 2
     assert words in capsys.readouterr().err
+
+
+def test_generator_shape_follows_its_flags_and_leaves_the_model_mode_alone():
+    """[ε, onehot(y)] (noise + classes) -> hidden -> BatchNorm -> ReLU -> the classifier's input size, sized
+    on one sample without changing the model's train/eval mode."""
+    from types import SimpleNamespace
+
+    from flcore.clients.clientgen import Generator
+    model = nn.Module()
+    model.base = nn.Sequential(nn.Flatten(), nn.Linear(12, 7), nn.Dropout(0.5))
+    cfg = SimpleNamespace(noise_dim=5, hidden_dim=9)
+    for training in (True, False):
+        model.train(training)
+        gen = Generator.for_model(cfg, model, torch.randn(1, 3, 4), num_classes=3)
+        assert model.base.training is training
+    first, bn, act = gen.body
+    assert (first.in_features, first.out_features) == (5 + 3, 9)
+    assert isinstance(bn, nn.BatchNorm1d) and bn.num_features == 9 and isinstance(act, nn.ReLU)
+    assert (gen.out.in_features, gen.out.out_features) == (9, 7)
