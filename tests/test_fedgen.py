@@ -1,6 +1,7 @@
 """FedGen: the generator's loss on a toy ensemble by hand, the generator learns on the server only, the
 client objective with its schedule, round 0 = FedAvg's, -lf shares only the head, -ala runs, -dp refused."""
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from torch.nn import functional as F
 
 import main
 from conftest import cli
-from flcore.clients.clientgen import generated_weight
+from flcore.clients.clientgen import Generator, generated_weight
 from flcore.registry import get_server_class
 from flcore.servers.servergen import generator_loss
 from utils.data_utils import load_split
@@ -160,9 +161,6 @@ def test_bad_flags_end_with_one_line(flags, words, digits_tiny_root, tmp_path, c
 def test_generator_shape_follows_its_flags_and_leaves_the_model_mode_alone():
     """[ε, onehot(y)] (noise + classes) -> hidden -> BatchNorm -> ReLU -> the classifier's input size, sized
     on one sample without changing the model's train/eval mode."""
-    from types import SimpleNamespace
-
-    from flcore.clients.clientgen import Generator
     model = nn.Module()
     model.base = nn.Sequential(nn.Flatten(), nn.Linear(12, 7), nn.Dropout(0.5))
     cfg = SimpleNamespace(noise_dim=5, hidden_dim=9)

@@ -114,8 +114,7 @@ def test_negative_weights_end_with_one_line(flags, digits_tiny_root, tmp_path, c
 
 
 def test_itk_is_accepted_with_a_warning_and_only_when_given(digits_tiny_root, capsys):
-    cls = get_server_class("FedMTL")
-    cls.check_config(main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedMTL")))
+    main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedMTL"))
     assert capsys.readouterr().err == ""
-    cls.check_config(main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedMTL", "-itk", "4000")))
+    main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedMTL", "-itk", "4000"))
     assert "-itk 4000 has no effect" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from torch import nn
 
 import main
 from conftest import cli
+import flcore.clients.clientpartial as cp
 from flcore.registry import get_server_class
 from flcore.trainmodel.parts import layer_groups
 from utils.data_utils import load_split
@@ -86,7 +87,6 @@ def test_the_choice_starts_at_the_prior_and_ties_load_the_global_layer(digits_ro
 
 def test_temperature_decays_once_per_participation(digits_root, monkeypatch):
     """The Gumbel temperature is --tau at a client's first participation, times --tau_decay per later one."""
-    import flcore.clients.clientpartial as cp
     server = make_server(digits_root, "--tau", "4", "--tau_decay", "0.5")
     client = server.clients[0]
     seen = []
