@@ -52,11 +52,12 @@ PFLLIB = {"beta": 0.0, "lamda": 1.0, "mu": 0.0, "K": 5, "p_learning_rate": 0.01,
           "sigma": 1.0, "alpha": 1.0, "plocal_epochs": 1, "tau": 1.0, "fine_tuning_epochs": 10,
           "dr_learning_rate": 0.0, "L": 1.0, "noise_dim": 512, "generator_learning_rate": 0.005, "hidden_dim": 512,
           "server_epochs": 1000, "server_learning_rate": 1.0, "eta": 1.0, "rand_percent": 80, "layer_idx": 2,
-          "mentee_learning_rate": 0.005, "T_start": 0.95, "T_end": 0.98, "momentum": 0.1, "kl_weight": 0.0}
+          "mentee_learning_rate": 0.005, "T_start": 0.95, "T_end": 0.98, "momentum": 0.1, "kl_weight": 0.0,
+          "first_stage_bound": 0, "fedcross_alpha": 0.99, "collaborative_model_select_strategy": 1}
 
 
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
 def test_pfllib_defaults_are_pfllibs(algo):
     for dest, value in get_server_class(algo).pfllib_flag_defaults().items():
-        if dest in PFLLIB:
-            assert value == PFLLIB[dest], (algo, dest, value)
+        assert dest in PFLLIB, (algo, dest, "not in the table of PFLlib's defaults above")
+        assert value == PFLLIB[dest], (algo, dest, value)

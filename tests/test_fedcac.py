@@ -162,3 +162,66 @@ def test_defaults_are_the_official_cifar10_configuration(digits_tiny_root):
     """τ 0.5 with β 100, the official CIFAR-10 config (its CIFAR-100 pair is τ 0.4, β 170)."""
     cfg = main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCAC"))
     assert (cfg.tau, cfg.beta) == (0.5, 100.0)
+
+
+def buffers(model) -> dict:
+    return {k: b.detach().clone() for k, b in model.named_buffers()}
+
+
+def mark(client, value: float) -> dict:
+    """Give ``client`` running statistics of its own (``value``) and parameters unlike anyone's (+1); return
+    its buffers."""
+    with torch.no_grad():
+        for b in client.model.buffers():
+            if b.is_floating_point():
+                b.fill_(value)
+        for p in client.model.parameters():
+            p.add_(1.0)
+    return buffers(client.model)
+
+
+@pytest.mark.parametrize("mode", ["shared", "local"])
+def test_batchnorm_statistics_follow_bn_stats(mode, digits_tiny_root):
+    """-m BNCNN: a client takes the global running statistics with its model under --bn_stats shared and
+    keeps its own under local, however the model arrives: the global model before it has trained (nothing
+    critical yet), the model composed for it, or the global model around its critical entries."""
+    server = make_server(digits_tiny_root, "-lr", "0.1", "-m", "BNCNN", "--bn_stats", mode)
+    assert buffers(server.global_model)  # the model has running statistics to share or keep
+    with torch.no_grad():
+        for b in server.global_model.buffers():
+            if b.is_floating_point():
+                b.fill_(3.0)
+
+    def check(client, own: dict, params: dict):
+        want = buffers(server.global_model) if mode == "shared" else own
+        for k, b in client.model.named_buffers():
+            assert torch.equal(b, want[k]), (mode, k)
+        for k, p in client.model.named_parameters():
+            assert torch.equal(p, params[k]), k
+
+    # before any training: the whole global model, its statistics as --bn_stats says
+    c = server.clients[0]
+    assert c.critical is None
+    own = mark(c, 7.0)
+    glob = {k: p.detach().clone() for k, p in server.global_model.named_parameters()}
+    c.receive(("global", server.global_model))
+    check(c, own, glob)
+    for k, p in server.global_model.named_parameters():
+        assert torch.equal(p, glob[k]), k  # received, not sent back
+
+    server.run_round(0)
+    for c in server.clients:
+        composed = server.composed[c.id]
+        for k, b in server.global_model.named_buffers():
+            assert torch.equal(composed[k], b), k  # the composed model carries the global statistics
+        own = mark(c, 7.0)
+        c.receive(("own", composed))
+        check(c, own, {k: composed[k] for k, _ in c.model.named_parameters()})
+
+    # trained, without a composition: critical entries kept, the rest and (shared) the statistics global
+    c = server.clients[1]
+    own = mark(c, 5.0)
+    kept = {k: p.detach().clone() for k, p in c.model.named_parameters()}
+    glob = server.global_model.state_dict()
+    c.receive(("global", server.global_model), participating=False)
+    check(c, own, {k: torch.where(c.critical[k], kept[k], glob[k]) for k in kept})

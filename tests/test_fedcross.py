@@ -72,6 +72,14 @@ def test_collaborators_by_hand():
         assert choose_collaborators(s, 5, torch.ones(1, 1, dtype=torch.float64), 1) == [0]
 
 
+def test_cosine_of_short_and_zero_vectors():
+    """Cosines do not depend on the vectors' lengths, also below 1 (v0 = (0.3, 0.4), |v0| = 0.5;
+    v1 = (0, 0.2)); a zero vector is orthogonal to every vector, itself included."""
+    states = [{"a": torch.tensor([0.3, 0.4])}, {"a": torch.tensor([0.0, 0.2])}, {"a": torch.zeros(2)}]
+    want = torch.tensor([[1.0, 0.8, 0.0], [0.8, 1.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(cosine_matrix(states, ["a"]), want)
+
+
 def test_highest_similarity_never_picks_the_model_itself():
     # Every other model points away from v0 (cos -0.981 and -0.995): PFLlib's self-similarity 0 would win.
     states = [{"a": torch.tensor([1.0, 0.0])}, {"a": torch.tensor([-1.0, 0.2])}, {"a": torch.tensor([-1.0, -0.1])}]

@@ -1,5 +1,6 @@
 """FedGen: the generator's loss on a toy ensemble by hand, the generator learns on the server only, the
 client objective with its schedule, round 0 = FedAvg's, -lf shares only the head, -ala runs, -dp refused."""
+import copy
 import math
 from types import SimpleNamespace
 
@@ -11,6 +12,7 @@ from torch.nn import functional as F
 
 import main
 from conftest import cli
+from flcore.clients.clientbase import Upload
 from flcore.clients.clientgen import Generator, generated_weight
 from flcore.registry import get_server_class
 from flcore.servers.servergen import generator_loss
@@ -172,3 +174,70 @@ def test_generator_shape_follows_its_flags_and_leaves_the_model_mode_alone():
     assert (first.in_features, first.out_features) == (5 + 3, 9)
     assert isinstance(bn, nn.BatchNorm1d) and bn.num_features == 9 and isinstance(act, nn.ReLU)
     assert (gen.out.in_features, gen.out.out_features) == (9, 7)
+
+
+def test_generator_training_matches_a_reference_loop_over_two_rounds(digits_tiny_root):
+    """train_generator against an independent loop: -se Adam steps (weight decay 1e-2, lr -glr · 0.98^r in
+    the r-th round it trains, one optimizer across rounds) on the ensemble of the uploaded heads weighted by
+    hand-computed label shares a_k(y) = n_k(y) / Σ_j n_j(y), plus the diversity term, in train mode, then
+    left in eval mode. Two uploads with unequal heads; label 1 is held by one sample of one client only."""
+    server = make_server(digits_tiny_root, "-se", "3", "-glr", "0.01", "--diversity_weight", "0.5")
+    glob = server.global_model.state_dict()
+    g = torch.Generator().manual_seed(5)
+    heads_w = [glob["head.weight"] + 0.3 * torch.randn(glob["head.weight"].shape, generator=g) for _ in range(2)]
+    heads_b = [glob["head.bias"] + 0.3 * torch.randn(glob["head.bias"].shape, generator=g) for _ in range(2)]
+    counts = [torch.tensor([3.0, 1.0, 0, 2, 0, 0, 0, 0, 0, 4]), torch.tensor([1.0, 0, 0, 6, 5, 0, 0, 0, 0, 0])]
+    uploads = [Upload(i, 10.0, {**glob, "head.weight": heads_w[i], "head.bias": heads_b[i]},
+                      extras={"label_counts": counts[i]}) for i in range(2)]
+    # a_k(y) by hand: totals [4, 1, 0, 8, 5, 0, 0, 0, 0, 4]
+    shares = torch.tensor([[3 / 4, 1.0, 0, 2 / 8, 0, 0, 0, 0, 0, 1.0], [1 / 4, 0, 0, 6 / 8, 1.0, 0, 0, 0, 0, 0]])
+    p_y = torch.tensor([4.0, 1, 0, 8, 5, 0, 0, 0, 0, 4]) / 22
+
+    ref = copy.deepcopy(server.generator)
+    opt = torch.optim.Adam(ref.parameters(), lr=1.0, weight_decay=1e-2)
+    stream = torch.Generator()
+    stream.set_state(server.gen_stream.get_state())
+    drawn = set()
+    for r in range(2):
+        for group in opt.param_groups:
+            group["lr"] = 0.01 * 0.98 ** r
+        ref.train()
+        for _ in range(3):
+            eps, y, z = ref.sample(p_y, 32, stream)
+            drawn |= set(y.tolist())
+            logits = sum(shares[k, y][:, None] * (z @ heads_w[k].T + heads_b[k]) for k in range(2))
+            d_eps = ((eps[:, None] - eps[None]) ** 2).sum(-1) / eps.shape[1]
+            d_z = (z[:, None] - z[None]).abs().sum(-1) / z.shape[1]
+            loss = F.cross_entropy(logits, y) + 0.5 * torch.exp(-(d_eps * d_z).mean())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        server.train_generator(uploads)
+        assert not server.generator.training
+        torch.testing.assert_close(server.label_dist, p_y)
+        for k, v in ref.state_dict().items():
+            torch.testing.assert_close(server.generator.state_dict()[k], v, msg=f"round {r}: {k}")
+    assert 1 in drawn  # the share of a label held by a single sample was used
+
+
+def test_the_generator_is_moved_to_the_server_device(digits_tiny_root, monkeypatch):
+    moved = []
+    to = Generator.to
+    monkeypatch.setattr(Generator, "to", lambda self, *a, **k: moved.append((a, k)) or to(self, *a, **k))
+    server = make_server(digits_tiny_root)
+    assert ((server.device,), {}) in moved
+
+
+def test_lf_averages_the_uploaded_heads_by_samples(digits_tiny_root, monkeypatch):
+    """-lf: the global head becomes the sample-weighted mean of the uploaded heads (unequal weights)."""
+    server = make_server(digits_tiny_root, "-lf", "-se", "1")
+    seen = []
+    receive = server._receive_models
+    monkeypatch.setattr(server, "_receive_models", lambda cs: seen.append(receive(cs)) or seen[-1])
+    server.run_round(0)
+    uploads = seen[0]
+    w = [float(u.weight) for u in uploads]
+    assert len(set(w)) > 1
+    for k in ("weight", "bias"):
+        want = sum(wi * u.state[f"head.{k}"] for wi, u in zip(w, uploads)) / sum(w)
+        torch.testing.assert_close(getattr(server.global_model.head, k).detach(), want)
