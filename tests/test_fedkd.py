@@ -347,3 +347,28 @@ def test_both_groups_follow_the_decayed_rate_and_the_mentee_keeps_its_own(digits
     assert groups[0]["lr"] == pytest.approx(0.025) and groups[1]["lr"] == pytest.approx(0.005)
     assert {id(p) for p in groups[0]["params"]} == {id(p) for p in [*c.mentor.parameters(), *c.W_h.parameters()]}
     assert modes and all(modes)
+
+
+def test_a_single_precision_svd_that_fails_is_redone_in_double(monkeypatch):
+    """LAPACK's float32 SVD can fail to converge on a finite, nearly rank-deficient update (it did on a CNN's
+    fc update, 512 x 1024, in a Protocol B run); the SVD is then taken in float64 and cast back. Here the
+    float32 call is made to fail: the factors are the float64 ones (σ = 3, 2, 2, 1 by hand) in float32."""
+    svd = torch.linalg.svd
+    calls = []
+
+    def fails_in_float32(a, *args, **kwargs):
+        calls.append(a.dtype)
+        if a.dtype == torch.float32:
+            raise torch.linalg.LinAlgError("failed to converge")
+        return svd(a, *args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "svd", fails_in_float32)
+    m = torch.diag(torch.tensor([3.0, 2.0, 2.0, 1.0]))
+    u, s, v = svd_compress(m, 0.95)
+    assert calls == [torch.float32, torch.float64]
+    assert s.dtype == u.dtype == v.dtype == torch.float32
+    assert s.tolist() == [3.0, 2.0, 2.0, 1.0]
+    torch.testing.assert_close((u * s) @ v, m)
+    with pytest.raises(torch.linalg.LinAlgError):  # a float64 failure is not hidden
+        monkeypatch.setattr(torch.linalg, "svd", lambda *a, **k: (_ for _ in ()).throw(torch.linalg.LinAlgError("x")))
+        svd_compress(m.double(), 0.95)
