@@ -27,9 +27,7 @@ def svd_compress(matrix: torch.Tensor, energy: float) -> tuple[torch.Tensor, tor
     SVD is redone in double precision and its factors cast back; elsewhere the result is the float32 one."""
     try:
         u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
-    except torch.linalg.LinAlgError:
-        if matrix.dtype == torch.float64:
-            raise
+    except torch.linalg.LinAlgError:  # a float64 matrix fails again here, and the error propagates
         u, s, vh = (f.to(matrix.dtype) for f in torch.linalg.svd(matrix.double(), full_matrices=False))
     cum = s.square().cumsum(0)
     k = min(int((cum < energy * cum[-1]).sum()) + 1, len(s)) if len(s) and cum[-1] > 0 else 0
