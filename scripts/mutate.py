@@ -66,6 +66,7 @@ EXTRA = {
     "dataset/utils/partition.py": ["tests/test_dataset_partition.py", "tests/test_partition_pfllib.py"],
     "system/utils/proximal.py": ["tests/test_baselines_a.py", "tests/test_fedamp.py"],
     "system/utils/selection.py": ["tests/test_flags.py", "tests/test_run.py", "tests/test_fedcross.py"],
+    "system/utils/server_opt.py": ["tests/test_server_opt.py"],
 }
 # Registry-parametrized tests left out of a module's selection: Ray's (they test the executor, at 20 s each) and
 # the behaviour harness's training runs (seconds per algorithm; the full suite runs them).

@@ -81,6 +81,9 @@ def test_the_registered_algorithms_are_fedavg_with_their_optimizer(digits_tiny_r
         assert (cfg.server_beta2, cfg.server_tau) == (0.99, 1e-3)
     given = main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAdam", "-slr", "0.2"))
     assert given.server_learning_rate == 0.2
+    # plain server SGD defaults to eta = 1, which is FedAvg (the module docstring's claim)
+    sgd = main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAvg", "--server_opt", "sgd"))
+    assert sgd.server_learning_rate == 1.0
 
 
 def test_slr_keeps_its_meaning_for_scaffold_and_fedgh_and_is_ignored_elsewhere(digits_tiny_root, tmp_path, capsys):
@@ -124,3 +127,25 @@ def test_an_aggregate_that_bypasses_average_uploads_is_caught(digits_tiny_root, 
     monkeypatch.setattr(Server, "aggregate", plain)
     with pytest.raises(FLError, match="averaging_refusal"):
         server.run_round(0)
+
+
+def test_yogi_leaves_v_unchanged_where_it_equals_the_squared_pseudo_gradient():
+    """Yogi's sign(v - g²) is 0 where v = g² exactly (here v starts at τ² = 0.25 and g = 0.5): v stays 0.25 and
+    the step is η m / (√v + τ) = 1 * 0.05 / (0.5 + 0.5), by hand."""
+    from utils.server_opt import ServerOptimizer
+
+    opt = ServerOptimizer("yogi", lr=1.0, beta1=0.9, beta2=0.5, tau=0.5)
+    out = opt.step({"w": torch.tensor([0.5])}, {"w": torch.tensor([0.0])}, ["w"])
+    assert opt.v["w"].item() == 0.25
+    assert out["w"].item() == pytest.approx(0.5 - 0.05, abs=1e-7)
+
+
+def test_the_constructors_defaults_are_the_papers_and_the_clis(digits_tiny_root, tmp_path):
+    """Reddi et al. fix β1 = 0.9 and β2 = 0.99; τ = 1e-3 is this library's default. Built directly (a
+    researcher's script) or from the command line, an optimizer gets the same values."""
+    from utils.server_opt import ServerOptimizer
+
+    direct = ServerOptimizer("adam", 0.01)
+    assert (direct.beta1, direct.beta2, direct.tau) == (0.9, 0.99, 1e-3)
+    built = ServerOptimizer.from_config(main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAdam")))
+    assert (built.beta1, built.beta2, built.tau, built.lr) == (0.9, 0.99, 1e-3, 0.01)
