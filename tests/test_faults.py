@@ -131,6 +131,34 @@ def test_times_depend_only_on_seed_run_client_and_round():
     assert [other_seed.time_cost(1, t) for t in range(5)] != first
 
 
+
+def test_sets_and_times_are_the_documented_streams_drawn_by_hand():
+    """The slow sets come from the streams (seed, run, "slow-train") and (seed, run, "slow-send"); a client's
+    time in a round from (seed, run, "delay", client, round): its train steps' U(0, 1) draws first, then its
+    two sends'. Drawn here from those streams, so a run's slow clients and their times stay the same across
+    executors, resumes and versions."""
+    cfg = slow_cfg(tsr=0.5, ssr=0.5, seed=7)
+    steps = [3, 5, 2, 4]
+    slow = SlowClients(cfg, 2, steps)
+    for name, mask in (("slow-train", slow.train_slow), ("slow-send", slow.send_slow)):
+        picked = np_rng(7, 2, name).choice(4, size=2, replace=False)
+        assert sorted(np.flatnonzero(mask)) == sorted(picked), name
+    for c in range(4):
+        for t in (0, 3):
+            u = np_rng(7, 2, "delay", c, t).random(steps[c] + 2)
+            train = 0.1 * u[:steps[c]].sum() if slow.train_slow[c] else 0.0
+            send = 0.1 * (u[steps[c]:].sum() if slow.train_slow[c] else u[:2].sum()) if slow.send_slow[c] else 0.0
+            assert slow.time_cost(c, t) == pytest.approx(train + send, rel=1e-12), (c, t)
+
+
+def test_a_client_exactly_at_the_threshold_is_on_time():
+    """Late means the simulated time exceeds -tth (PFLlib keeps a client whose time is at most the threshold)."""
+    slow = SlowClients(slow_cfg(tsr=1, ssr=0), 0, [10, 10])
+    slow.threshold = slow.time_cost(0, 0)
+    assert slow.late([0], 0) == set()
+    slow.threshold = np.nextafter(slow.time_cost(0, 0), 0)
+    assert slow.late([0], 0) == {0}
+
 # ---- the server counts each client's own steps ------------------------------------------------------------
 class StepsClient(FedAvgClient):
     def steps_per_round(self) -> int:
