@@ -145,21 +145,53 @@ def quick_markdown(data: dict) -> tuple[str, list[str]]:
 
 
 # ---- the export: every run of a sweep, compact ---------------------------------------------------------
-def variants(runs: list) -> dict:
-    """{result path: label}: the algorithm's label, followed, where runs of one split and algorithm differ
-    in a flag (an ablation's grid), by every such flag's value (``pFedMe p_learning_rate=0.01``)."""
-    labels, groups = {}, {}
-    for r in runs:
-        groups.setdefault((r.key("dataset"), r.key("algorithm")), []).append(r)
-    for (_, name), members in groups.items():
-        keys = sorted({k for r in members for k in r.config if k not in table.IGNORED
-                       and len({json.dumps(m.config.get(k), default=str) for m in members}) > 1})
-        for r in members:
-            labels[r.path] = " ".join([name, *(f"{k}={r.config.get(k)}" for k in keys)])
-    return labels
+# Not part of a variant's label: what names its row already, what the split fixes, and where it ran.
+NOT_IN_LABEL = table.IGNORED | {"dataset", "algorithm", "num_clients", "num_classes", "executor", "device", "overwrite",
+                                 "print_config"}
 
 
-def export_runs(results: str, by_variant: bool = False) -> dict:
+def variant_label(config: dict, base: list[str]) -> str:
+    """The algorithm's name followed by every setting in which ``config`` (a run's configuration) differs from
+    the algorithm's defaults under the sweep's ``base`` flags (``APPLE core_lr_scale=20.0
+    global_rounds=150 sgd_momentum=0.0``). It depends on the run alone, so a variant keeps its row when runs
+    made in another session or on another machine are merged into an export."""
+    import main
+
+    algo = config["algorithm"]
+    default = main.parse_config([*base, "-algo", algo]).to_dict()
+    keys = sorted(k for k in config if k not in NOT_IN_LABEL
+                  and json.dumps(config[k], default=str) != json.dumps(default.get(k), default=str))
+    return " ".join([algo, *(f"{k}={config[k]}" for k in keys)])
+
+
+def variants(runs: list, base: list[str]) -> dict:
+    """{result path: ``variant_label``} of every run."""
+    return {r.path: variant_label(r.config, base) for r in runs}
+
+
+def relabel(data: dict, base: list[str]) -> dict:
+    """An export's variants keyed by ``variant_label``, read from each entry's reproducing command (an
+    export written with other labels merges with new runs without losing a row)."""
+    import shlex
+
+    import main
+
+    out = {"splits": {}}
+    for split, entries in data.get("splits", {}).items():
+        for name, entry in entries.items():
+            args = shlex.split(entry["command"])[2:]  # after "python system/main.py"
+            label = variant_label(main.parse_config(args).to_dict(), base)
+            into = out["splits"].setdefault(split, {})
+            if label in into and into[label]["command"] != entry["command"]:
+                raise table.TableError(f"export entries '{into[label]['command']}' and '{entry['command']}' "
+                                       f"are one variant ({label})")
+            if label in into:  # one run exported under two labels: kept once, a seed's later copy winning
+                entry = merge_exports({"splits": {0: {0: into[label]}}}, {"splits": {0: {0: entry}}})["splits"][0][0]
+            into[label] = entry
+    return {**data, "splits": out["splits"]}
+
+
+def export_runs(results: str, by_variant: bool = False, base: list[str] = ()) -> dict:
     """Every complete run under ``results``, per split and algorithm (``by_variant``: per split and
     ``variants`` label): the reproducing command and per seed the accuracy curve, bytes per round, seconds
     per round, the CPU seconds the sweep recorded and the code's commit
@@ -168,7 +200,7 @@ def export_runs(results: str, by_variant: bool = False) -> dict:
 
     runs = table.load_runs([results])
     if by_variant:
-        labels = variants(runs)
+        labels = variants(runs, list(base))
         for r in runs:
             r.meta["variant"] = labels[r.path]
     rows = table.aggregate(runs, ["dataset", "variant" if by_variant else "algorithm"])
@@ -218,8 +250,12 @@ def write_export(results: str | None, out: Path, config: str, timing: str | None
     """The export at ``out``: what it held, with the runs found under ``results`` (and, for the quick
     protocol, seed 0 of the timing sweep under ``timing``) laid over it; the protocol's description comes
     from its sweep config. Written back and returned."""
+    sweep_config = json.loads((REPO / "scripts" / config).read_text())
+    base = sweep_config.get("base", [])
     data = json.loads(out.read_text()) if out.exists() else {"splits": {}}
-    new = export_runs(results, by_variant) if results and Path(results).is_dir() else {"splits": {}}
+    if by_variant:
+        data = relabel(data, base)
+    new = export_runs(results, by_variant, base) if results and Path(results).is_dir() else {"splits": {}}
     if timing and Path(timing).is_dir():
         for split, entries in export_runs(timing)["splits"].items():
             for name, entry in entries.items():
@@ -230,7 +266,7 @@ def write_export(results: str | None, out: Path, config: str, timing: str | None
     if not new["splits"] and not data["splits"]:
         raise table.TableError(f"no complete run under {results} and no export at {out}")
     data = merge_exports(data, new)
-    data["protocol"] = json.loads((REPO / "scripts" / config).read_text())["description"]
+    data["protocol"] = sweep_config["description"]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
     return data

@@ -208,8 +208,23 @@ def test_ablation_variants_are_rows_of_their_own(digits_tiny_root, tmp_path):
                              "-go", f"lr{lr}", "-t", "2" if lr == "0.1" else "1")) == 0
     data = br.write_export(str(out), tmp_path / "a.json", "benchmark_ablations.json", by_variant=True)
     entries = data["splits"]["Digits"]
-    assert sorted(entries) == ["FedAvg local_learning_rate=0.1", "FedAvg local_learning_rate=0.2"]
-    assert [len(e["runs"]) for e in map(entries.get, sorted(entries))] == [2, 1]
+    # labelled by every setting apart from the sweep's base (-m CNN -gr 100 -lr 0.005 --train_loss_eval off)
+    same = "global_rounds=1 model=auto train_loss_eval=full"
+    lr1, lr2 = (f"FedAvg {same.replace('model', f'local_learning_rate={lr} model')}" for lr in ("0.1", "0.2"))
+    assert sorted(entries) == [lr1, lr2]
+    assert [len(entries[lr1]["runs"]), len(entries[lr2]["runs"])] == [2, 1]
+    # the label depends on the run alone: an export written with other labels (here a bare "FedAvg" for the
+    # 0.1 runs) merged with new runs of the 0.2 variant keeps both variants, each once
+    (tmp_path / "b.json").write_text(json.dumps({"splits": {"Digits": {"FedAvg": entries[lr1]}}}))
+    assert main.main(cli(digits_tiny_root, tmp_path / "res2", "-gr", "1", "-lr", "0.2", "--executor", "sequential",
+                         "-go", "lr0.2")) == 0
+    merged = br.write_export(str(tmp_path / "res2"), tmp_path / "b.json", "benchmark_ablations.json",
+                             by_variant=True)["splits"]["Digits"]
+    assert sorted(merged) == [lr1, lr2] and merged[lr1]["runs"] == entries[lr1]["runs"]
+    # one run exported twice under two labels is kept once
+    (tmp_path / "c.json").write_text(json.dumps({"splits": {"Digits": {"FedAvg": entries[lr1], "x": entries[lr1]}}}))
+    assert list(br.write_export(None, tmp_path / "c.json", "benchmark_ablations.json",
+                                by_variant=True)["splits"]["Digits"]) == [lr1]
     hand = {"splits": {"s": {"A x=1": {"command": "c1", "runs": [run([0.1, 0.5, 0.4], cpu=4.0),
                                                                  run([0.2, 0.6, 0.7], cpu=None, seed=1)]},
                              "A x=2": {"command": "c2", "runs": [dict(run([0.3, 0.2]), status="diverged")]}}}}

@@ -115,6 +115,40 @@ def test_the_runs_death_ends_the_watch_and_kills_what_it_saw(tree):
     assert not gone(b)  # orphaned, not Ray's: left alone
 
 
+
+def test_the_watch_ends_within_one_interval_of_the_runs_death(tree):
+    """The promise of the module: Ray's processes end within about one interval (0.5 s) of the run's end.
+    The run dies 1.6 s in; polled every 0.5 s the watch ends by about 2.0 s (every 1.5 s: at 3.0 s)."""
+    root, a, b, c = tree
+
+    def die():
+        root.kill()
+        root.wait()
+
+    threading.Timer(1.6, die).start()
+    r, w = os.pipe()
+    with os.fdopen(r, "rb") as pipe:
+        took = watch(root.pid, reaper._start_time(root.pid), pipe)
+    os.close(w)
+    assert 1.6 <= took < 2.8
+    assert wait_gone([a, c])
+
+
+def test_a_thread_or_process_that_vanishes_mid_scan_is_skipped(tree, monkeypatch):
+    """Between listing and reading, a thread of the run can end (its children file is gone) and a process
+    can exit (its cmdline is gone): the scan skips them and goes on with the rest."""
+    root, a, b, c = tree
+    listdir, children = os.listdir, reaper._children
+    ghost = 2 ** 22 + 7  # no such thread or process (above Linux's pid limit)
+
+    def tasks(path):  # a vanished thread listed first
+        return [str(ghost), *listdir(path)] if path == f"/proc/{root.pid}/task" else listdir(path)
+
+    monkeypatch.setattr(os, "listdir", tasks)
+    assert set(reaper._children(root.pid)) == {a, b}
+    monkeypatch.setattr(reaper, "_children", lambda pid: children(pid) + ([ghost] if pid == root.pid else []))
+    assert set(reaper._ray_descendants(root.pid)) == {a, c}  # the ghost is popped first
+
 def test_a_pid_that_names_another_process_now_is_not_killed(tree):
     root, a, b, c = tree
     reaper._kill({a: "0"})  # the start time recorded for this pid is not a's
@@ -165,3 +199,81 @@ def test_the_watcher_process_ignores_ctrl_c_and_exits_when_its_pipe_closes():
         if w.poll() is None:
             w.kill()
             w.wait()
+
+
+def test_processes_started_since_the_last_scan_are_found_when_the_pipe_closes(monkeypatch):
+    """The run closes the pipe right after ray.shutdown: a Ray process started since the last periodic scan
+    is found by the scan made on closing (periodic scans are pushed out to 60 s here, so only the first one
+    and the closing one run)."""
+    monkeypatch.setattr(reaper, "INTERVAL_S", 60.0)
+    spawn = ("import subprocess, sys\n"
+             "sys.stdin.readline()\n"
+             "p = subprocess.Popen(['bash', '-c', 'exec -a ray::late sleep 120'])\n"
+             "print(p.pid, flush=True)\n"
+             "sys.stdin.readline()\n")
+    root = subprocess.Popen([sys.executable, "-c", spawn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    r, w = os.pipe()
+    late = None
+    try:
+        thread = threading.Thread(target=reaper._watch, args=(root.pid, reaper._start_time(root.pid),
+                                                              os.fdopen(r, "rb")), daemon=True)
+        thread.start()
+        time.sleep(0.5)  # the first scan (it finds nothing) is done; the watch waits on the pipe
+        root.stdin.write("\n")
+        root.stdin.flush()
+        late = int(root.stdout.readline())
+        deadline = time.time() + 10
+        while b"ray::late" not in open(f"/proc/{late}/cmdline", "rb").read() and time.time() < deadline:
+            time.sleep(0.01)
+        os.close(w)
+        thread.join(15)
+        assert not thread.is_alive()
+        assert wait_gone([late])
+    finally:
+        for pid in (late, root.pid):
+            if pid is not None:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        root.wait()
+
+
+def test_the_watcher_runs_in_its_own_session_and_holds_none_of_the_runs_files():
+    """Its own session: a Ctrl-C to the terminal's process group does not reach it. No inherited descriptors:
+    it cannot keep open a pipe or file of the run's (an inheritable pipe is made here to see that)."""
+    r, w = os.pipe()
+    os.set_inheritable(w, True)
+    pipe = os.readlink(f"/proc/self/fd/{w}")
+    watcher = reaper.watch()
+    try:
+        assert os.getsid(watcher.pid) == watcher.pid != os.getsid(0)
+        held = [os.readlink(f"/proc/{watcher.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{watcher.pid}/fd")]
+        assert pipe not in held
+    finally:
+        reaper.stop(watcher)
+        os.close(r)
+        os.close(w)
+
+
+def test_stop_kills_and_reaps_a_watcher_that_does_not_end_in_ten_seconds():
+    calls = []
+
+    class Hung:  # a watcher that never exits by itself
+        class stdin:
+            @staticmethod
+            def close():
+                calls.append("close")
+
+        def wait(self, timeout=None):
+            calls.append(("wait", timeout))
+            if timeout is not None:
+                raise subprocess.TimeoutExpired("watcher", timeout)
+
+        def kill(self):
+            calls.append("kill")
+
+    reaper.stop(Hung())
+    assert calls == ["close", ("wait", 10.0), "kill", ("wait", None)]
+    reaper.stop(None)  # no watcher (no /proc): nothing to do
+
