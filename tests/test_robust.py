@@ -51,6 +51,17 @@ def test_krum_scores_by_hand():
     assert robust.krum_scores(x, 0).tolist() == [23.0, 19.0, 19.0, 41.0, 239.0]
     with pytest.raises(ValueError, match="more than 2f"):
         robust.krum_scores(x, 2)  # n = 5 <= 2f + 2
+    with pytest.raises(ValueError, match="more than 2f"):
+        robust.krum_scores(x[:4], 1)  # n = 2f + 2 exactly: Blanchard et al.'s n > 2f + 2 fails
+
+
+def test_trimmed_mean_needs_a_value_left_after_trimming():
+    """2k < n: at n = 2k + 1 one value is left (the median), at n = 2k none, which is refused."""
+    x = torch.tensor([[3.0], [1.0], [2.0]], dtype=torch.float64)
+    assert robust.trimmed_mean(x, 1).tolist() == [2.0]
+    for n, k in ((2, 1), (4, 2)):
+        with pytest.raises(ValueError, match="leaves none"):
+            robust.trimmed_mean(torch.ones(n, 2, dtype=torch.float64), k)
 
 
 def test_krum_picks_one_upload_and_multikrum_averages_the_best_with_their_weights():
@@ -62,6 +73,47 @@ def test_krum_picks_one_upload_and_multikrum_averages_the_best_with_their_weight
     assert torch.allclose(robust.aggregate(states, WEIGHTS, "multikrum", krum_f=0)["w"],
                           robust.aggregate(states, WEIGHTS, "mean")["w"])
 
+
+
+def test_krum_ties_go_to_the_lower_index():
+    """24 uploads alternating between -1 and +1: every Krum score is 11 x 0 + 12 x 4 = 48 - 4 = 44 (f = 0: the
+    n - 2 = 22 nearest others), a 24-way tie (with f = 10 too: 11 x 0 + 1 x 4). Krum takes upload 0 (at -1),
+    Multi-Krum with f = 10 the first 14, weighted 1..14: (-1 + 2 - 3 + ... + 14) / 105 = 7 / 105."""
+    x = torch.tensor([[-1.0], [1.0]] * 12, dtype=torch.float64)
+    assert robust.krum_scores(x, 0).tolist() == [44.0] * 24
+    assert robust.krum_select(x, 0, 3) == [0, 1, 2]
+    states = [{"w": row.clone()} for row in x]
+    assert robust.aggregate(states, list(range(1, 25)), "krum")["w"].tolist() == [-1.0]
+    assert robust.krum_scores(x, 10).tolist() == [4.0] * 24
+    assert robust.aggregate(states, list(range(1, 25)), "multikrum", krum_f=10)["w"].tolist() == [pytest.approx(7 / 105)]
+
+
+def weiszfeld(pts, w, steps):
+    """Reference: the weighted mean, then ``steps`` Weiszfeld steps z <- sum_i (w_i / d_i) x_i / sum_i (w_i / d_i)."""
+    w = np.asarray(w, dtype=float) / np.sum(w)
+    z = w @ pts
+    path = [z]
+    for _ in range(steps):
+        b = w / np.linalg.norm(pts - z, axis=1)
+        z = b @ pts / b.sum()
+        path.append(z)
+    return path
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.1])  # |z| about 4 and about 0.4: the step is relative to max(1, |z|)
+def test_geometric_median_starts_at_the_weighted_mean_and_stops_when_a_step_is_small(scale):
+    pts = np.array([[0.0, 0.0], [4.0, 0.0], [0.0, 3.0], [5.0, 5.0]]) * scale
+    w = [1.0, 2.0, 3.0, 4.0]
+    path = weiszfeld(pts, w, 6)
+    x, wt = torch.tensor(pts), torch.tensor(w, dtype=torch.float64)
+    assert np.allclose(robust.geometric_median(x, wt, max_iter=0).numpy(), path[0])
+    assert np.allclose(path[0], np.array([2.8, 2.9]) * scale)  # (0 + 8 + 0 + 20) / 10, (0 + 0 + 9 + 20) / 10
+    assert np.allclose(robust.geometric_median(x, wt, max_iter=2).numpy(), path[2])
+    # a tolerance between the 3rd and the 4th step's length (relative to max(1, |z|)): it stops after the 4th
+    moves = [np.linalg.norm(b - a) / max(1.0, np.linalg.norm(b)) for a, b in zip(path, path[1:])]
+    assert moves[3] < moves[2]
+    tol = (moves[2] + moves[3]) / 2
+    assert np.allclose(robust.geometric_median(x, wt, tol=tol, max_iter=100).numpy(), path[4], rtol=0, atol=1e-12)
 
 @pytest.mark.parametrize("weights", [[1, 1, 1, 1, 1], [1, 2, 3, 4, 5], [5, 1, 1, 1, 20]])
 def test_geometric_median_is_the_minimiser(weights):
@@ -86,6 +138,11 @@ def test_geometric_median_on_a_data_point_stays_finite():
     x = torch.tensor(POINTS, dtype=torch.float64)
     z = robust.geometric_median(x, torch.tensor([100.0, 1, 1, 1, 1], dtype=torch.float64))
     assert torch.isfinite(z).all() and torch.allclose(z, x[0], atol=1e-6)
+    # the start itself on a data point: two equal uploads and a third of weight 0, whose weighted mean is
+    # exactly (1, 1), at distance 0 from two of them
+    x = torch.tensor([[1.0, 1.0], [1.0, 1.0], [3.0, 1.0]], dtype=torch.float64)
+    z = robust.geometric_median(x, torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64))
+    assert z.tolist() == [1.0, 1.0]
 
 
 def test_median_on_a_server_is_the_coordinate_wise_median_of_the_uploads(digits_tiny_root, monkeypatch):
