@@ -109,6 +109,9 @@ def test_attentive_message_is_the_xi_weighted_sum_even_when_it_extrapolates():
         expected = sum(float(xi[i, j]) * states[j]["w"] for j in range(3))
         assert torch.allclose(u["w"], expected, atol=1e-6)
         assert int(u["n"]) == i  # integer entries stay the client's own
+    # no weight on any other client (ξ_i = e_i, s = 0): u_i is w_i itself, a copy
+    u = attentive_message(states, torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64), 1)
+    assert torch.equal(u["w"], states[1]["w"]) and int(u["n"]) == 1 and u["w"] is not states[1]["w"]
 
 
 def test_fedamp_clients_start_from_their_cloud_model_and_are_pulled_to_it(digits_root):
@@ -183,6 +186,10 @@ def test_fomo_weights_are_zero_for_neighbours_that_raise_the_loss():
     # clipped at 0, normalised by 0.9
     assert torch.allclose(fomo_weights(scores), torch.tensor([5 / 9, 0.0, 4 / 9], dtype=torch.float64))
     assert torch.equal(fomo_weights(fomo_scores(1.0, [1.2, 3.0], [1.0, 2.0])), torch.zeros(2, dtype=torch.float64))
+    # a neighbour whose model equals the client's (distance 0): its distance is floored at 1e-12, so its
+    # score is large and finite, 0.5 / 1e-12, not inf
+    same = fomo_scores(1.0, [0.5], [0.0])
+    assert torch.isfinite(same).all() and same.item() == pytest.approx(0.5e12)
 
 
 def test_fomo_affinity_moves_by_the_scores_over_their_absolute_sum():

@@ -51,6 +51,42 @@ def test_mix_by_layer_by_hand():
     assert torch.allclose(grad, torch.tensor([[30.0, 3.0], [50.0, 5.0]]))  # the summed entries of each source
 
 
+def test_layer_of_maps_nested_modules_buffers_to_their_own_module():
+    """Buffers go with the parameters of their own module (its full dotted path), also two levels down."""
+    groups = [["block.conv.weight", "block.conv.bias"], ["block.bn.weight", "block.bn.bias"], ["fc.weight"]]
+    names = ["block.conv.weight", "block.conv.bias", "block.bn.weight", "block.bn.bias", "block.bn.running_mean",
+             "block.bn.num_batches_tracked", "fc.weight", "other.running_var"]
+    assert layer_of(names, groups) == {"block.conv.weight": 0, "block.conv.bias": 0, "block.bn.weight": 1,
+                                       "block.bn.bias": 1, "block.bn.running_mean": 1,
+                                       "block.bn.num_batches_tracked": 1, "fc.weight": 2}
+
+def test_a_gumbel_draw_of_zero_gives_finite_noise(monkeypatch):
+    """torch.rand can return exactly 0; u is floored at 1e-10 so -log(-log u) stays finite (about -3.14)
+    and the sample is still a one-hot row with the relaxation's gradient."""
+    from utils.personal_aggregation import gumbel_straight_through
+
+    monkeypatch.setattr(torch, "rand", lambda shape, generator=None: torch.zeros(shape))
+    logits = torch.tensor([[0.3, -0.2], [0.0, 1.0]], requires_grad=True)
+    out = gumbel_straight_through(logits, 1.0, torch.Generator())
+    assert torch.isfinite(out).all() and out.tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    out[:, 0].sum().backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
+
+
+def test_gumbel_noise_is_added_as_minus_log_minus_log_u(monkeypatch):
+    """u = (0.1, 0.9) on equal logits: Gumbel noise -log(-log u) = (-0.834, 2.250), so the second entry is
+    drawn, and the relaxation at tau 2 is softmax of the noise / 2, by hand."""
+    from utils.personal_aggregation import gumbel_straight_through
+
+    monkeypatch.setattr(torch, "rand", lambda shape, generator=None: torch.tensor([[0.1, 0.9]]))
+    logits = torch.zeros(1, 2, dtype=torch.float64, requires_grad=True)
+    out = gumbel_straight_through(logits, 2.0, torch.Generator())
+    assert out.tolist() == [[0.0, 1.0]]
+    g = [-math.log(-math.log(0.1)), -math.log(-math.log(0.9))]
+    p1 = 1 / (1 + math.exp((g[0] - g[1]) / 2))  # the relaxation's weight on the drawn entry
+    out[0, 1].backward()  # d soft_1 / d logit_1 = p1 (1 - p1) / tau
+    assert logits.grad[0, 1].item() == pytest.approx(p1 * (1 - p1) / 2, rel=1e-6)
+
 def test_compose_by_layer_moves_batchnorm_statistics_with_their_layer():
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
     layer = layer_of(list(model.state_dict()), layer_groups(model))  # BatchNorm joins the layer below it
