@@ -368,3 +368,29 @@ def test_a_ray_client_address_without_rays_client_is_one_line(digits_tiny_root, 
     assert main.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs Ray's client: pip install 'ray[client]'" in err[0], err
+
+
+def test_a_replay_that_cannot_restore_names_the_checkpoint_it_read(digits_tiny_root, tmp_path):
+    """A lost worker sends the run back to its restart point; when that point does not fit the run, the one
+    line names it: the checkpoint file, or "the last snapshot" kept in memory."""
+    import re
+
+    import torch
+
+    from runtime import state
+    from runtime.checkpoint import Checkpoints, snapshot
+    from test_executors import build
+    from utils.errors import FLError
+
+    server = build(digits_tiny_root)
+    bad = snapshot(server, 0, with_clients=False)
+    bad["server"]["global_model"]["state"]["fc.bias"] = torch.zeros(3)  # the model has 10 classes
+    points = Checkpoints(None)
+    points.restart_point = bad
+    with pytest.raises(FLError, match="^checkpoint the last snapshot (does not fit|is damaged)"):
+        points.recover(server, RuntimeError("worker 1 lost"))
+    path = tmp_path / "run.ckpt"
+    state.write_file(bad, path)
+    points.restart_point = path
+    with pytest.raises(FLError, match=f"^checkpoint {re.escape(str(path))} (does not fit|is damaged)"):
+        points.recover(server, RuntimeError("worker 1 lost"))

@@ -62,7 +62,7 @@ def test_a_crafted_checkpoint_runs_no_code(digits_tiny_root, tmp_path, checkpoin
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "missing_keys", "fewer_clients", "wrong_shape",
-                                    "unknown_kind"])
+                                    "unknown_kind", "plain_for_model", "plain_for_tensor"])
 def test_a_damaged_checkpoint_is_one_line(digits_tiny_root, tmp_path, checkpointed, capsys, damage):
     before = read_h5(tmp_path / f"{STEM}.h5")["rs_test_acc"]
     blob = bytearray(checkpointed.read_bytes())
@@ -81,6 +81,10 @@ def test_a_damaged_checkpoint_is_one_line(digits_tiny_root, tmp_path, checkpoint
             ckpt["clients"] = ckpt["clients"][:-1]
         elif damage == "wrong_shape":
             ckpt["clients"][0]["model"]["state"]["fc.weight"] = torch.zeros(3, 3)
+        elif damage == "plain_for_model":  # the run's global model replaced by a string
+            ckpt["server"]["global_model"] = "model"
+        elif damage == "plain_for_tensor":  # a weight replaced by a number
+            ckpt["clients"][0]["model"]["state"]["fc.weight"] = 0.0
         else:
             ckpt["clients"][0]["model"]["__state__"] = "code"
         write_file(ckpt, checkpointed)

@@ -17,7 +17,9 @@ What the tree holds for each kind of value:
   saved as their key wherever they occur and resolved to the live ones.
 A module the fresh object does not hold yet (a copy made during training, such as a fine-tuned or a
 previous model) is built by the owner's ``new_module(name)`` before its entries are loaded.
-Anything else (a function, an open file) is refused when saving, with the attribute's name.
+Anything else (a function, an open file) is refused when saving, with the attribute's name. When loading,
+where the fresh object holds a module, tensor, optimizer or torch generator, the saved value must be one
+too (or None): a state that puts a number or a string there is refused, with the attribute's path.
 """
 from __future__ import annotations
 
@@ -36,6 +38,9 @@ from utils.errors import FLError
 
 KIND = "__state__"  # the key marking an encoded node that is not a plain dict
 PLAIN = (type(None), bool, int, float, str, bytes)
+# What a fresh object holds that only a value of the same family may replace (None aside: an attribute a
+# round cleared): a checkpoint that puts a number or a string where the run has a model is refused.
+STRUCTURED = (nn.Module, torch.Tensor, torch.optim.Optimizer, torch.Generator)
 NUMPY_BITS = ("PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937")
 # What torch.load may raise on a file that is not a whole saved state (truncated, flipped bytes, crafted:
 # weights_only refuses anything but tensors and plain values with an UnpicklingError).
@@ -135,12 +140,15 @@ class _Decoder:
 
     def __call__(self, saved, live, where: str, new_module: Callable[[], nn.Module] | None = None):
         if isinstance(saved, PLAIN):
-            return saved
-        hit = self.memo.get(id(saved))
-        if hit is not None:
-            return hit[1]
-        out = self._decode(saved, live, where, new_module)
-        self.memo[id(saved)] = (saved, out)
+            out = saved
+        elif id(saved) in self.memo:
+            out = self.memo[id(saved)][1]
+        else:
+            out = self._decode(saved, live, where, new_module)
+            self.memo[id(saved)] = (saved, out)
+        family = next((t for t in STRUCTURED if isinstance(live, t)), None)
+        if family is not None and out is not None and not isinstance(out, family):
+            raise StateError(f"{where}: a {family.__name__} in this run, a {type(out).__name__} in the saved state")
         return out
 
     def _decode(self, saved, live, where, new_module):
