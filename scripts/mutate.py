@@ -61,7 +61,7 @@ EXTRA = {
     "system/runtime/executors.py": ["tests/test_executors.py", "tests/test_faults.py"],
     "system/runtime/fork.py": ["tests/test_executors.py", "tests/test_faults.py"],
     "system/runtime/parking.py": ["tests/test_executors.py"],
-    "system/runtime/checkpoint.py": ["tests/test_executors.py", "tests/test_reliability.py"],
+    "system/runtime/checkpoint.py": ["tests/test_executors.py", "tests/test_reliability.py", "tests/test_security.py"],
     "system/runtime/faults.py": ["tests/test_faults.py", "tests/test_reliability.py"],
     "dataset/utils/partition.py": ["tests/test_dataset_partition.py", "tests/test_partition_pfllib.py"],
     "system/utils/proximal.py": ["tests/test_baselines_a.py", "tests/test_fedamp.py"],

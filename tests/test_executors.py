@@ -203,6 +203,11 @@ def test_resume_checks_flags_and_starts_over_without_checkpoint(digits_tiny_root
     assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", "-lr", "0.2", "-lbs", "20", "--resume")) == 2
     err = capsys.readouterr().err
     assert "other flags" in err and "local_learning_rate" in err
+    # six flags changed: the line shows the first five (by name), old -> new
+    six = ("-lr", "0.2", "-lbs", "7", "-ls", "2", "-jr", "0.8", "-eg", "2", "--seed", "5")
+    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", *six, "--resume")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.count(" -> ") == 5 and "seed" not in err, err
     # -gr may grow (and the executor change): the run continues after round 0 as a 2-round run would.
     longer = run_main(digits_tiny_root, tmp_path, "-gr", "2", "--resume", *SEQUENTIAL)
     assert "resuming" in capsys.readouterr().out

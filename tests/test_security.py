@@ -62,7 +62,8 @@ def test_a_crafted_checkpoint_runs_no_code(digits_tiny_root, tmp_path, checkpoin
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "missing_keys", "fewer_clients", "wrong_shape",
-                                    "unknown_kind", "plain_for_model", "plain_for_tensor"])
+                                    "unknown_kind", "plain_for_model", "plain_for_tensor", "not_a_dict",
+                                    "other_format"])
 def test_a_damaged_checkpoint_is_one_line(digits_tiny_root, tmp_path, checkpointed, capsys, damage):
     before = read_h5(tmp_path / f"{STEM}.h5")["rs_test_acc"]
     blob = bytearray(checkpointed.read_bytes())
@@ -85,6 +86,10 @@ def test_a_damaged_checkpoint_is_one_line(digits_tiny_root, tmp_path, checkpoint
             ckpt["server"]["global_model"] = "model"
         elif damage == "plain_for_tensor":  # a weight replaced by a number
             ckpt["clients"][0]["model"]["state"]["fc.weight"] = 0.0
+        elif damage == "not_a_dict":  # tensors and plain values, but not a checkpoint's dict
+            ckpt = [ckpt["round"], ckpt["split"]]
+        elif damage == "other_format":  # another version's layout
+            ckpt["format"] = 3
         else:
             ckpt["clients"][0]["model"]["__state__"] = "code"
         write_file(ckpt, checkpointed)
