@@ -63,7 +63,7 @@ def test_a_crafted_checkpoint_runs_no_code(digits_tiny_root, tmp_path, checkpoin
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "missing_keys", "fewer_clients", "wrong_shape",
                                     "unknown_kind", "plain_for_model", "plain_for_tensor", "not_a_dict",
-                                    "other_format"])
+                                    "other_format", "client_not_a_dict", "no_results"])
 def test_a_damaged_checkpoint_is_one_line(digits_tiny_root, tmp_path, checkpointed, capsys, damage):
     before = read_h5(tmp_path / f"{STEM}.h5")["rs_test_acc"]
     blob = bytearray(checkpointed.read_bytes())
@@ -90,6 +90,10 @@ def test_a_damaged_checkpoint_is_one_line(digits_tiny_root, tmp_path, checkpoint
             ckpt = [ckpt["round"], ckpt["split"]]
         elif damage == "other_format":  # another version's layout
             ckpt["format"] = 3
+        elif damage == "client_not_a_dict":
+            ckpt["clients"][0] = 5
+        elif damage == "no_results":  # resuming would drop the two rounds' results
+            ckpt["recorder"] = None
         else:
             ckpt["clients"][0]["model"]["__state__"] = "code"
         write_file(ckpt, checkpointed)
@@ -97,6 +101,8 @@ def test_a_damaged_checkpoint_is_one_line(digits_tiny_root, tmp_path, checkpoint
     assert resume(digits_tiny_root, tmp_path) == 2
     line = one_line(capsys)
     assert str(checkpointed) in line and "delete it" in line, line
+    if damage in ("fewer_clients", "client_not_a_dict", "no_results"):  # caught when read, before any is loaded
+        assert "is damaged (it holds" in line, line
     assert list(read_h5(tmp_path / f"{STEM}.h5")["rs_test_acc"]) == list(before)  # nothing measured is lost
 
 

@@ -116,6 +116,9 @@ def load(path: Path, server) -> dict:
     if clients is not None and (len(clients) != len(server.clients) or not all(isinstance(c, dict) for c in clients)):
         raise FLError(f"checkpoint {path} is damaged (it holds {len(clients)} client states for "
                       f"{len(server.clients)} clients); delete it to start over")
+    if server.recorder is not None and ckpt["recorder"] is None:  # resuming would drop the rounds so far
+        raise FLError(f"checkpoint {path} is damaged (it holds no results of the rounds it has run); delete it "
+                      f"to start over")
     return ckpt
 
 
