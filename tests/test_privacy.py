@@ -152,6 +152,10 @@ def test_privatize_clips_each_sample_then_adds_calibrated_noise():
     big = {"w": torch.zeros(2, 20000)}
     noise = dp_sgd.privatize(big, clip=0.5, sigma=2.0, generator=torch_gen(0, 0, "n"))["w"]
     assert noise.std().item() == pytest.approx(2.0 * 0.5 / 2, rel=0.03)  # sigma * C / B
+    # the noise is the generator's own standard normal draws, scaled by sigma * C and added to the clipped sum
+    out = dp_sgd.privatize(g, clip=1.0, sigma=0.7, generator=torch.Generator().manual_seed(5))["w"]
+    z = torch.randn(4, generator=torch.Generator().manual_seed(5))
+    assert torch.allclose(out, (torch.tensor([1.3, 0.4, 0.0, 0.0]) + 0.7 * 1.0 * z) / 2, atol=1e-6)
 
 
 def test_per_sample_gradients_match_a_loop(digits_images, digits_mlp):
