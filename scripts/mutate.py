@@ -553,6 +553,8 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
     if only is not None and not same:
         raise SystemExit(f"mutate: --with reruns the survivors of an earlier run of {module} on the same source, "
                          "and there is none: run it without --with")
+    if only is not None and "first" not in previous:  # its mutants not yet run would be judged by these tests alone
+        raise SystemExit(f"mutate: the run of {module} is unfinished: resume it without --with first")
     equivalent = equivalent_notes(module)
     done = {} if not same else {
         (m["op"], m["from"], m["to"], m["line"]): m for m in previous["mutants"]
