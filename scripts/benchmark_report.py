@@ -44,6 +44,7 @@ differ), into the block ``<!-- ablations:begin -->``:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -150,15 +151,21 @@ NOT_IN_LABEL = table.IGNORED | {"dataset", "algorithm", "num_clients", "num_clas
                                  "print_config"}
 
 
+@functools.lru_cache(maxsize=None)
+def algorithm_defaults(base: tuple[str, ...], algo: str) -> dict:
+    """The configuration ``-algo algo`` gets under the sweep's ``base`` flags (parsed once per algorithm)."""
+    import main
+
+    return main.parse_config([*base, "-algo", algo]).to_dict()
+
+
 def variant_label(config: dict, base: list[str]) -> str:
     """The algorithm's name followed by every setting in which ``config`` (a run's configuration) differs from
     the algorithm's defaults under the sweep's ``base`` flags (``APPLE core_lr_scale=20.0
     global_rounds=150 sgd_momentum=0.0``). It depends on the run alone, so a variant keeps its row when runs
     made in another session or on another machine are merged into an export."""
-    import main
-
     algo = config["algorithm"]
-    default = main.parse_config([*base, "-algo", algo]).to_dict()
+    default = algorithm_defaults(tuple(base), algo)
     keys = sorted(k for k in config if k not in NOT_IN_LABEL
                   and json.dumps(config[k], default=str) != json.dumps(default.get(k), default=str))
     return " ".join([algo, *(f"{k}={config[k]}" for k in keys)])
@@ -185,9 +192,8 @@ def relabel(data: dict, base: list[str]) -> dict:
             if label in into and into[label]["command"] != entry["command"]:
                 raise table.TableError(f"export entries '{into[label]['command']}' and '{entry['command']}' "
                                        f"are one variant ({label})")
-            if label in into:  # one run exported under two labels: kept once, a seed's later copy winning
-                entry = merge_exports({"splits": {0: {0: into[label]}}}, {"splits": {0: {0: entry}}})["splits"][0][0]
-            into[label] = entry
+            # one run exported under two labels is kept once, a seed's later copy winning
+            into[label] = merge_entry(into[label], entry) if label in into else entry
     return {**data, "splits": out["splits"]}
 
 
@@ -237,12 +243,16 @@ def merge_exports(old: dict, new: dict) -> dict:
     every other key (``timing``) is ``new``'s where it has one."""
     merged = json.loads(json.dumps(old))
     for split, entries in new.get("splits", {}).items():
+        into = merged.setdefault("splits", {}).setdefault(split, {})
         for name, entry in entries.items():
-            into = merged.setdefault("splits", {}).setdefault(split, {}).setdefault(name, {"runs": []})
-            runs = {r["run"]: r for r in into["runs"]} | {r["run"]: r for r in entry["runs"]}
-            into.update({k: v for k, v in entry.items() if k != "runs"})
-            into["runs"] = [runs[k] for k in sorted(runs)]
+            into[name] = merge_entry(into.get(name, {"runs": []}), entry)
     return merged
+
+
+def merge_entry(old: dict, new: dict) -> dict:
+    """One row's entry: ``old``'s runs with ``new``'s laid over them by seed index, ``new``'s other keys."""
+    runs = {r["run"]: r for r in old["runs"]} | {r["run"]: r for r in new["runs"]}
+    return {**old, **{k: v for k, v in new.items() if k != "runs"}, "runs": [runs[k] for k in sorted(runs)]}
 
 
 def write_export(results: str | None, out: Path, config: str, timing: str | None = None,

@@ -59,12 +59,18 @@ def tree():
     while time.time() < deadline and not all(open(f"/proc/{p}/cmdline", "rb").read() for p in (a, c)):
         time.sleep(0.01)
     yield root, a, b, c
-    for pid in (a, b, c, root.pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    kill(a, b, c, root.pid)
     root.wait()
+
+
+def kill(*pids) -> None:
+    """SIGKILL each of ``pids`` still there (None: none to kill)."""
+    for pid in pids:
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def closed_pipe():
@@ -230,12 +236,7 @@ def test_processes_started_since_the_last_scan_are_found_when_the_pipe_closes(mo
         assert not thread.is_alive()
         assert wait_gone([late])
     finally:
-        for pid in (late, root.pid):
-            if pid is not None:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        kill(late, root.pid)
         root.wait()
 
 
