@@ -173,6 +173,57 @@ def test_adaptive_clipping_follows_the_papers_update():
     assert dp.history == [(z, 0.4, 1)]  # accounted at z: both releases together
 
 
+
+def test_update_noise_multiplier_and_its_refusal_by_hand():
+    # z = 1.5, sigma_b = 2: (1/2.25 - 1/16)^(-1/2) = (0.381944...)^(-1/2) = 1.618080...
+    assert dp_client.update_noise_multiplier(1.5, 2.0) == pytest.approx(1.6180797, rel=1e-6)
+    # m = 10 clients: sigma_b = 0.5, 2 sigma_b = 1 <= z = 1.2: refused, the message's numbers worked out
+    with pytest.raises(FLError) as e:
+        dp_client.update_noise_multiplier(1.2, 0.5)
+    assert "-dps < 2 sigma_b = m / 10 (here 1 for m = 10 clients per round)" in str(e.value)
+
+
+def test_clip_update_below_one_and_at_zero():
+    # a norm under 1 above the clip is still clipped; a zero update stays zero (no division by its norm)
+    clipped, norm = dp_client.clip_update({"a": torch.tensor([0.6, 0.0]), "b": torch.tensor([0.8])}, 0.5)
+    assert norm == pytest.approx(1.0)
+    clipped, norm = dp_client.clip_update({"a": torch.tensor([0.48, 0.0]), "b": torch.tensor([0.64])}, 0.5)
+    assert norm == pytest.approx(0.8)
+    assert torch.allclose(clipped["a"], torch.tensor([0.3, 0.0])) and torch.allclose(clipped["b"], torch.tensor([0.4]))
+    zero, norm = dp_client.clip_update({"a": torch.zeros(2)}, 0.5)
+    assert norm == 0.0 and torch.equal(zero["a"], torch.zeros(2))
+
+
+def test_broadcast_identity_is_the_ids_of_its_modules_and_tensors():
+    model, t = nn.Linear(1, 1), torch.zeros(1)
+    holder = types.SimpleNamespace(net=model, k=2)
+    assert dp_client._leaves(model) == (id(model),)
+    assert dp_client._leaves({"a": t, "b": [model, 3]}) == (id(t), id(model), 3)
+    assert dp_client._leaves((t, "x", None)) == (id(t), "x", None)
+    assert dp_client._leaves(holder) == (id(model), 2)
+    other = object()
+    assert dp_client._leaves(other) == (id(other),)
+
+
+def test_uploads_with_different_entries_are_refused():
+    model = tiny_model()
+    full, body = model.state_dict(), {f"body.{k}": v for k, v in model.body.state_dict().items()}
+    dp = dp_client.ClientLevelDP(stub_cfg(), run=0)
+    with pytest.raises(FLError, match="not entries of its global model"):
+        dp.release("T", [Upload(0, 5, full), Upload(1, 5, body)], model, m=2, n_clients=2)
+
+
+def test_the_secure_generator_is_seeded_from_the_system_and_the_default_from_seed_and_run():
+    a = dp_client.ClientLevelDP(stub_cfg(dp_secure_rng=True), run=0).generator.initial_seed()
+    b = dp_client.ClientLevelDP(stub_cfg(dp_secure_rng=True), run=0).generator.initial_seed()
+    assert a != b and a != torch.Generator().initial_seed()  # fresh system entropy each time, never the default
+    plain = dp_client.ClientLevelDP(stub_cfg(seed=3), run=1).generator
+    assert torch.equal(torch.randn(4, generator=plain), torch.randn(4, generator=torch_gen(3, 1, "dp-client-noise")))
+    cfg = stub_cfg()  # a cfg without the flag (a library caller's): the seeded stream
+    del cfg.dp_secure_rng
+    seeded = dp_client.ClientLevelDP(cfg, run=0).generator
+    assert torch.equal(torch.randn(4, generator=seeded), torch.randn(4, generator=torch_gen(0, 0, "dp-client-noise")))
+
 # ---- the accountant --------------------------------------------------------------------------------
 OPACUS_ALPHAS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
 

@@ -4,6 +4,8 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 import main
 from conftest import cli
@@ -421,3 +423,23 @@ def test_a_parameter_the_forward_does_not_use_gets_a_zero_gradient(digits_tiny_r
     for algo in ("GPFL", "PFL-DA"):
         assert main.main(cli(digits_tiny_root, tmp_path, "-algo", algo, "-gr", "1", "-dlg", "--dlg_iters", "5",
                              "--dlg_clients", "1", "--executor", "sequential", "-go", algo)) == 0
+
+
+def test_dp_sgd_sampling_rate_by_hand():
+    """q = min(1, max(B, len(x)) / min(n, pool)): B over the samples the batch is drawn from, capped at 1 for a
+    client holding fewer samples than a batch; equal consecutive steps are merged into one history entry."""
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(3, 2), torch.tensor([0, 1, 0])
+
+    def steps(n, batch, pool, x=x, y=y):
+        dp = dp_sgd.DPSGD(1.0, 0.0, n, batch, torch.Generator().manual_seed(0))
+        for _ in range(2):
+            dp.backward({"net": model}, lambda xb, yb: F.cross_entropy(model(xb), yb), opt, x, y, pool=pool)
+        return dp.history
+
+    assert steps(n=3, batch=10, pool=3) == [(0.0, 1.0, 2)]        # 10 / 3 capped at 1
+    assert steps(n=8, batch=2, pool=8) == [(0.0, 3 / 8, 2)]       # the batch holds 3 > B = 2 samples
+    assert steps(n=20, batch=4, pool=8) == [(0.0, 4 / 8, 2)]      # drawn from a pool of 8 of the 20
+    assert steps(n=6, batch=4, pool=8) == [(0.0, 4 / 6, 2)]       # ... but never from more than n
+    assert steps(n=1, batch=1, pool=1, x=x[:1], y=y[:1]) == [(0.0, 1.0, 2)]  # one sample: every step sees it
