@@ -443,3 +443,7 @@ def test_dp_sgd_sampling_rate_by_hand():
     assert steps(n=20, batch=4, pool=8) == [(0.0, 4 / 8, 2)]      # drawn from a pool of 8 of the 20
     assert steps(n=6, batch=4, pool=8) == [(0.0, 4 / 6, 2)]       # ... but never from more than n
     assert steps(n=1, batch=1, pool=1, x=x[:1], y=y[:1]) == [(0.0, 1.0, 2)]  # one sample: every step sees it
+    dp = dp_sgd.DPSGD(1.0, 0.0, 20, 4, torch.Generator().manual_seed(0))
+    for pool in (8, 10, 10, 10, 8):  # a new rate starts a new entry; a repeated one extends the last entry only
+        dp.backward({"net": model}, lambda xb, yb: F.cross_entropy(model(xb), yb), opt, x, y, pool=pool)
+    assert dp.history == [(0.0, 0.5, 1), (0.0, 0.4, 3), (0.0, 0.5, 1)]
