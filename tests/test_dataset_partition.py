@@ -218,3 +218,164 @@ def test_split_train_test_is_random():
     b, _ = P.split_train_test(idx, 0.5, np.random.default_rng(1))
     assert not np.array_equal(a, b)
     assert not np.array_equal(a, idx[:50])
+
+
+# ---- boundaries and hand-computed pieces -------------------------------------------------------------
+class Fixed:
+    """A stand-in generator: the draws named in ``fixed`` come from the given lists (each call takes the
+    next), their arguments are recorded in ``calls``; every other draw is a real generator's."""
+
+    def __init__(self, seed=0, **fixed):
+        self.fixed = {name: list(values) for name, values in fixed.items()}
+        self.calls, self.rng = [], np.random.default_rng(seed)
+
+    def __getattr__(self, name):
+        if name in self.fixed:
+            def draw(*args, **kwargs):
+                self.calls.append((name, args, kwargs))
+                return np.asarray(self.fixed[name].pop(0))
+            return draw
+        return getattr(self.rng, name)
+
+
+@pytest.mark.parametrize("labels", [np.zeros((4, 2), dtype=np.int64), np.zeros(4, dtype=np.float32)])
+def test_labels_must_be_one_dimensional_integers(labels):
+    with pytest.raises(P.PartitionError, match="1-D integer array"):
+        P.iid(labels, 2, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("scheme", P.SCHEMES)
+def test_client_count_and_size_checks_of_every_scheme(scheme):
+    labels = np.repeat(np.arange(2), 6)  # 12 samples, 2 classes
+    kw = dict(class_per_client=1) if scheme in ("pat", "exdir") else {}
+    with pytest.raises(P.PartitionError, match="num_clients must be >= 1, got 0"):
+        P.partition(labels, 0, np.random.default_rng(0), scheme, **kw)
+    with pytest.raises(P.PartitionError, match="2 clients x 7 samples each exceeds the 12 samples"):
+        P.partition(labels, 2, np.random.default_rng(0), scheme, least_samples=7, **kw)
+    # exactly least_samples x num_clients = the samples is possible: 2 clients of 6
+    parts = P.partition(labels, 2, np.random.default_rng(0), scheme, least_samples=6, balance=True, alpha=100.0, **kw)
+    assert sorted(len(p) for p in parts) == [6, 6]
+
+
+def test_share_sizes_by_hand():
+    # balanced: int(linspace(0, 10, 4)) = 0, 3, 6, 10 -> 3, 3, 4
+    np.testing.assert_array_equal(P._share_sizes(10, 3, True, None), [3, 3, 4])
+    # unbalanced: weights 0.1, 0.3, 0.6 -> cumulative shares 1, 4 (of 10), the last takes the rest
+    rng = Fixed(uniform=[[0.1, 0.3, 0.6]])
+    np.testing.assert_array_equal(P._share_sizes(10, 3, False, rng), [1, 3, 6])
+    assert rng.calls == [("uniform", (0.1, 1.0, 3), {})]  # weights from uniform(0.1, 1) (module docstring)
+
+
+@pytest.mark.parametrize("num_clients,num_classes,k", [(8, 10, 3), (50, 7, 3), (6, 4, 3)])
+def test_assign_classes_keeps_degrees_for_every_seed(num_clients, num_classes, k):
+    for seed in range(30):  # owner counts differ by at most one, however the extra owners fall
+        held = P.assign_classes(num_clients, num_classes, k, np.random.default_rng(seed))
+        assert all(len(h) == k == len(set(h.tolist())) for h in held)
+        owners = np.bincount(np.concatenate(held), minlength=num_classes)
+        assert owners.sum() == num_clients * k and owners.max() - owners.min() <= 1
+
+
+def test_pfllib_share_sizes_by_hand():
+    # 270 samples among 3 owners: per = 90, draws from [int(max(90/10, 0.5)), 90) = [9, 90); the last the rest
+    rng = Fixed(integers=[[20, 30]])
+    np.testing.assert_array_equal(P._pfllib_share_sizes("pat", 270, 3, False, 0.5, rng), [20, 30, 220])
+    assert rng.calls == [("integers", (9, 90, 2), {})]
+    # least_share above per / 10 raises the lower end: [int(max(9, 12.5)), 90)
+    rng = Fixed(integers=[[40, 50]])
+    P._pfllib_share_sizes("pat", 270, 3, False, 12.5, rng)
+    assert rng.calls[0][1] == (12, 90, 2)
+    # one owner takes the whole class, whatever the range
+    np.testing.assert_array_equal(P._pfllib_share_sizes("pat", 5, 1, False, 10.0, Fixed()), [5])
+    # two owners with an empty range: refused
+    with pytest.raises(P.PartitionError, match=r"share range \[10, 2\) is empty"):
+        P._pfllib_share_sizes("pat", 5, 2, False, 10.0, Fixed())
+    np.testing.assert_array_equal(P._pfllib_share_sizes("pat", 11, 3, True, 0.0, None), [3, 3, 5])
+
+
+def test_least_samples_is_a_lower_bound_met_with_equality():
+    # pfllib layout, balanced: two classes of 4 for two clients, one class each -> 4 and 4, least 4 is met
+    labels = np.repeat(np.arange(2), 4)
+    parts = P.pathological(labels, 2, np.random.default_rng(0), class_per_client=1, balance=True, least_samples=4,
+                           layout="pfllib")
+    assert sorted(len(p) for p in parts) == [4, 4]
+    # library layout, balanced: classes of 15 and 15 for three clients, one class each: one class is split
+    # 7 / 8 among two owners, so the smallest client holds 7 (met at 7, never at 8) although each class holds 15
+    labels = np.repeat(np.arange(2), 15)
+    parts = P.pathological(labels, 3, np.random.default_rng(0), class_per_client=1, balance=True, least_samples=7)
+    assert sorted(len(p) for p in parts) == [7, 8, 15]
+    with pytest.raises(P.PartitionError, match="no draw in 5 tries gave every client >= 8 samples"):
+        P.pathological(labels, 3, np.random.default_rng(0), class_per_client=1, balance=True, least_samples=8,
+                       max_tries=5)
+    # dir: a draw whose smallest client holds exactly least_samples is accepted
+    labels = np.repeat(np.arange(2), 10)
+    rng = Fixed(dirichlet=[[0.3, 0.7], [0.3, 0.7]])
+    parts = P.dirichlet(labels, 2, rng, alpha=0.5, least_samples=6)
+    assert sorted(len(p) for p in parts) == [6, 14]
+
+
+def test_class_per_client_bounds():
+    labels = np.repeat(np.arange(3), 5)
+    for k in (0, 4):
+        for fn in (P.pathological, P.extended_dirichlet):
+            with pytest.raises(P.PartitionError, match=f"class_per_client={k} must be between 1 and the 3 classes"):
+                fn(labels, 3, np.random.default_rng(0), class_per_client=k)
+    for k in (1, 3):  # both ends allowed: each client holds exactly its k classes
+        parts = P.extended_dirichlet(labels, 3, np.random.default_rng(1), alpha=100.0, class_per_client=k)
+        assert all(len(c) == k for c in classes_of(labels, parts))
+
+
+def test_exdir_redraws_class_sets_until_every_class_has_enough_owners():
+    # 10 clients x 3 classes over 4 classes: every class needs max(1, 30 // 4 // 2) = 3 owners
+    labels = np.repeat(np.arange(4), 50)
+    two = [[0, 1, 2]] * 8 + [[0, 1, 3]] * 2                       # class 3: 2 owners -> redrawn
+    three = [[0, 1, 2]] * 7 + [[0, 1, 3], [0, 2, 3], [1, 2, 3]]   # class 3: exactly 3 owners -> taken
+    rng = Fixed(seed=2, choice=two + three)
+    parts = P.extended_dirichlet(labels, 10, rng, alpha=100.0, class_per_client=3)
+    assert [sorted(c) for c in classes_of(labels, parts)] == three
+    assert len(rng.fixed["choice"]) == 0
+    assert rng.calls[0] == ("choice", (4, 3), {"replace": False})  # k distinct classes per client
+
+
+def test_dirichlet_counts_renormalise_over_the_owners_below_the_cap():
+    # 3 clients, classes of 30 and 10: the cap is 40 / 3; client 0 holds 30 after class 0, so class 1's draw
+    # 0.5 / 0.3 / 0.2 is renormalised over clients 1 and 2: 0.6 / 0.4 -> 6 / 4
+    counts = P._dirichlet_counts([30, 10], [np.arange(3)] * 2, 3, 0.1, Proportions([1.0, 0.0, 0.0], [0.5, 0.3, 0.2]))
+    np.testing.assert_array_equal(counts, [[30, 0, 0], [0, 6, 4]])
+    # every owner of a class at the cap: the unmasked draw splits it (cap 18 / 3 = 6; clients 0, 1 hold 6 each)
+    counts = P._dirichlet_counts([12, 6], [np.arange(3), np.array([0, 1])], 3, 0.1,
+                                 Proportions([0.5, 0.5, 0.0], [0.3, 0.7]))
+    np.testing.assert_array_equal(counts, [[6, 6, 0], [1, 5, 0]])
+
+
+def test_alpha_must_be_positive():
+    for alpha in (0.0, -0.5):
+        with pytest.raises(P.PartitionError, match=f"alpha must be > 0, got {alpha}"):
+            P.dirichlet(np.repeat(np.arange(2), 5), 2, np.random.default_rng(0), alpha=alpha)
+
+
+def test_split_train_test_keeps_one_training_sample():
+    tr, te = P.split_train_test(np.arange(3), 0.1, np.random.default_rng(0))  # round(0.3) = 0 -> at least 1
+    assert len(tr) == 1 and len(te) == 2
+
+
+def test_public_defaults_are_the_documented_ones():
+    """The module docstring's and the generators' defaults: Dir(0.1), two classes per client, unbalanced,
+    at least one sample per client, 1,000 tries, the library layout."""
+    import inspect
+    documented = dict(alpha=0.1, class_per_client=2, balance=False, least_samples=1, max_tries=1000, layout="library")
+    for fn in (P.partition, P.pathological, P.iid, P.dirichlet, P.extended_dirichlet):
+        defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not p.empty}
+        assert defaults == {k: documented[k] for k in defaults}, fn.__name__
+        assert set(defaults) >= {"least_samples", "max_tries"}
+
+
+@pytest.mark.parametrize("scheme,direct", [
+    ("iid", lambda y, r: P.iid(y, 7, r, balance=False, least_samples=5)),
+    ("pat", lambda y, r: P.pathological(y, 7, r, class_per_client=3, balance=False, least_samples=5)),
+    ("dir", lambda y, r: P.dirichlet(y, 7, r, alpha=0.5, least_samples=5)),
+    ("exdir", lambda y, r: P.extended_dirichlet(y, 7, r, alpha=0.5, class_per_client=3, least_samples=5)),
+])
+def test_partition_passes_each_setting_to_its_scheme(scheme, direct):
+    labels = make_labels()
+    via = P.partition(labels, 7, np.random.default_rng(3), scheme, alpha=0.5, class_per_client=3, least_samples=5)
+    assert all(np.array_equal(a, b) for a, b in zip(via, direct(labels, np.random.default_rng(3))))
