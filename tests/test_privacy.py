@@ -447,3 +447,22 @@ def test_dp_sgd_sampling_rate_by_hand():
     for pool in (8, 10, 10, 10, 8):  # a new rate starts a new entry; a repeated one extends the last entry only
         dp.backward({"net": model}, lambda xb, yb: F.cross_entropy(model(xb), yb), opt, x, y, pool=pool)
     assert dp.history == [(0.0, 0.5, 1), (0.0, 0.4, 3), (0.0, 0.5, 1)]
+
+
+def test_dp_sgd_streams_and_refusal_name_by_hand():
+    """The training noise stream is (seed, run, "dp-noise", client id); --dp_secure_rng replaces it with an
+    OS-seeded one, a config without that flag keeps the seeded stream; a BatchNorm refusal names the first
+    BatchNorm layer."""
+    model = nn.Linear(2, 2)
+    cfg = main.parse_config(["-dp", "-gr", "1", "--seed", "4"]).replace(device="cpu")
+    dp = dp_sgd.DPSGD.from_config(cfg, 3, 1, model, 50)
+    assert dp.secure is None
+    assert torch.equal(torch.randn(5, generator=dp.generator), torch.randn(5, generator=torch_gen(4, 1, "dp-noise", 3)))
+    bare = type("Cfg", (), {k: getattr(cfg, k) for k in ("privacy", "dp_level", "dp_clip", "dp_sigma", "seed",
+                                                         "batch_size", "device") if hasattr(cfg, k)})()
+    assert not hasattr(bare, "dp_secure_rng") and dp_sgd.DPSGD.from_config(bare, 3, 1, model, 50).secure is None
+    secure = dp_sgd.DPSGD.from_config(cfg.replace(dp_secure_rng=True), 3, 1, model, 50).secure
+    assert secure is not None and secure.initial_seed() != torch.Generator().initial_seed()
+    two = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2), nn.Conv2d(1, 1, 1), nn.BatchNorm2d(1))
+    with pytest.raises(FLError, match="the model has BatchNorm1d layers"):
+        dp_sgd.DPSGD.from_config(cfg, 0, 0, two, 100)
