@@ -491,6 +491,28 @@ def test_parked_clients_give_the_same_run_with_a_round_of_memory(mode, executor,
         assert sorted(store.live) == sorted(c.id for c in live) and store.stores >= 3 and store.loads >= 1
 
 
+def test_wire_conversion_walks_containers_and_copies_only_what_is_elsewhere():
+    import collections
+    import dataclasses
+
+    from runtime.executors import to_device, to_wire
+
+    module, t = torch.nn.Linear(2, 1), torch.ones(2)
+    assert to_wire(module) is module  # on the CPU already: no copy
+    Pair = collections.namedtuple("Pair", "a b")
+
+    @dataclasses.dataclass
+    class Box:
+        x: object
+        n: int
+
+    out = to_wire({"p": Pair(t, [module, 3]), "box": Box(t, 2), "s": "kept"})
+    assert type(out["p"]) is Pair and out["p"].a is t and out["p"].b[0] is module and out["p"].b[1] == 3
+    assert out["box"] == Box(t, 2) and out["s"] == "kept"
+    moved = to_device((Pair(t, 1), Box(module, 5)), "meta")
+    assert moved[0].a.device.type == "meta" and moved[1].x.weight.device.type == "meta" and moved[1].n == 5
+
+
 def test_balance_places_the_largest_first_on_the_lightest_worker():
     # sizes by position: largest first 9 (1) -> w0, 7 (3) -> w1, 5 (0) -> w1 (7 < 9), 3 (4) -> w0 (9 < 12),
     # 2 (2) -> w0 (a tie at 12 goes to the first worker): loads 14 and 12
