@@ -409,3 +409,12 @@ def test_a_server_round_with_dropped_clients_releases_the_formula_over_the_selec
         total = sum(d[k] * (0.1 / n) for d, n in zip(deltas, norms))
         want = start[k] + total / 5 + 0.7 * 0.1 / 5 * torch.randn(start[k].shape, generator=gen)
         torch.testing.assert_close(v, want, atol=1e-6, rtol=1e-5)
+
+
+def test_accountant_steps_by_hand_over_changing_rates():
+    """One step per release at q = m / N; equal consecutive rates extend the last entry only."""
+    model = tiny_model()
+    dp = dp_client.ClientLevelDP(stub_cfg(dp_sigma=0.7), run=0)
+    for m, n in ((1, 4), (1, 2), (2, 4), (1, 2), (1, 1), (1, 4)):
+        dp.release("T", uploads_with(model, [0.1] * m), model, m=m, n_clients=n)
+    assert dp.history == [(0.7, 0.25, 1), (0.7, 0.5, 3), (0.7, 1.0, 1), (0.7, 0.25, 1)]
