@@ -418,3 +418,21 @@ def test_accountant_steps_by_hand_over_changing_rates():
     for m, n in ((1, 4), (1, 2), (2, 4), (1, 2), (1, 1), (1, 4)):
         dp.release("T", uploads_with(model, [0.1] * m), model, m=m, n_clients=n)
     assert dp.history == [(0.7, 0.25, 1), (0.7, 0.5, 3), (0.7, 1.0, 1), (0.7, 0.25, 1)]
+
+
+def test_a_norm_equal_to_the_clip_counts_as_clipped_below():
+    """Adaptive clipping counts ||D_i|| <= S (Andrew et al.): an update of norm exactly S is counted."""
+    model = tiny_model()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    ref = model.state_dict()
+    state = {k: torch.zeros_like(v) for k, v in ref.items()}
+    state["fc.bias"] = torch.tensor([3.0, 4.0])  # norm 5, exactly
+    dp = dp_client.ClientLevelDP(stub_cfg(dp_clip=5.0, dp_sigma=0.01, dp_quantile=0.5), run=0)
+    dp.release("T", [Upload(0, 1.0, state)], model, m=1, n_clients=10)
+    gen = torch_gen(0, 0, "dp-client-noise")
+    for k in ref:  # the update noise is drawn first, then the count's
+        torch.randn(ref[k].shape, generator=gen)
+    assert dp.last["norms"] == [5.0]
+    assert dp.last["fraction"] == pytest.approx(1 + 0.05 * float(torch.randn((), generator=gen)), rel=1e-9)
