@@ -513,6 +513,51 @@ def test_wire_conversion_walks_containers_and_copies_only_what_is_elsewhere():
     assert moved[0].a.device.type == "meta" and moved[1].x.weight.device.type == "meta" and moved[1].n == 5
 
 
+def test_client_factory_builds_each_client_under_its_own_stream_and_device():
+    from runtime.executors import ClientFactory
+    from utils.seeding import torch_seeded
+
+    class Recorder:
+        def __init__(self, cfg, cid, data, model, run, **extra):
+            self.cfg, self.cid, self.data, self.model, self.run, self.extra = cfg, cid, data, model, run, extra
+            self.draw = torch.randn(3)  # the constructor's initialisers draw from the global stream
+
+    cfg = main.parse_config(["--seed", "7"]).replace(device="cpu")
+    common, own = torch.nn.Linear(2, 2), {4: torch.nn.Linear(2, 3)}
+    c = ClientFactory(Recorder, cfg, 2, common)(4, {"x": torch.ones(1)})
+    with torch_seeded(7, 2, "client-init", 4):
+        expected = torch.randn(3)
+    assert torch.equal(c.draw, expected) and c.model is common and c.extra == {} and c.run == 2
+    assert ClientFactory(Recorder, cfg, 2, common, own)(4, None).model is own[4]  # own replaces the model
+    c = ClientFactory(Recorder, cfg, 2, common, own, personal=True)(4, None)   # ... or comes beside it
+    assert c.model is common and c.extra == {"own_model": own[4]}
+    c = ClientFactory(Recorder, cfg, 2, torch.nn.Linear(2, 2), {4: torch.nn.Linear(2, 3)}, personal=True)(
+        4, {"x": torch.ones(1)}, device="meta")  # another device: the config, models and data follow it
+    assert c.cfg.device == "meta" and c.data["x"].device.type == "meta"
+    assert c.model.weight.device.type == "meta" and c.extra["own_model"].weight.device.type == "meta"
+
+
+def test_client_store_set_up_by_hand(tmp_path, monkeypatch):
+    from runtime import parking
+    from runtime.parking import ClientStore, own_folder
+
+    assert ClientStore("cpu", 0, None).capacity == 1 and ClientStore("cpu", 1, None).capacity == 1  # at least one live
+    assert ClientStore("cpu", 3, None).capacity == 3
+    store = ClientStore("disk", 1, None, folder=str(tmp_path / "a" / "b"))  # a given folder is created
+    assert store.folder == tmp_path / "a" / "b" and store.folder.is_dir()
+    made = own_folder(str(tmp_path / "c" / "d"))  # its parents too
+    assert made.parent == tmp_path / "c" / "d" and made.is_dir() and made.stat().st_mode & 0o777 == 0o700
+    trims = []
+
+    class Libc:
+        def malloc_trim(self, pad):
+            trims.append(pad)
+
+    monkeypatch.setattr(parking.ctypes, "CDLL", lambda name: Libc())
+    parking._trim_heap()
+    assert trims == [0]  # every free page back to the system, none kept as padding
+
+
 def test_balance_places_the_largest_first_on_the_lightest_worker():
     # sizes by position: largest first 9 (1) -> w0, 7 (3) -> w1, 5 (0) -> w1 (7 < 9), 3 (4) -> w0 (9 < 12),
     # 2 (2) -> w0 (a tie at 12 goes to the first worker): loads 14 and 12
