@@ -558,6 +558,29 @@ def test_client_store_set_up_by_hand(tmp_path, monkeypatch):
     assert trims == [0]  # every free page back to the system, none kept as padding
 
 
+def test_a_stores_own_folder_goes_with_it_and_a_given_one_stays(tmp_path, capfd):
+    import gc
+    import shutil
+
+    from runtime.parking import ClientStore
+
+    store = ClientStore("disk", 1, None)  # its own folder, under the system's temporary folder
+    own = store.folder
+    assert own.is_dir()
+    del store
+    gc.collect()
+    assert not own.exists()
+    store = ClientStore("disk", 1, None, folder=str(tmp_path / "given"))
+    del store
+    gc.collect()
+    assert (tmp_path / "given").is_dir()
+    store = ClientStore("disk", 1, None)
+    shutil.rmtree(store.folder)  # removed already: collecting the store says nothing
+    del store
+    gc.collect()
+    assert "Error" not in capfd.readouterr().err
+
+
 def test_balance_places_the_largest_first_on_the_lightest_worker():
     # sizes by position: largest first 9 (1) -> w0, 7 (3) -> w1, 5 (0) -> w1 (7 < 9), 3 (4) -> w0 (9 < 12),
     # 2 (2) -> w0 (a tie at 12 goes to the first worker): loads 14 and 12
