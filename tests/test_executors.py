@@ -11,6 +11,7 @@ import copy
 import os
 import signal
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -473,6 +474,35 @@ def test_parked_client_round_trips_exactly(digits_tiny_root):
     assert all(torch.equal(v, before[k]) for k, v in c.model.state_dict().items())  # first use unparks
     assert all(torch.equal(v, weights[k]) for k, v in c.ala.weights.items())
     assert torch.equal(c.batch_gen.get_state(), gen) and store.loads == 1 and "parked_in" not in vars(c)
+
+
+def test_parking_by_hand(digits_tiny_root, tmp_path, monkeypatch):
+    from runtime import parking
+    from runtime.executors import Parking
+    from runtime.parking import ClientStore
+
+    cfg = main.parse_config(["-jr", "0.4", "-nc", "5"])
+    assert Parking.from_config(cfg) is None  # --client_state device: nothing parks
+    cpu = Parking.from_config(cfg.replace(client_state="cpu"))
+    assert (cpu.mode, cpu.capacity, cpu.folder) == ("cpu", 2, None)  # int(0.4 x 5) clients live
+    assert Parking.from_config(cfg.replace(client_state="cpu", num_clients=None, join_ratio=1.0)).capacity == 1
+    disk = Parking.from_config(cfg.replace(client_state="disk", client_state_dir=str(tmp_path / "states")))
+    assert disk.folder is not None and Path(disk.folder).parent == tmp_path / "states" and Path(disk.folder).is_dir()
+    big = Parking("cpu", 5, None)
+    assert big.store(0.5, None).capacity == 3 and big.store(0.1, None).capacity == 1  # ceil(5 x share), >= 1
+    assert disk.store(0.5, None).folder == Path(disk.folder)
+    disk.release()
+    assert not Path(disk.folder).exists()
+
+    trims = []
+    monkeypatch.setattr(parking, "_trim_heap", lambda: trims.append(1))
+    server = build(digits_tiny_root, "FedAvg")
+    store = ClientStore("cpu", 2, server.executor.host.rebuild)
+    for c in server.clients[:3]:
+        store.park(c)
+    assert store.stores == 3 and len(trims) == 1  # the heap trimmed once per capacity's worth of stores (at 2)
+    c = server.clients[0]
+    assert all(isinstance(p, torch.nn.Parameter) and p.requires_grad for p in c.model.parameters())  # unparked
 
 
 @pytest.mark.parametrize("executor", ["sequential", "fork"])
