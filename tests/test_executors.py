@@ -636,6 +636,9 @@ def test_tensor_pool_holds_equal_tensors_once():
         assert torch.equal(got, w) and got.stride() == t.stride() and got is not t
     pool.release(ids)
     assert pool.entries == {} and pool.index == {}
+    tiny = TensorPool(min_numel=1)  # fewer elements than the fingerprint's 16 probes: every element probed
+    a, b = tiny.put(torch.arange(4.0)), tiny.put(torch.arange(4.0))
+    assert a == b and tiny.put(torch.arange(4.0).flip(0)) != a and torch.equal(tiny.get(a, "cpu"), torch.arange(4.0))
 
 
 def test_parked_fedavg_clients_share_the_broadcast_model(digits_tiny_root):
