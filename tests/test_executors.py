@@ -492,7 +492,13 @@ def test_parking_by_hand(digits_tiny_root, tmp_path, monkeypatch):
     assert big.store(0.5, None).capacity == 3 and big.store(0.1, None).capacity == 1  # ceil(5 x share), >= 1
     assert disk.store(0.5, None).folder == Path(disk.folder)
     disk.release()
+    disk.release()  # twice, or after the folder went: quietly
     assert not Path(disk.folder).exists()
+    with pytest.raises(AttributeError):  # one value shared by every host of the run: frozen
+        big.capacity = 4
+    built = build(digits_tiny_root, "FedAvg", "-jr", "0.4", "--client_state", "cpu")
+    parked = [c.id for c in built.clients if "parked_in" in vars(c)]
+    assert len(parked) == 3 and len(built.executor.host.store.live) == 2  # parked as they are built
 
     trims = []
     monkeypatch.setattr(parking, "_trim_heap", lambda: trims.append(1))
