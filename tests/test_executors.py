@@ -507,8 +507,14 @@ def test_parking_by_hand(digits_tiny_root, tmp_path, monkeypatch):
     for c in server.clients[:3]:
         store.park(c)
     assert store.stores == 3 and len(trims) == 1  # the heap trimmed once per capacity's worth of stores (at 2)
+    assert len(store.pool.entries) > 0
     c = server.clients[0]
     assert all(isinstance(p, torch.nn.Parameter) and p.requires_grad for p in c.model.parameters())  # unparked
+    for c in server.clients[:3]:
+        c.model  # noqa: B018  (first use unparks)
+    # one client parked again (two stay live): the pool holds exactly the references the parked states make
+    assert len(store.states) == 1 and len(store.live) == 2
+    assert sum(e[1] for e in store.pool.entries.values()) == sum(len(ids) for ids in store.pooled.values()) > 0
 
 
 @pytest.mark.parametrize("executor", ["sequential", "fork"])
