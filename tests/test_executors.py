@@ -512,6 +512,10 @@ def test_parking_by_hand(digits_tiny_root, tmp_path, monkeypatch):
     assert all(isinstance(p, torch.nn.Parameter) and p.requires_grad for p in c.model.parameters())  # unparked
     for c in server.clients[:3]:
         c.model  # noqa: B018  (first use unparks)
+    assert list(store.live) == [1, 2]  # unparking made each client the most recent: client 0, the oldest, went
+    store.touch(server.clients[1])  # used again: now the most recent, so client 2 is the one to go next
+    server.clients[0].model  # noqa: B018
+    assert list(store.live) == [1, 0]
     # one client parked again (two stay live): the pool holds exactly the references the parked states make
     assert len(store.states) == 1 and len(store.live) == 2
     assert sum(e[1] for e in store.pool.entries.values()) == sum(len(ids) for ids in store.pooled.values()) > 0
@@ -651,6 +655,8 @@ def test_tensor_pool_holds_equal_tensors_once():
     tiny = TensorPool(min_numel=1)  # fewer elements than the fingerprint's 16 probes: every element probed
     a, b = tiny.put(torch.arange(4.0)), tiny.put(torch.arange(4.0))
     assert a == b and tiny.put(torch.arange(4.0).flip(0)) != a and torch.equal(tiny.get(a, "cpu"), torch.arange(4.0))
+    assert tiny.get(a, "cpu").data_ptr() != tiny.entries[a][0].data_ptr()  # a copy: unpacked states never share
+    assert TensorPool(min_numel=4).put(torch.arange(4.0)) is not None  # at least min_numel elements: pooled
 
 
 def test_parked_fedavg_clients_share_the_broadcast_model(digits_tiny_root):
