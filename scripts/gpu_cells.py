@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -24,12 +23,13 @@ import table  # noqa: E402  (also puts system/ on the path)
 
 
 def cell(run) -> dict:
-    """One cell: its curve (round -> accuracy in %), the rounds it reached, its mean seconds per round."""
+    """One cell: its curve (round -> accuracy in %), the rounds it reached, its best accuracy and mean seconds
+    per round (``table.run_metrics``'s, as every table of the project reports them)."""
     rounds = [int(r) for r in run.series["rs_round"]]
-    acc = [100 * float(a) for a in run.series["rs_test_acc"]]
-    times = run.meta.get("round_time_s") or list(run.series.get("rs_round_time", []))
-    return {"dataset": run.config["dataset"], "algorithm": run.key("algorithm"), "rounds": rounds, "acc": acc,
-            "reached": rounds[-1], "best": max(acc), "s_per_round": float(np.mean(times)) if len(times) else None}
+    metrics = table.run_metrics(run, None)
+    return {"dataset": run.config["dataset"], "algorithm": run.key("algorithm"), "rounds": rounds,
+            "acc": [100 * float(a) for a in run.series["rs_test_acc"]], "reached": rounds[-1], "best": metrics["best"],
+            "s_per_round": None if math.isnan(metrics["time"]) else metrics["time"]}
 
 
 def render(dataset: str, cells: list[dict], at: list[int]) -> str:

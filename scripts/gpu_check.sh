@@ -7,7 +7,7 @@
 #      clients, -lr 0.005, seed 0), all started together (one process each, the GPU shared) and each stopped
 #      after CELL_SECONDS (SIGTERM: an interrupted run keeps its evaluations), -gr 2000 as PFLlib's
 #      leaderboard, so each cell reaches the rounds its cost allows; scripts/gpu_cells.py compares them at
-#      the last round every cell of a split reached.
+#      equal rounds (--rounds), never at each cell's own last round.
 # Everything it writes goes under results/gpu_check/.
 #
 #   bash scripts/gpu_check.sh [DATA_DIR]        # DATA_DIR holds mnist.npz and fmnist.npz (default ../shared/data)
@@ -48,14 +48,15 @@ done
 
 # 2. the cells, together, each for CELL_SECONDS
 pids=()
-for algo in $DIR_ALGOS; do
-  OMP_NUM_THREADS=1 timeout -s TERM "$CELL_SECONDS" "${MAIN[@]}" -data FMNIST_dir0.1 -algo "$algo" -gr 2000 \
-      -go gpu-cell > "$OUT/cell_dir_$algo.log" 2>&1 & pids+=($!)
-done
-for algo in $PAT_ALGOS; do
-  OMP_NUM_THREADS=1 timeout -s TERM "$CELL_SECONDS" "${MAIN[@]}" -data FMNIST_pat -algo "$algo" -gr 2000 \
-      -go gpu-cell > "$OUT/cell_pat_$algo.log" 2>&1 & pids+=($!)
-done
+cells() {  # cells SPLIT TAG ALGO...: one background run per algorithm, each under the wall-time limit
+  local split=$1 tag=$2 algo; shift 2
+  for algo in "$@"; do
+    OMP_NUM_THREADS=1 timeout -s TERM "$CELL_SECONDS" "${MAIN[@]}" -data "$split" -algo "$algo" -gr 2000 \
+        -go gpu-cell > "$OUT/cell_${tag}_$algo.log" 2>&1 & pids+=($!)
+  done
+}
+cells FMNIST_dir0.1 dir $DIR_ALGOS
+cells FMNIST_pat pat $PAT_ALGOS
 wait "${pids[@]}"
 for f in "$OUT"/cell_*.log; do echo "== $f"; tail -n 2 "$f"; done
 python3 scripts/gpu_cells.py "$OUT" | tee "$OUT/cells.md"
