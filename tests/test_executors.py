@@ -583,6 +583,27 @@ def test_client_factory_builds_each_client_under_its_own_stream_and_device():
     assert c.model.weight.device.type == "meta" and c.extra["own_model"].weight.device.type == "meta"
 
 
+def test_unparking_restores_parameters_and_plain_tensors_as_they_were(digits_tiny_root):
+    # a subclass may hold tensors outside its modules: a pooled Parameter comes back a Parameter (the
+    # optimizer and autograd see a leaf of the same kind), a pooled plain tensor a plain tensor
+    from runtime.parking import ClientStore
+
+    server = build(digits_tiny_root, "FedAvg")
+    store = ClientStore("cpu", 1, server.executor.host.rebuild)
+    c = server.clients[0]
+    weight, frozen, plain = torch.randn(70, 70), torch.randn(70, 70), torch.randn(70, 70)
+    c.scale = torch.nn.Parameter(weight.clone())
+    c.fixed = torch.nn.Parameter(frozen.clone(), requires_grad=False)
+    c.buffer = plain.clone()
+    store.park(c)
+    assert len(store.pooled[c.id]) >= 3  # all three went through the pool (4,900 values each)
+    back = vars(c).get("scale"), c.scale  # first use unparks
+    assert back[0] is None and type(c.scale) is torch.nn.Parameter and c.scale.requires_grad
+    assert type(c.fixed) is torch.nn.Parameter and not c.fixed.requires_grad
+    assert type(c.buffer) is torch.Tensor and not c.buffer.requires_grad
+    assert torch.equal(c.scale, weight) and torch.equal(c.fixed, frozen) and torch.equal(c.buffer, plain)
+
+
 def test_client_store_set_up_by_hand(tmp_path, monkeypatch):
     from runtime import parking
     from runtime.parking import ClientStore, own_folder
