@@ -459,7 +459,7 @@ def test_parked_client_round_trips_exactly(digits_tiny_root):
     from runtime.parking import ClientStore
     from runtime.state import read_file
 
-    server = build(digits_tiny_root, "FedALA", "--ala_max_epochs", "2")
+    server = build(digits_tiny_root, "FedALA", "--ala_max_epochs", "2", "--client_state", "cpu")  # all live
     server.run_round(0)
     server.run_round(1)  # ALA weights, trained models and advanced streams to carry
     c = server.clients[1]
@@ -502,7 +502,7 @@ def test_parking_by_hand(digits_tiny_root, tmp_path, monkeypatch):
 
     trims = []
     monkeypatch.setattr(parking, "_trim_heap", lambda: trims.append(1))
-    server = build(digits_tiny_root, "FedAvg")
+    server = build(digits_tiny_root, "FedAvg", "--client_state", "cpu")  # all five live (-jr 1)
     store = ClientStore("cpu", 2, server.executor.host.rebuild)
     for c in server.clients[:3]:
         store.park(c)
@@ -583,12 +583,28 @@ def test_client_factory_builds_each_client_under_its_own_stream_and_device():
     assert c.model.weight.device.type == "meta" and c.extra["own_model"].weight.device.type == "meta"
 
 
+def test_a_parked_client_is_rebuilt_from_the_data_it_was_built_from(digits_tiny_root):
+    # -fs, --val_ratio and label flipping process a client's data once: the client a parked state is loaded
+    # into holds the same training, validation and test samples (processing them again would shrink them
+    # and flip the labels back)
+    flags = ("-fs", "6", "--val_ratio", "0.5", "--attack", "labelflip", "--attack_frac", "0.8",
+             "--client_state", "cpu", "-jr", "0.4")
+    server = build(digits_tiny_root, "FedAvg", *flags)
+    host = server.executor.host
+    for c in server.clients:
+        c.model  # noqa: B018  (first use unparks)
+        fresh = host.rebuild(c)
+        for name in ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test"):
+            assert torch.equal(getattr(fresh, name), getattr(c, name)), name
+    server.run_round(0)  # and the parked clients train and evaluate
+
+
 def test_unparking_restores_parameters_and_plain_tensors_as_they_were(digits_tiny_root):
     # a subclass may hold tensors outside its modules: a pooled Parameter comes back a Parameter (the
     # optimizer and autograd see a leaf of the same kind), a pooled plain tensor a plain tensor
     from runtime.parking import ClientStore
 
-    server = build(digits_tiny_root, "FedAvg")
+    server = build(digits_tiny_root, "FedAvg", "--client_state", "cpu")
     store = ClientStore("cpu", 1, server.executor.host.rebuild)
     c = server.clients[0]
     weight, frozen, plain = torch.randn(70, 70), torch.randn(70, 70), torch.randn(70, 70)

@@ -63,6 +63,15 @@ def test_guess_scores_are_those_of_a_grey_image():
     assert psnr.tolist() == pytest.approx([10 * math.log10(1 / 0.09)], abs=1e-4)
     c1 = 0.01 ** 2
     assert ssim.tolist() == pytest.approx([(2 * 0.5 * 0.8 + c1) / (0.25 + 0.64 + c1)], rel=1e-5)
+    # three channels, each with its own mean and std: the guess is mid-grey per channel (the means)
+    a, b = torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0.8, 0.6, 0.4])
+    originals = torch.stack([a, b]).view(2, 3, 1, 1).expand(2, 3, 8, 8)
+    mean = [0.7, 0.5, 0.45]
+    psnr, ssim = privacy_monitor.guess_scores(originals, 1, mean, [0.2, 0.3, 0.1])
+    mse = ((0.8 - 0.7) ** 2 + (0.6 - 0.5) ** 2 + (0.4 - 0.45) ** 2) / 3  # b is nearer (0.0075 against 0.1575)
+    assert psnr.tolist() == pytest.approx([10 * math.log10(1 / mse)], abs=1e-4)
+    per_channel = [(2 * x * m + c1) / (x * x + m * m + c1) for x, m in zip(b.tolist(), mean)]  # flat: no c2 term
+    assert ssim.tolist() == pytest.approx([sum(per_channel) / 3], rel=1e-5)
 
 
 def test_denormalize_inverts_the_split_normalisation(digits_images):

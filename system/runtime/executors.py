@@ -38,7 +38,6 @@ import torch
 from torch import nn
 
 from runtime.parking import ClientStore, own_folder
-from utils.data_utils import ClientData
 from utils.errors import FLError
 from utils.seeding import torch_seeded
 
@@ -152,6 +151,8 @@ class ClientHost:
         self.factory, self.device = factory, device
         self.store = (parking.store(len(cids) / (total or len(cids)), self.rebuild) if parking is not None
                       else None)
+        # what each client was built from, kept for ``rebuild`` (references to the split's own tensors)
+        self.datas = dict(zip(cids, datas)) if self.store is not None else {}
         self.clients: dict = {}
         for cid, d in zip(cids, datas):  # parked as they are built: peak memory stays bounded
             self.clients[cid] = factory(cid, d, device)
@@ -159,8 +160,11 @@ class ClientHost:
                 self.store.touch(self.clients[cid])
 
     def rebuild(self, c):
-        """A fresh client of ``c``'s id on ``c``'s own data (what a parked state is loaded into)."""
-        return self.factory(c.id, ClientData(c.x_train, c.y_train, c.x_test, c.y_test), self.device)
+        """A fresh client of ``c``'s id, built as it was first built (what a parked state is loaded into): from
+        the data it was given, not its own ``x_train``/``y_train``, which ``-fs``, ``--val_ratio`` and label
+        flipping have already processed (processing them again would leave fewer samples, flip labels back,
+        or refuse a client left with one)."""
+        return self.factory(c.id, self.datas[c.id], self.device)
 
     def run(self, cid: int, method: str, args=(), kwargs=None):
         c = self.clients[cid]
