@@ -583,6 +583,31 @@ def test_client_factory_builds_each_client_under_its_own_stream_and_device():
     assert c.model.weight.device.type == "meta" and c.extra["own_model"].weight.device.type == "meta"
 
 
+def test_a_host_answers_each_request_of_the_protocol():
+    from runtime.executors import ClientHost
+
+    class Echo:  # stands in for a client: reports where its arguments arrived
+        def __init__(self, cid, data, device):
+            self.id, self.tag, self.train_samples, self.test_samples = cid, torch.full((2,), float(cid)), *data
+
+        def echo(self, *args, **kwargs):
+            return self.id, [a.device.type for a in args], {k: v.device.type for k, v in kwargs.items()}
+
+    host = ClientHost(Echo, [4, 7], [(10, 3), (20, 5)])
+    t, u = torch.ones(2), torch.zeros(3)
+    assert host.handle(("map", "echo", [7, 4], (t,), {"k": u}), "meta") == [(7, ["meta"], {"k": "meta"}),
+                                                                        (4, ["meta"], {"k": "meta"})]
+    assert host.handle(("map", "echo", [4], (t,), {}), None) == [(4, ["cpu"], {})]  # no device: as they came
+    assert host.handle(("each", "echo", [(4, (t, u)), (7, (u,))]), "meta") == [(4, ["meta", "meta"], {}),
+                                                                             (7, ["meta"], {})]
+    assert host.handle(("each", "echo", [(7, (t,))])) == [(7, ["cpu"], {})]
+    tag = host.handle(("attr", 7, "tag"))
+    assert tag is host.clients[7].tag and tag.tolist() == [7.0, 7.0]  # on the CPU already: not copied
+    assert host.handle(("sizes",)) == {4: (10, 3), 7: (20, 5)}
+    with pytest.raises(ValueError, match="unknown request 'stop'"):
+        host.handle(("stop",))
+
+
 def test_a_parked_client_is_rebuilt_from_the_data_it_was_built_from(digits_tiny_root):
     # -fs, --val_ratio and label flipping process a client's data once: the client a parked state is loaded
     # into holds the same training, validation and test samples (processing them again would shrink them
