@@ -74,6 +74,25 @@ def test_guess_scores_are_those_of_a_grey_image():
     assert ssim.tolist() == pytest.approx([sum(per_channel) / 3], rel=1e-5)
 
 
+def test_the_monitor_reads_pixel_bounds_per_channel_from_the_split():
+    from types import SimpleNamespace
+
+    cfg = main.parse_config(["-dlg"])
+
+    def box(shape, config):
+        data = SimpleNamespace(input_shape=shape, num_classes=10, config=config, name="Stub")
+        return privacy_monitor.PrivacyMonitor(cfg, 0, data).box()
+
+    low, high = box([3, 4, 5], {})  # no normalisation: the inputs are pixels, in [0, 1] per channel
+    assert low.shape == high.shape == (3, 1, 1) and low.flatten().tolist() == [0.0] * 3
+    assert high.flatten().tolist() == [1.0] * 3
+    low, high = box([3, 4, 5], {"normalize": {"mean": [0.5, 0.4, 0.3], "std": [0.5, 0.2, 0.1]}})
+    assert low.flatten().tolist() == pytest.approx([-1.0, -2.0, -3.0])  # (0 - mean) / std
+    assert high.flatten().tolist() == pytest.approx([1.0, 3.0, 7.0])  # (1 - mean) / std
+    with pytest.raises(FLError, match="-dlg reconstructs images"):
+        box([64], {})
+
+
 def test_denormalize_inverts_the_split_normalisation(digits_images):
     pixels, normed, _ = digits_images
     assert torch.allclose(dlg.denormalize(normed[:4], [0.5], [0.5]), pixels[:4], atol=1e-6)
