@@ -608,6 +608,25 @@ def test_a_host_answers_each_request_of_the_protocol():
         host.handle(("stop",))
 
 
+def test_a_client_stays_live_while_its_call_runs_and_is_the_most_recent_after(digits_tiny_root, monkeypatch):
+    server = build(digits_tiny_root, "FedAvg", "--client_state", "cpu", "-jr", "0.4")  # two of five live
+    host = server.executor.host
+    seen = []
+
+    def visit_others(self):  # a call that brings every other client back while it runs
+        seen.append(set(host.store.pinned))
+        for other in server.clients:
+            if other is not self:
+                other.model  # noqa: B018  (first use unparks; the least recently used unpinned one parks)
+        return "parked_in" in vars(self)
+
+    monkeypatch.setattr(FedAvgClient, "visit_others", visit_others, raising=False)
+    assert host.run(0, "visit_others") is False  # pinned: never parked under its own call
+    assert seen == [{0}] and host.store.pinned == set()  # unpinned once it returned
+    assert list(host.store.live)[-1] == 0 and "parked_in" not in vars(server.clients[0])  # touched last
+    assert len(host.store.live) == 2  # back within the capacity once nothing is pinned
+
+
 def test_a_parked_client_is_rebuilt_from_the_data_it_was_built_from(digits_tiny_root):
     # -fs, --val_ratio and label flipping process a client's data once: the client a parked state is loaded
     # into holds the same training, validation and test samples (processing them again would shrink them
