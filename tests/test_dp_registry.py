@@ -22,7 +22,8 @@ import main
 from conftest import REPO, cli
 from flcore.registry import ALGORITHMS, get_server_class
 from flcore.clients.clientbase import Client
-from utils import dp_support
+from utils import dp_support, privacy_monitor
+from utils.data_utils import load_split
 from utils.errors import FLError
 
 DOC = REPO / "docs" / "privacy.md"
@@ -196,6 +197,14 @@ def test_each_uncovered_step_is_in_docs_and_warned(digits_tiny_root, capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: -dp")]
     assert err == [f"warning: -dp: FedFomo's epsilon does not cover: {get_server_class('FedFomo').dp_support.uncovered} "
                    f"(see docs/privacy.md)"]
+    # once per invocation, from its first run (-pv 1 -t 3: runs 1 and 2), and never without -dp
+    data, fomo = load_split("Digits", digits_tiny_root), get_server_class("FedFomo")
+    cfg = main.parse_config(["-algo", "FedFomo", "-dlg", "-pv", "1", "-t", "3"]).replace(num_classes=10)
+    warned = []
+    for run, privacy, server_cls in ((1, True, fomo), (2, True, fomo), (1, False, fomo), (1, True, None)):
+        privacy_monitor.PrivacyMonitor(cfg.replace(privacy=privacy), run, data, server_cls=server_cls)
+        warned.append(sum(line.startswith("warning: -dp") for line in capsys.readouterr().err.splitlines()))
+    assert warned == [1, 0, 0, 0]
 
 
 @pytest.mark.optional_deps("opacus")
