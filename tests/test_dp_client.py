@@ -323,6 +323,20 @@ class Counted:
 
 
 @pytest.mark.optional_deps("opacus")
+def test_a_server_that_sends_clients_different_models_is_refused_at_its_broadcast(digits_tiny_root, monkeypatch):
+    # the backstop behind the declared refusals: an algorithm that does not declare one, yet gives a client its
+    # own payload, stops at that broadcast, before any client trains
+    server = Counted("FedAvg", digits_tiny_root, monkeypatch).server
+    own = tiny_model()
+    monkeypatch.setattr(server, "broadcast", lambda c: own if c.id == 1 else server.global_model)
+    trained = []
+    monkeypatch.setattr(type(server.clients[0]), "train", lambda self, r=0: trained.append(self.id))
+    with pytest.raises(FLError, match="--dp_level client: FedAvg sends each client its own model"):
+        server.run_round(0)
+    assert trained == []
+
+
+@pytest.mark.optional_deps("opacus")
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
 def test_client_dp_is_refused_or_counted_and_applied(algo, digits_tiny_root, monkeypatch, capsys):
     root = digits_tiny_root

@@ -74,6 +74,28 @@ def test_guess_scores_are_those_of_a_grey_image():
     assert ssim.tolist() == pytest.approx([sum(per_channel) / 3], rel=1e-5)
 
 
+def test_each_round_attacks_k_distinct_clients_drawn_among_all_active():
+    from types import SimpleNamespace
+
+    cfg = main.parse_config(["-dlg", "--dlg_clients", "2", "-dlgg", "2"])
+    data = SimpleNamespace(input_shape=[1, 8, 8], num_classes=10, config={}, name="Stub")
+    monitor = privacy_monitor.PrivacyMonitor(cfg, 0, data)
+    active = [SimpleNamespace(id=cid, model=nn.Linear(2, 2)) for cid in (3, 8, 11, 14, 20)]
+    attacked = []
+    for r in range(40):
+        monitor.before_training(r, active)
+        if r % 2:  # -dlgg 2: only even rounds attack
+            assert monitor.starts == {}
+            continue
+        attacked.append(set(monitor.starts))
+        for c in active:  # the model each starts from, as a copy (training changes the client's own)
+            if c.id in monitor.starts:
+                assert monitor.starts[c.id] is not c.model and torch.equal(monitor.starts[c.id].weight, c.model.weight)
+    assert all(len(ids) == 2 for ids in attacked) and set().union(*attacked) == {3, 8, 11, 14, 20}
+    monitor.before_training(0, active[:1])  # fewer active clients than -dlgc: each of them
+    assert set(monitor.starts) == {3}
+
+
 def test_the_monitor_reads_pixel_bounds_per_channel_from_the_split():
     from types import SimpleNamespace
 
