@@ -96,6 +96,99 @@ def test_each_round_attacks_k_distinct_clients_drawn_among_all_active():
     assert set(monitor.starts) == {3}
 
 
+@pytest.mark.parametrize("attack", ["dlg", "ig"])
+@pytest.mark.parametrize("target,dp", [("gradient", False), ("gradient", True), ("update", True)])
+def test_the_monitor_attacks_what_the_client_reveals_and_scores_it_by_hand(attack, target, dp, monkeypatch, capsys):
+    """The attack (replaced here by a stand-in that reports what it was given and returns one black and one
+    white image) gets the gradient of a drawn batch of two images (DP-SGD's clipped release under -dp, with
+    a DP-aware attacker), or the upload's pseudo-gradient; the printed scores are worked out by hand."""
+    import itertools
+    import re
+    from collections import Counter
+    from types import SimpleNamespace
+
+    pixels = [0.1, 0.2, 0.3, 0.6, 0.7, 0.9]  # one grey level per image; the split normalises with 0.4 / 0.5
+    labels = torch.tensor([1, 0, 1, 0, 2, 0])
+    x_train = ((torch.tensor(pixels) - 0.4) / 0.5).view(6, 1, 1, 1).expand(6, 1, 4, 4).contiguous()
+    data = SimpleNamespace(input_shape=[1, 4, 4], num_classes=3, config={"normalize": {"mean": [0.4], "std": [0.5]}},
+                           name="Stub")
+    with torch_seeded(0, 0, "test-monitor"):
+        start = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+    names = ["1.weight", "1.bias"]
+    cfg = main.parse_config(["-dlg", "-dlgg", "1", "--dlg_clients", "1", "--dlg_batch", "2", "-bnpc", "2",
+                             "-dlga", attack, "--dlg_target", target, "-dev", "cpu"])
+    cfg = cfg.replace(privacy=dp, dp_level="sample", dp_clip=0.05, dp_sigma=0.0)  # no noise: the release is exact
+    monitor = privacy_monitor.PrivacyMonitor(cfg, 0, data)
+    client = SimpleNamespace(id=7, model=start, x_train=x_train, y_train=labels, train_samples=6,
+                             learning_rate=lambda r: 0.1, steps_per_round=lambda: 4)
+
+    def per_sample(i):  # the cross-entropy gradient of one image, clipped to the norm 0.05 under -dp
+        loss = F.cross_entropy(start(x_train[i:i + 1]), labels[i:i + 1])
+        g = torch.autograd.grad(loss, list(start.parameters()))
+        norm = float(torch.sqrt(sum((t ** 2).sum() for t in g)))
+        scale = min(1.0, 0.05 / norm) if dp else 1.0
+        return [t * scale for t in g]
+
+    grads = [per_sample(i) for i in range(6)]
+    shift = {n: torch.randn(p.shape, generator=torch_gen(0, 0, "test-shift", n)) for n, p in start.named_parameters()}
+    calls = []
+
+    def stand_in(model, got, input_shape, batch, num_classes, **kw):
+        calls.append((got, kw))
+        assert model is not start and input_shape == (1, 4, 4) and (batch, num_classes) == (2, 3)
+        white = (1 - 0.4) / 0.5
+        return dlg.Reconstruction(x=torch.tensor([-0.8, white]).view(2, 1, 1, 1).expand(2, 1, 4, 4),
+                                  labels=torch.tensor([0, 1]), loss=0.5, iterations=1, history=[])
+
+    monkeypatch.setattr(dlg, "invert_gradients" if attack == "ig" else "reconstruct", stand_in)
+    capsys.readouterr()
+    drawn = []
+    for r in range(4):
+        monitor.before_training(r, [client])
+        # the client trains: its upload is the start moved by lr x steps x shift
+        upload = SimpleNamespace(id=7, state={n: p.detach() - 0.1 * 4 * shift[n] for n, p in start.named_parameters()})
+        monitor.after_upload(r, [client], [upload])
+        assert len(calls) == 2 * (r + 1)
+        images, guess, hits = [], [], 0
+        for got, kw in calls[-2:]:
+            assert kw["clip"] == (0.05 if dp and target == "gradient" else None)  # a DP-aware attacker
+            if attack == "ig":
+                low, high = kw["bounds"]
+                assert (low.item(), high.item(), kw["iters"], kw["tv"]) == (pytest.approx(-0.8), pytest.approx(1.2),
+                                                                            cfg.ig_iters, cfg.ig_tv)
+            else:
+                assert (kw["method"], kw["iters"]) == (attack, cfg.dlg_iters)
+            if target == "update":  # (start - upload) / (lr x steps): the shift; every image is a candidate
+                assert all(torch.allclose(got[n], shift[n], atol=1e-5) for n in names)
+                batch = list(range(6))
+            else:  # the one pair of images whose mean (clipped) gradient this is
+                pairs = [(i, j) for i, j in itertools.combinations(range(6), 2)
+                         if all(torch.allclose(got[n], (grads[i][k] + grads[j][k]) / 2, atol=1e-6)
+                                for k, n in enumerate(names))]
+                assert len(pairs) == 1, pairs
+                batch = list(pairs[0])
+                drawn.append(pairs[0])
+            # best pairing: black with the darkest candidate, white with the brightest
+            dark, bright = min(batch, key=lambda i: pixels[i]), max(batch, key=lambda i: pixels[i])
+            images += [10 * math.log10(1 / pixels[dark] ** 2), 10 * math.log10(1 / (1 - pixels[bright]) ** 2)]
+            if target == "gradient":  # labels as a multiset (the batch order is unknown)
+                hits += sum((Counter([0, 1]) & Counter(labels[batch].tolist())).values())
+            else:  # labels of the images matched
+                hits += int(labels[dark] == 0) + int(labels[bright] == 1)
+            # the know-nothing guess: two images at the split's mean (0.4), matched to the nearest candidates
+            guess += [10 * math.log10(1 / d ** 2) for d in sorted(abs(pixels[i] - 0.4) for i in batch)[:2]]
+        line = capsys.readouterr().out.strip().splitlines()[-1]
+        found = re.search(r"PSNR ([\d.]+) dB \(max ([\d.]+); grey guess ([\d.]+)\).*labels ([\d.]+) \| (\d+) image",
+                          line)
+        assert found, line
+        assert float(found[1]) == pytest.approx(sum(images) / 4, abs=0.006)
+        assert float(found[2]) == pytest.approx(max(images), abs=0.006)
+        assert float(found[3]) == pytest.approx(sum(guess) / 4, abs=0.006)
+        assert (float(found[4]), int(found[5])) == (pytest.approx(hits / 4, abs=0.006), 4)
+    if target == "gradient":
+        assert len(set(drawn)) >= 3  # a batch of its own each time, drawn among all six images
+
+
 def test_the_monitor_reads_pixel_bounds_per_channel_from_the_split():
     from types import SimpleNamespace
 
