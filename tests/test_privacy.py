@@ -98,7 +98,8 @@ def test_each_round_attacks_k_distinct_clients_drawn_among_all_active():
 
 @pytest.mark.parametrize("attack", ["dlg", "ig"])
 @pytest.mark.parametrize("target,dp", [("gradient", False), ("gradient", True), ("update", True)])
-def test_the_monitor_attacks_what_the_client_reveals_and_scores_it_by_hand(attack, target, dp, monkeypatch, capsys):
+def test_the_monitor_attacks_what_the_client_reveals_and_scores_it_by_hand(attack, target, dp, monkeypatch, capsys,
+                                                                           tmp_path):
     """The attack (replaced here by a stand-in that reports what it was given and returns one black and one
     white image) gets the gradient of a drawn batch of two images (DP-SGD's clipped release under -dp, with
     a DP-aware attacker), or the upload's pseudo-gradient; the printed scores are worked out by hand."""
@@ -118,7 +119,13 @@ def test_the_monitor_attacks_what_the_client_reveals_and_scores_it_by_hand(attac
     cfg = main.parse_config(["-dlg", "-dlgg", "1", "--dlg_clients", "1", "--dlg_batch", "2", "-bnpc", "2",
                              "-dlga", attack, "--dlg_target", target, "-dev", "cpu"])
     cfg = cfg.replace(privacy=dp, dp_level="sample", dp_clip=0.05, dp_sigma=0.0)  # no noise: the release is exact
-    monitor = privacy_monitor.PrivacyMonitor(cfg, 0, data)
+    saved, grids = [], []
+    recorder = SimpleNamespace(out_dir=tmp_path / "results" / "run", stem="Stub_FedAvg",
+                               add_series=lambda name, r, values: saved.append((name, r, values)),
+                               save=lambda: saved.append("saved"))
+    monitor = privacy_monitor.PrivacyMonitor(cfg, 0, data, recorder)
+    monkeypatch.setattr(dlg, "save_grid", lambda orig, recon, path, titles: grids.append(
+        (orig.flatten(1)[:, 0].tolist(), recon.flatten(1)[:, 0].tolist(), path, path.parent.is_dir(), titles)))
     client = SimpleNamespace(id=7, model=start, x_train=x_train, y_train=labels, train_samples=6,
                              learning_rate=lambda r: 0.1, steps_per_round=lambda: 4)
 
@@ -149,7 +156,7 @@ def test_the_monitor_attacks_what_the_client_reveals_and_scores_it_by_hand(attac
         upload = SimpleNamespace(id=7, state={n: p.detach() - 0.1 * 4 * shift[n] for n, p in start.named_parameters()})
         monitor.after_upload(r, [client], [upload])
         assert len(calls) == 2 * (r + 1)
-        images, guess, hits = [], [], 0
+        images, guess, hits, tops = [], [], 0, []
         for got, kw in calls[-2:]:
             assert kw["clip"] == (0.05 if dp and target == "gradient" else None)  # a DP-aware attacker
             if attack == "ig":
@@ -171,6 +178,7 @@ def test_the_monitor_attacks_what_the_client_reveals_and_scores_it_by_hand(attac
             # best pairing: black with the darkest candidate, white with the brightest
             dark, bright = min(batch, key=lambda i: pixels[i]), max(batch, key=lambda i: pixels[i])
             images += [10 * math.log10(1 / pixels[dark] ** 2), 10 * math.log10(1 / (1 - pixels[bright]) ** 2)]
+            tops += [pixels[dark], pixels[bright]]
             if target == "gradient":  # labels as a multiset (the batch order is unknown)
                 hits += sum((Counter([0, 1]) & Counter(labels[batch].tolist())).values())
             else:  # labels of the images matched
@@ -185,6 +193,15 @@ def test_the_monitor_attacks_what_the_client_reveals_and_scores_it_by_hand(attac
         assert float(found[2]) == pytest.approx(max(images), abs=0.006)
         assert float(found[3]) == pytest.approx(sum(guess) / 4, abs=0.006)
         assert (float(found[4]), int(found[5])) == (pytest.approx(hits / 4, abs=0.006), 4)
+        # recorded, saved, and drawn: the originals matched on top, the reconstructions below, titled by PSNR
+        name, rnd, values = saved[-2]
+        assert (name, rnd, saved[-1]) == ("dlg", r, "saved") and values["images"] == 4
+        assert values["psnr"] == pytest.approx(sum(images) / 4, abs=1e-4)
+        assert values["label_acc"] == pytest.approx(hits / 4) and values["psnr_guess"] == pytest.approx(sum(guess) / 4)
+        top, bottom, path, made, titles = grids[-1]
+        assert top == pytest.approx(tops, abs=1e-6) and bottom == pytest.approx([0.0, 1.0, 0.0, 1.0], abs=1e-6)
+        assert path == tmp_path / "results" / "run" / f"Stub_FedAvg_dlg_r{r}.png" and made
+        assert titles == [f"{p:.1f} dB" for p in images]
     if target == "gradient":
         assert len(set(drawn)) >= 3  # a batch of its own each time, drawn among all six images
 
