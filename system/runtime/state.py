@@ -249,7 +249,7 @@ def _numpy_generator(dec, saved, live, where, new_module):
         live = np.random.Generator(getattr(np.random, bits)())
     try:
         live.bit_generator.state = state
-    except ValueError as e:
+    except (ValueError, OverflowError) as e:  # e.g. a number out of the generator's range
         raise StateError(f"{where}: not a {bits} state ({first_line(e)})") from None
     return live
 
