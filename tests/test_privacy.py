@@ -206,6 +206,25 @@ def test_the_monitor_attacks_what_the_client_reveals_and_scores_it_by_hand(attac
         assert len(set(drawn)) >= 3  # a batch of its own each time, drawn among all six images
 
 
+def test_dp_figures_are_each_clients_epsilon_and_a_trained_client_without_one_is_an_error():
+    from types import SimpleNamespace
+
+    cfg = main.parse_config([]).replace(privacy=True, dp_level="sample", dp_delta=1e-5)
+    data = SimpleNamespace(input_shape=[1, 8, 8], num_classes=10, config={}, name="Stub")
+    monitor = privacy_monitor.PrivacyMonitor(cfg, 0, data)
+    eps = {1: 0.5, 2: 0.0, 3: 2.5, 5: 0.0}
+    clients = [SimpleNamespace(id=cid, dp_epsilon=lambda delta, cid=cid: eps[cid] if delta == 1e-5 else -1.0)
+               for cid in eps]
+    monitor.before_training(0, [clients[0], clients[2]])  # 2 and 5 have not trained: an epsilon of 0 is right
+    got = monitor.metrics(clients)
+    assert (got["dp_epsilon_max"], got["dp_epsilon_mean"]) == (2.5, 0.75)
+    assert got["dp_client_epsilon"].tolist() == [0.5, 0.0, 2.5, 0.0]
+    monitor.before_training(1, clients)  # now all four trained: 2 and 5 without a DP step
+    with pytest.raises(FLError, match=r"^-dp: client 2 trained but its DP accountant is empty"):
+        monitor.metrics(clients)
+    assert privacy_monitor.PrivacyMonitor(cfg.replace(privacy=False), 0, data).metrics(clients) == {}
+
+
 def test_the_monitor_reads_pixel_bounds_per_channel_from_the_split():
     from types import SimpleNamespace
 
