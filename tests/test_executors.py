@@ -284,8 +284,9 @@ class ScaledServer(FedAvgServer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        for c in self.clients:
+        for c in self.clients[::2]:  # one call per client, and one call for several with their own arguments
             c.set_lr_scale(0.5 + 0.25 * c.id)
+        self.call_each("set_lr_scale", [(c, (0.5 + 0.25 * c.id,)) for c in self.clients[1::2]])
 
 
 def scaled_server(root, out, executor=None) -> ScaledServer:
@@ -305,13 +306,15 @@ def test_rebuilt_clients_get_the_servers_setup_calls_again(executor, digits_tiny
         pool = ForkExecutor(2)
     seq = scaled_server(digits_tiny_root, tmp_path / "seq")
     seq.train()
-    killed = kill_worker_at(monkeypatch, round_idx=1, worker=0)
+    killed = kill_worker_at(monkeypatch, round_idx=1, worker=1)
     par = scaled_server(digits_tiny_root, tmp_path / executor, executor=pool)
     try:
         par.train()
         assert killed == [1]
         assert_same(seq.recorder.series, par.recorder.series)
-        assert pool.handles[2].lr_scale == 1.0  # the set-up call was replayed on the rebuilt clients
+        # the set-up calls were replayed on the rebuilt clients (the lost worker held some of each kind)
+        assert {c % 2 for c in pool.placement[1]} == {0, 1}
+        assert [h.lr_scale for h in pool.handles] == [0.5 + 0.25 * c for c in range(5)]
         with pytest.raises(FLError, match="client 3 refuses"):  # a client's error reaches the server as it is
             pool.handles[3].refuse()
     finally:
