@@ -28,6 +28,7 @@ def payload():
                           torch.randn(3, generator=g).to(torch.float16)]),
         "param": nn.Parameter(torch.randn(2, 2, generator=g)),
         "leaf_grad": torch.randn(3, generator=g).requires_grad_(),
+        "non_leaf": torch.randn(3, generator=g).requires_grad_() * 2,  # arrives a leaf that requires grad
         "bf16": torch.randn(3, generator=g).to(torch.bfloat16),  # no numpy dtype: torch's own pickling
         "transposed": big.t(),  # not contiguous
         "row": big[2],  # a view into a larger storage
@@ -87,3 +88,15 @@ def test_dense_tensors_take_the_raw_path(name):
     assert b"_raw_tensor" not in fork.dumps(payload()["row"])
     assert b"_raw_tensor" not in fork.dumps(payload()["bf16"])
     assert b"_raw_tensor" in fork.dumps(payload()["one_channel"])
+
+
+def test_a_worker_asks_linux_to_kill_it_with_its_parent(monkeypatch):
+    calls = []
+
+    class Libc:
+        def prctl(self, option, sig):
+            calls.append((option, sig))
+
+    monkeypatch.setattr(fork.ctypes, "CDLL", lambda name, use_errno: Libc())
+    fork._die_with_parent()
+    assert calls == [(1, fork.signal.SIGKILL)]  # PR_SET_PDEATHSIG: SIGKILL when the parent dies
