@@ -100,3 +100,73 @@ def test_a_worker_asks_linux_to_kill_it_with_its_parent(monkeypatch):
     monkeypatch.setattr(fork.ctypes, "CDLL", lambda name, use_errno: Libc())
     fork._die_with_parent()
     assert calls == [(1, fork.signal.SIGKILL)]  # PR_SET_PDEATHSIG: SIGKILL when the parent dies
+
+
+class Pipe:
+    """A worker's end of its pipe: the requests it will read (pickled), the answers it sent (unpickled)."""
+
+    def __init__(self, *requests):
+        self.requests, self.sent, self.closed = [pickle.dumps(r) for r in requests], [], False
+
+    def recv_bytes(self):
+        if not self.requests:
+            raise EOFError  # the server is gone
+        return self.requests.pop(0)
+
+    def send_bytes(self, data):
+        self.sent.append(pickle.loads(data))
+
+    def close(self):
+        self.closed = True
+
+
+class Echo:
+    def __init__(self, cid, data, device):
+        if data is None:
+            raise ValueError(f"client {cid} has no data")
+        self.id, (self.train_samples, self.test_samples) = cid, data
+
+    def echo(self, value):
+        return self.id, value
+
+
+@pytest.mark.parametrize("last", [None, "eof"])
+def test_a_worker_answers_until_told_to_stop_or_the_server_is_gone(monkeypatch, last):
+    calls = []
+    monkeypatch.setattr(fork, "_die_with_parent", lambda: calls.append("die with parent"))
+    monkeypatch.setattr(fork.signal, "signal", lambda sig, handler: calls.append((sig, handler)))
+    monkeypatch.setattr(fork.torch, "set_num_threads", lambda n: calls.append(("threads", n)))
+    requests = [("sizes",), ("map", "echo", [7, 4], (5,), {}), ("stop",), *([None, ("sizes",)] if last is None else [])]
+    conn, others = Pipe(*requests), [Pipe(), Pipe()]
+    fork._serve(conn, others, Echo, [4, 7], [(10, 3), (20, 5)], None, 2)
+    assert calls == ["die with parent", (fork.signal.SIGINT, fork.signal.SIG_IGN), ("threads", 1)]
+    assert all(o.closed for o in others) and conn.closed  # the other workers' ends are not this one's to hold
+    assert conn.sent[:3] == [(True, None), (True, {4: (10, 3), 7: (20, 5)}), (True, [(7, 5), (4, 5)])]
+    ok, error = conn.sent[3]
+    assert not ok and isinstance(error, ValueError) and "unknown request 'stop'" in str(error)
+    assert len(conn.sent) == 4 and conn.requests == ([pickle.dumps(("sizes",))] if last is None else [])
+
+
+def test_a_worker_that_cannot_build_its_clients_says_so_and_ends(monkeypatch):
+    monkeypatch.setattr(fork, "_die_with_parent", lambda: None)
+    monkeypatch.setattr(fork.signal, "signal", lambda sig, handler: None)
+    monkeypatch.setattr(fork.torch, "set_num_threads", lambda n: None)
+    conn = Pipe(("sizes",))
+    fork._serve(conn, [], Echo, [3], [None], None, 1)
+    [(ok, error)] = conn.sent
+    assert not ok and str(error) == "client 3 has no data" and conn.closed and conn.requests  # nothing read
+
+
+def test_an_error_crosses_as_itself_or_as_its_text():
+    class Unpicklable(Exception):
+        def __reduce__(self):
+            raise TypeError("cannot pickle this")
+
+    from utils.errors import FLError
+
+    plain = fork._portable(ValueError("bad value"))
+    assert type(plain) is ValueError and plain.__notes__[0].startswith("in a fork worker:\nValueError: bad value")
+    flerror = fork._portable(FLError("one line"))
+    assert type(flerror) is FLError and not getattr(flerror, "__notes__", None)  # its one line says it all
+    text = fork._portable(Unpicklable("odd"))
+    assert type(text) is RuntimeError and str(text).startswith("in a fork worker:\n") and "Unpicklable: odd" in str(text)
