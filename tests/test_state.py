@@ -117,6 +117,11 @@ def test_saved_copies_are_independent_and_on_the_cpu():
     assert out["t"].tolist() == [1.0, 1.0]  # a copy, not the live tensor
     back = decode(out, None, {}, "meta", "x")  # tensors go to the decoder's device
     assert back["t"].device.type == "meta" and back["t"].requires_grad
+    gen = torch.Generator().manual_seed(3)
+    saved = encode({"gen": gen}, {}, "x")
+    back = decode(saved, None, {}, "meta", "x")  # a CPU stream stays on the CPU wherever the tensors go
+    assert back["gen"].device.type == "cpu"
+    assert torch.equal(torch.rand(2, generator=back["gen"]), torch.rand(2, generator=gen))
 
 
 def test_a_module_the_fresh_object_lacks_is_built_by_new_module(tmp_path):
