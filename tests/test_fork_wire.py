@@ -169,4 +169,5 @@ def test_an_error_crosses_as_itself_or_as_its_text():
     flerror = fork._portable(FLError("one line"))
     assert type(flerror) is FLError and not getattr(flerror, "__notes__", None)  # its one line says it all
     text = fork._portable(Unpicklable("odd"))
-    assert type(text) is RuntimeError and str(text).startswith("in a fork worker:\n") and "Unpicklable: odd" in str(text)
+    assert type(text) is RuntimeError and str(text).startswith("in a fork worker:\n")
+    assert "Unpicklable: odd" in str(text)
