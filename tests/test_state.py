@@ -117,11 +117,32 @@ def test_saved_copies_are_independent_and_on_the_cpu():
     assert out["t"].tolist() == [1.0, 1.0]  # a copy, not the live tensor
     back = decode(out, None, {}, "meta", "x")  # tensors go to the decoder's device
     assert back["t"].device.type == "meta" and back["t"].requires_grad
+    again = decode(out, None, {}, "cpu", "x")
+    with torch.no_grad():
+        again["t"].add_(5.0)  # a state kept in memory (a parked client's) is restored again later: a copy
+    assert out["t"].tolist() == [1.0, 1.0] and decode(out, None, {}, "cpu", "x")["t"].tolist() == [1.0, 1.0]
     gen = torch.Generator().manual_seed(3)
     saved = encode({"gen": gen}, {}, "x")
     back = decode(saved, None, {}, "meta", "x")  # a CPU stream stays on the CPU wherever the tensors go
     assert back["gen"].device.type == "cpu"
     assert torch.equal(torch.rand(2, generator=back["gen"]), torch.rand(2, generator=gen))
+
+
+def test_an_object_with_only_one_of_the_two_state_methods_is_saved_by_its_attributes():
+    class Reporter:  # reports a summary, but cannot be loaded from it
+        def __init__(self, n):
+            self.n = n
+
+        def state_dict(self):
+            return {"summary": "n"}
+
+    class Owner2:
+        def __init__(self, n):
+            self.rep = Reporter(n)
+
+    fresh = Owner2(0)
+    decode_attrs(fresh, encode_attrs(Owner2(4), {}), {}, "cpu")
+    assert fresh.rep.n == 4
 
 
 def test_a_module_the_fresh_object_lacks_is_built_by_new_module(tmp_path):
