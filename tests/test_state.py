@@ -233,3 +233,17 @@ def test_map_tensors_reaches_every_tensor_of_a_tree():
 def test_first_line():
     assert state.first_line(RuntimeError("one\ntwo")) == "one"
     assert state.first_line(KeyError()) == "KeyError"
+
+
+def test_modules_inside_lists_and_tuples_load_into_the_live_ones():
+    class Box:
+        def __init__(self, seed):
+            torch.manual_seed(seed)
+            self.parts = (nn.Linear(2, 2), 3)
+            self.stack = [nn.Linear(2, 1)]
+
+    fresh = Box(2)
+    in_tuple, in_list = fresh.parts[0], fresh.stack[0]
+    decode_attrs(fresh, encode_attrs(Box(1), {}), {}, "cpu")
+    assert fresh.parts[0] is in_tuple and fresh.stack[0] is in_list and fresh.parts[1] == 3
+    assert torch.equal(in_tuple.weight, Box(1).parts[0].weight) and torch.equal(in_list.bias, Box(1).stack[0].bias)
