@@ -660,8 +660,8 @@ def test_unparking_restores_parameters_and_plain_tensors_as_they_were(digits_tin
     c.buffer = plain.clone()
     store.park(c)
     assert len(store.pooled[c.id]) >= 3  # all three went through the pool (4,900 values each)
-    back = vars(c).get("scale"), c.scale  # first use unparks
-    assert back[0] is None and type(c.scale) is torch.nn.Parameter and c.scale.requires_grad
+    assert "scale" not in vars(c)  # parked; first use unparks
+    assert type(c.scale) is torch.nn.Parameter and c.scale.requires_grad
     assert type(c.fixed) is torch.nn.Parameter and not c.fixed.requires_grad
     assert type(c.buffer) is torch.Tensor and not c.buffer.requires_grad
     assert torch.equal(c.scale, weight) and torch.equal(c.fixed, frozen) and torch.equal(c.buffer, plain)

@@ -130,16 +130,22 @@ class Echo:
         return self.id, value
 
 
-@pytest.mark.parametrize("last", [None, "eof"])
-def test_a_worker_answers_until_told_to_stop_or_the_server_is_gone(monkeypatch, last):
+@pytest.fixture
+def worker_setup(monkeypatch):
+    """What a worker does to its own process (parent-death signal, Ctrl-C, threads), recorded instead of done."""
     calls = []
     monkeypatch.setattr(fork, "_die_with_parent", lambda: calls.append("die with parent"))
     monkeypatch.setattr(fork.signal, "signal", lambda sig, handler: calls.append((sig, handler)))
     monkeypatch.setattr(fork.torch, "set_num_threads", lambda n: calls.append(("threads", n)))
+    return calls
+
+
+@pytest.mark.parametrize("last", [None, "eof"])
+def test_a_worker_answers_until_told_to_stop_or_the_server_is_gone(worker_setup, last):
     requests = [("sizes",), ("map", "echo", [7, 4], (5,), {}), ("stop",), *([None, ("sizes",)] if last is None else [])]
     conn, others = Pipe(*requests), [Pipe(), Pipe()]
     fork._serve(conn, others, Echo, [4, 7], [(10, 3), (20, 5)], None, 2)
-    assert calls == ["die with parent", (fork.signal.SIGINT, fork.signal.SIG_IGN), ("threads", 1)]
+    assert worker_setup == ["die with parent", (fork.signal.SIGINT, fork.signal.SIG_IGN), ("threads", 1)]
     assert all(o.closed for o in others) and conn.closed  # the other workers' ends are not this one's to hold
     assert conn.sent[:3] == [(True, None), (True, {4: (10, 3), 7: (20, 5)}), (True, [(7, 5), (4, 5)])]
     ok, error = conn.sent[3]
@@ -147,10 +153,7 @@ def test_a_worker_answers_until_told_to_stop_or_the_server_is_gone(monkeypatch, 
     assert len(conn.sent) == 4 and conn.requests == ([pickle.dumps(("sizes",))] if last is None else [])
 
 
-def test_a_worker_that_cannot_build_its_clients_says_so_and_ends(monkeypatch):
-    monkeypatch.setattr(fork, "_die_with_parent", lambda: None)
-    monkeypatch.setattr(fork.signal, "signal", lambda sig, handler: None)
-    monkeypatch.setattr(fork.torch, "set_num_threads", lambda n: None)
+def test_a_worker_that_cannot_build_its_clients_says_so_and_ends(worker_setup):
     conn = Pipe(("sizes",))
     fork._serve(conn, [], Echo, [3], [None], None, 1)
     [(ok, error)] = conn.sent

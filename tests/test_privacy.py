@@ -1,5 +1,6 @@
 """Privacy: gradient inversion (DLG / iDLG) and its metrics, DP-SGD and its accountant, and both inside a run."""
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -74,12 +75,14 @@ def test_guess_scores_are_those_of_a_grey_image():
     assert ssim.tolist() == pytest.approx([sum(per_channel) / 3], rel=1e-5)
 
 
-def test_each_round_attacks_k_distinct_clients_drawn_among_all_active():
-    from types import SimpleNamespace
+def stub_split(shape, num_classes=10, config=None):
+    """What the privacy monitor reads of a split: its input shape, classes, config (normalisation) and name."""
+    return SimpleNamespace(input_shape=shape, num_classes=num_classes, config=config or {}, name="Stub")
 
+
+def test_each_round_attacks_k_distinct_clients_drawn_among_all_active():
     cfg = main.parse_config(["-dlg", "--dlg_clients", "2", "-dlgg", "2"])
-    data = SimpleNamespace(input_shape=[1, 8, 8], num_classes=10, config={}, name="Stub")
-    monitor = privacy_monitor.PrivacyMonitor(cfg, 0, data)
+    monitor = privacy_monitor.PrivacyMonitor(cfg, 0, stub_split([1, 8, 8]))
     active = [SimpleNamespace(id=cid, model=nn.Linear(2, 2)) for cid in (3, 8, 11, 14, 20)]
     attacked = []
     for r in range(40):
@@ -106,13 +109,10 @@ def test_the_monitor_attacks_what_the_client_reveals_and_scores_it_by_hand(attac
     import itertools
     import re
     from collections import Counter
-    from types import SimpleNamespace
-
     pixels = [0.1, 0.2, 0.3, 0.6, 0.7, 0.9]  # one grey level per image; the split normalises with 0.4 / 0.5
     labels = torch.tensor([1, 0, 1, 0, 2, 0])
     x_train = ((torch.tensor(pixels) - 0.4) / 0.5).view(6, 1, 1, 1).expand(6, 1, 4, 4).contiguous()
-    data = SimpleNamespace(input_shape=[1, 4, 4], num_classes=3, config={"normalize": {"mean": [0.4], "std": [0.5]}},
-                           name="Stub")
+    data = stub_split([1, 4, 4], 3, {"normalize": {"mean": [0.4], "std": [0.5]}})
     with torch_seeded(0, 0, "test-monitor"):
         start = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
     names = ["1.weight", "1.bias"]
@@ -207,10 +207,8 @@ def test_the_monitor_attacks_what_the_client_reveals_and_scores_it_by_hand(attac
 
 
 def test_dp_figures_are_each_clients_epsilon_and_a_trained_client_without_one_is_an_error():
-    from types import SimpleNamespace
-
     cfg = main.parse_config([]).replace(privacy=True, dp_level="sample", dp_delta=1e-5)
-    data = SimpleNamespace(input_shape=[1, 8, 8], num_classes=10, config={}, name="Stub")
+    data = stub_split([1, 8, 8])
     monitor = privacy_monitor.PrivacyMonitor(cfg, 0, data)
     eps = {1: 0.5, 2: 0.0, 3: 2.5, 5: 0.0}
     clients = [SimpleNamespace(id=cid, dp_epsilon=lambda delta, cid=cid: eps[cid] if delta == 1e-5 else -1.0)
@@ -226,13 +224,10 @@ def test_dp_figures_are_each_clients_epsilon_and_a_trained_client_without_one_is
 
 
 def test_the_monitor_reads_pixel_bounds_per_channel_from_the_split():
-    from types import SimpleNamespace
-
     cfg = main.parse_config(["-dlg"])
 
     def box(shape, config):
-        data = SimpleNamespace(input_shape=shape, num_classes=10, config=config, name="Stub")
-        return privacy_monitor.PrivacyMonitor(cfg, 0, data).box()
+        return privacy_monitor.PrivacyMonitor(cfg, 0, stub_split(shape, config=config)).box()
 
     low, high = box([3, 4, 5], {})  # no normalisation: the inputs are pixels, in [0, 1] per channel
     assert low.shape == high.shape == (3, 1, 1) and low.flatten().tolist() == [0.0] * 3
