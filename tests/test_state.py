@@ -176,6 +176,8 @@ def test_what_cannot_be_saved_is_refused_with_its_path():
     (lambda s: s.update(model=3), r"owner\.model: a Module in this run, a int in the saved state"),
     (lambda s: s.update(gen="seed"), r"owner\.gen: a Generator in this run, a str in the saved state"),
     (lambda s: s["model"]["state"].update({"0.weight": torch.zeros(9)}), r"owner\.model: Error\(s\) in loading"),
+    (lambda s: s["model"]["state"].update({"0.weight": {state.KIND: "pickle"}}),
+     r"owner\.model\['0\.weight'\]: unknown entry kind 'pickle'$"),
     (lambda s: s["model"].update(training=[True]), r"owner\.model: 1 submodules saved, the model has 4"),
     (lambda s: s["model"].pop("frozen"), r"owner\.model: damaged module entry"),
     (lambda s: s.update(cfg={state.KIND: "link", "key": "other"}), r"owner\.cfg: refers to 'other'"),
@@ -241,9 +243,34 @@ def test_modules_inside_lists_and_tuples_load_into_the_live_ones():
             torch.manual_seed(seed)
             self.parts = (nn.Linear(2, 2), 3)
             self.stack = [nn.Linear(2, 1)]
+            self.heads = {"a": nn.Linear(1, 2)}
 
     fresh = Box(2)
-    in_tuple, in_list = fresh.parts[0], fresh.stack[0]
+    in_tuple, in_list, in_dict = fresh.parts[0], fresh.stack[0], fresh.heads["a"]
     decode_attrs(fresh, encode_attrs(Box(1), {}), {}, "cpu")
-    assert fresh.parts[0] is in_tuple and fresh.stack[0] is in_list and fresh.parts[1] == 3
+    assert fresh.parts[0] is in_tuple and fresh.stack[0] is in_list and fresh.heads["a"] is in_dict
+    assert fresh.parts[1] == 3
     assert torch.equal(in_tuple.weight, Box(1).parts[0].weight) and torch.equal(in_list.bias, Box(1).stack[0].bias)
+    assert torch.equal(in_dict.weight, Box(1).heads["a"].weight)
+
+
+def test_decode_puts_a_value_onto_the_live_one_and_names_its_path():
+    torch.manual_seed(0)
+    saved = encode(nn.Linear(2, 3), {}, "m")
+    live = nn.Linear(2, 3)
+    assert decode(saved, live, {}, "cpu", "recorder.m") is live
+    assert torch.equal(live.weight, saved["state"]["weight"])
+    with pytest.raises(StateError, match=r"^recorder\.m: a module this object does not hold"):
+        decode(saved, None, {}, "cpu", "recorder.m")
+
+
+def test_a_numpy_stream_is_set_on_the_live_generator_or_rebuilt_for_another_bit_generator():
+    saved = encode(np.random.default_rng(3), {}, "rng")  # PCG64
+    expected = np.random.default_rng(3).random(3)
+    same = np.random.default_rng(9)
+    assert decode(saved, same, {}, "cpu", "rng") is same and np.array_equal(same.random(3), expected)
+    other = np.random.Generator(np.random.MT19937(9))
+    out = decode(saved, other, {}, "cpu", "rng")
+    assert out is not other and type(out.bit_generator).__name__ == "PCG64"
+    assert np.array_equal(out.random(3), expected)
+    assert np.array_equal(decode(saved, None, {}, "cpu", "rng").random(3), expected)

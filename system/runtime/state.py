@@ -215,8 +215,9 @@ def _module(dec, saved, live, where, new_module):
         if new_module is None:
             raise StateError(f"{where}: a module this object does not hold")
         live = new_module()
+    entries = {k: dec(v, None, f"{where}[{k!r}]") for k, v in saved["state"].items()}
     try:
-        live.load_state_dict({k: dec(v, None, where) for k, v in saved["state"].items()})
+        live.load_state_dict(entries)
     except RuntimeError as e:
         raise StateError(f"{where}: {first_line(e)}") from None
     modules, training = list(live.modules()), saved["training"]
