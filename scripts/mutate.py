@@ -17,7 +17,8 @@ one mutant costs only its tests, and the tests that killed the module's earlier 
 is usually killed by the test that killed its neighbour, and ``-x`` then stops there). Of the guarding tests,
 a mutant runs only those that execute its line (``coverage_map``: one run of them under coverage.py, each test
 its own context, followed into the processes it forks or starts); a line that runs at import or in a
-fixture's set-up runs them all, and a line that none runs survives without a run. ``--all-tests`` runs every
+fixture's set-up runs them all, and a line that none runs survives without a run (in a ``REMOTE`` module, whose
+code also runs where coverage.py does not follow, it runs the tests that ran the module). ``--all-tests`` runs every
 guarding test for every mutant instead; ``--verify`` reruns each survivor with all of them. Which tests guard
 a module is decided in one place, ``guards()`` below: the test files that import the module and the explicit
 ``EXTRA`` files, and for every algorithm whose server is (or imports) the module, the tests parametrized with
@@ -68,6 +69,10 @@ EXTRA = {
     "system/utils/selection.py": ["tests/test_flags.py", "tests/test_run.py", "tests/test_fedcross.py"],
     "system/utils/server_opt.py": ["tests/test_server_opt.py"],
 }
+# Modules with code that runs in processes coverage.py does not follow: a Ray actor imports its own copy of the
+# library (shipped as the job's py_modules, under another path), so a line only the actors run shows as run by
+# no test; its mutants run the tests that ran any line of the module (those that start the actors).
+REMOTE = {"system/runtime/raypool.py"}
 # Registry-parametrized tests left out of a module's selection: Ray's (they test the executor, at 20 s each) and
 # the behaviour harness's training runs (seconds per algorithm; the full suite runs them).
 SLOW = re.compile(r"test_ray_|\[(?:[^\]]*-)?ray\]$"
@@ -508,13 +513,15 @@ def statement_lines(source: str) -> dict[int, range | None]:
 
 
 def select(cmap: dict[int, set[str]] | None, lines: dict[int, range | None], line: int,
-           tests: list[str]) -> list[str]:
+           tests: list[str], remote: bool = False) -> list[str]:
     """The guarding tests a mutant on ``line`` runs: those that ran its statement; all of them where it runs
     at import or ran in a fixture, or where the map or the statement is unknown; [] where no guarding test
-    ran it."""
+    ran it, unless the module is ``remote`` (in ``REMOTE``): then the tests that ran any of its lines."""
     if cmap is None or lines.get(line) is None:
         return tests
     ran = set().union(*(cmap.get(n, set()) for n in lines[line]))
+    if not ran and remote:
+        ran = set().union(*cmap.values()) - {ALL}
     if ALL in ran:
         return tests
     # a node id belongs to a guard given as its file or as itself
@@ -600,7 +607,7 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
                       flush=True)
                 write(record)
                 continue
-            chosen = only if only is not None else select(cmap, lines, m["line"], guard)
+            chosen = only if only is not None else select(cmap, lines, m["line"], guard, module in REMOTE)
             killers = [r["by"] for r in record["mutants"] if r.get("by")]
             (root / module).write_text(m["code"])
             outcome, seconds, by = run_mutant(root, chosen, 3 * base + 120, log, killers, durations)

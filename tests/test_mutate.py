@@ -230,6 +230,10 @@ def test_each_line_maps_to_the_tests_that_run_it_in_this_process_a_fork_or_a_sub
     assert chosen(9) == chosen(10) == ["tests/test_a.py::test_fork"]  # in a forked child
     assert chosen(14) == ["tests/test_a.py::test_subprocess"]  # in a Python subprocess
     assert chosen(18) == chosen(19) == []  # no test runs it: the mutant survives unrun
+    # ... unless the module's code also runs where coverage does not follow (REMOTE): every test that ran it
+    assert mutate.select(cmap, lines, 19, tests, remote=True) == [
+        f"tests/test_a.py::{t}" for t in ("test_fork", "test_inproc", "test_subprocess")]
+    assert mutate.select(cmap, lines, 5, tests, remote=True) == chosen(5)  # a line run here: its own tests
     assert chosen(1) == chosen(24) == tests  # at import: every test
     assert chosen(26) == []  # a method no test calls: its defaults cannot matter
     assert chosen(31) == tests  # in a module-scoped fixture, whose result other tests share
