@@ -48,6 +48,7 @@ def test_fork_takes_one_worker_per_usable_core_unless_workers_is_given(cores):
     executor = choose.make_executor(config("--executor", "fork", "--workers", "2"))
     assert executor.max_workers == 2
     assert choose.make_executor(config("--executor", "fork", "--workers", "1")).max_workers == 1  # as asked
+    assert ForkExecutor(0).max_workers == 1  # built by hand with none: still one worker to hold the clients
     cores(2)
     assert choose.make_executor(config()).max_workers == 2  # auto on 2 cores: fork, 2 workers
 
