@@ -142,6 +142,26 @@ def _released_gradient(model, params, names, x, soft_or_hard, clip=None):
     return grads
 
 
+def _dummies(model, target, input_shape, batch, num_classes, labels, generator, infer):
+    """What both attacks start from: the target's device and parameter names, the model's parameters with
+    those made differentiable copies, and the dummies drawn from N(0, 1) with ``generator`` (inputs, then soft
+    labels unless ``labels`` are given or, with ``infer``, inferred from the target), with the list of those
+    optimised."""
+    device = next(iter(target.values())).device
+    names = list(target)
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    for n in names:
+        params[n] = params[n].clone().requires_grad_(True)
+    if infer and labels is None:
+        labels = infer_labels(target, classifier_name(model, num_classes), batch)
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    x = torch.randn((batch, *input_shape), generator=generator, device=gen_device).to(device).requires_grad_(True)
+    if labels is not None:
+        return device, names, params, x, labels.to(device), [x]
+    y = torch.randn((batch, num_classes), generator=generator, device=gen_device).to(device).requires_grad_(True)
+    return device, names, params, x, y, [x, y]
+
+
 def invert_gradients(model: nn.Module, target: dict[str, torch.Tensor], input_shape: tuple[int, ...], batch: int,
                      num_classes: int, *, labels: torch.Tensor | None = None, iters: int = 4000, tv: float = 1e-4,
                      lr: float = 0.1, generator: torch.Generator | None = None, bounds=None,
@@ -152,20 +172,8 @@ def invert_gradients(model: nn.Module, target: dict[str, torch.Tensor], input_sh
     ``bounds`` (low, high), broadcastable to the inputs (the normalised images of pixels 0 and 1), is the
     box the dummies are projected into after each step; None: no box. ``clip`` makes the attacker
     DP-aware as in ``reconstruct``. The dummy with the lowest cost seen is returned."""
-    device = next(iter(target.values())).device
-    names = list(target)
-    params = {n: p.detach() for n, p in model.named_parameters()}
-    for n in names:
-        params[n] = params[n].clone().requires_grad_(True)
-    if labels is None:
-        labels = infer_labels(target, classifier_name(model, num_classes), batch)
-    gen_device = generator.device if generator is not None else torch.device("cpu")
-    x = torch.randn((batch, *input_shape), generator=generator, device=gen_device).to(device).requires_grad_(True)
-    if labels is not None:
-        y, variables = labels.to(device), [x]
-    else:
-        y = torch.randn((batch, num_classes), generator=generator, device=gen_device).to(device).requires_grad_(True)
-        variables = [x, y]
+    device, names, params, x, y, variables = _dummies(model, target, input_shape, batch, num_classes, labels,
+                                                      generator, infer=True)
     opt = torch.optim.Adam(variables, lr=lr)
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[int(iters * f) for f in (3 / 8, 5 / 8, 7 / 8)],
                                                  gamma=0.1)
@@ -199,14 +207,7 @@ def invert_gradients(model: nn.Module, target: dict[str, torch.Tensor], input_sh
 
 
 def _matching_loss(model, params, names, target, x, soft_or_hard, clip=None):
-    if clip is None:
-        grads = _dummy_gradient(model, params, names, x, soft_or_hard)
-    else:  # what DP-SGD releases before its noise: the mean of per-sample gradients clipped to norm C
-        grads = [0.0] * len(names)
-        for i in range(len(x)):
-            gi = _dummy_gradient(model, params, names, x[i:i + 1], soft_or_hard[i:i + 1])
-            scale = (clip / (torch.sqrt(sum((g ** 2).sum() for g in gi)) + 1e-6)).clamp(max=1.0)
-            grads = [acc + g * scale / len(x) for acc, g in zip(grads, gi)]
+    grads = _released_gradient(model, params, names, x, soft_or_hard, clip)
     return sum(((g - target[n]) ** 2).sum() for n, g in zip(names, grads))
 
 
@@ -233,20 +234,9 @@ def reconstruct(model: nn.Module, target: dict[str, torch.Tensor], input_shape: 
     attack defeated by clipping alone would credit DP's noise with what is really an attacker's mistake."""
     if method not in ("dlg", "idlg"):
         raise ValueError(f"unknown attack '{method}'; use 'dlg' or 'idlg'")
-    device = next(iter(target.values())).device
-    names = list(target)
-    params = {n: p.detach() for n, p in model.named_parameters()}
-    for n in names:
-        params[n] = params[n].clone().requires_grad_(True)
-    if method == "idlg" and labels is None:
-        labels = infer_labels(target, classifier_name(model, num_classes), batch)
-    gen_device = generator.device if generator is not None else torch.device("cpu")
-    x = torch.randn((batch, *input_shape), generator=generator, device=gen_device).to(device).requires_grad_(True)
-    if method == "idlg" and labels is not None:
-        y, variables = labels.to(device), [x]
-    else:
-        y = torch.randn((batch, num_classes), generator=generator, device=gen_device).to(device).requires_grad_(True)
-        variables = [x, y]
+    idlg = method == "idlg"
+    _, names, params, x, y, variables = _dummies(model, target, input_shape, batch, num_classes,
+                                                 labels if idlg else None, generator, infer=idlg)
     opt = torch.optim.LBFGS(variables, lr=1.0, max_iter=chunk, history_size=100, line_search_fn=line_search,
                             tolerance_grad=1e-12, tolerance_change=1e-14)
 
