@@ -331,6 +331,25 @@ def test_lost_worker_beyond_max_restarts_stops_with_clear_message(digits_tiny_ro
     assert len(read_h5(tmp_path / "Digits_FedAvg_test_0.h5")["rs_round"]) == 1  # round 0's evaluation kept
 
 
+def test_a_closed_fork_pool_leaves_no_pipe_open_and_its_workers_are_daemons(digits_tiny_root, tmp_path):
+    """The server keeps only its own end of each worker's pipe (a run of many -t repetitions or a sweep in
+    one process must not gather descriptors), and a server that exits without ``close`` (a crash) does not
+    wait for its workers: they are daemons, ended at exit."""
+    def open_fds():
+        return sorted(os.listdir("/proc/self/fd"))
+
+    load_split("Digits", digits_tiny_root, None, "cpu")  # whatever loading a split opens for good
+    before = open_fds()
+    pool = ForkExecutor(2)
+    server = scaled_server(digits_tiny_root, tmp_path, executor=pool)
+    try:
+        assert len(pool.procs) == 2 and all(p.daemon for p in pool.procs)
+        server.train()
+    finally:
+        pool.close()
+    assert open_fds() == before
+
+
 # ---- errors inside workers --------------------------------------------------------------------------
 def test_non_finite_loss_in_a_fork_worker_is_a_clear_error(digits_tiny_root, tmp_path, capsys):
     assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", "-lr", "1e12", *FORK)) == 2
