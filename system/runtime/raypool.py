@@ -150,7 +150,7 @@ class RayExecutor(PoolExecutor):
     def __init__(self, cfg, parking=None):
         super().__init__(parking)
         self.ray = import_ray()
-        ids = [d for d in str(cfg.device_id).split(",") if d.strip()]
+        ids = [d.strip() for d in str(cfg.device_id).split(",") if d.strip()]
         self.started_ray = init_ray(cfg.ray_address, device_ids=ids)
         gpus = cfg.gpus_per_worker
         if gpus is None:
