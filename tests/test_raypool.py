@@ -340,3 +340,20 @@ def test_relaunch_replaces_only_the_actors_that_do_not_answer(stand_in, monkeypa
 def test_a_worker_given_a_gpu_without_cuda_says_so():
     with pytest.raises(FLError, match=r"^a Ray worker was given a GPU but torch sees no CUDA device there$"):
         raypool.ClientWorker("cuda:0").setup(None, [], None, 0)
+
+
+def test_a_worker_hosts_its_share_of_the_clients_on_its_own_device(monkeypatch):
+    built = []
+
+    class Host:
+        def __init__(self, *args):
+            built.append(args)
+
+        def handle(self, request, device):
+            return request, device
+
+    monkeypatch.setattr(raypool, "ClientHost", Host)
+    worker = raypool.ClientWorker("cpu")
+    worker.setup("factory", (3, 1), "parking", 5, "data 3", "data 1")
+    assert built == [("factory", [3, 1], ["data 3", "data 1"], "cpu", "parking", 5)]
+    assert worker.handle(("sizes",)) == (("sizes",), "cpu")
