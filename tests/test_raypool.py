@@ -2,6 +2,7 @@
 ``ray.init`` is given and what is put back after it), how the executor sizes itself from the cluster's
 resources, and how Ray's errors reach the server. Ray itself is a stand-in here; the executor's runs on a real
 local cluster are tested in tests/test_executors.py."""
+import logging
 import os
 import signal
 import socket
@@ -111,12 +112,15 @@ def started(monkeypatch):
     signal.signal(signal.SIGTERM, handler)
 
 
-def test_a_local_cluster_starts_on_loopback_quietly_with_the_library_and_a_watcher(started):
+def test_a_local_cluster_starts_on_loopback_quietly_with_the_library_and_a_watcher(started, monkeypatch):
     from ray._private import ray_constants
 
     before = ray_constants.ENABLE_RAY_CLUSTER
     term = signal.getsignal(signal.SIGTERM)
+    token_note = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    monkeypatch.setattr(token_note, "level", logging.NOTSET)  # as a fresh process has it
     assert raypool.init_ray(num_cpus=3) is True
+    assert token_note.level == logging.ERROR  # Ray's note on its session token, at every start, silenced
     (opts,) = started.calls
     assert opts == {"include_dashboard": False, "logging_level": 30, "num_cpus": 3,
                     "runtime_env": {"py_modules": [str(raypool.SYSTEM_DIR / p) for p in ("flcore", "runtime", "utils")]}}
