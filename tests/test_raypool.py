@@ -250,6 +250,7 @@ def stand_in(monkeypatch):
     (cfg(device="cuda:1", gpus_per_worker=0.5), {"CPU": 16.0, "GPU": 3.0}, 0.5, "cuda:0", 6),
     (cfg(device="cuda", gpus_per_worker=0.0), {"CPU": 5.0, "GPU": 1.0}, 0.0, "cpu", 5),  # CPU workers asked for
     (cfg(device="cuda", gpus_per_worker=2.0), {"CPU": 4.0, "GPU": 3.0}, 2.0, "cuda:0", 1),
+    (cfg(device="cuda"), {"CPU": 4.0, "GPU": 1.0}, 1.0, "cuda:0", 1),           # exactly the GPU it needs
     (cfg(), {}, 0.0, "cpu", 1),                                                  # no CPU listed: one worker
 ])
 def test_the_executor_sizes_itself_from_the_cluster(stand_in, config, resources, gpus, device, workers):
