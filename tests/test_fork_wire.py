@@ -174,3 +174,83 @@ def test_an_error_crosses_as_itself_or_as_its_text():
     text = fork._portable(Unpicklable("odd"))
     assert type(text) is RuntimeError and str(text).startswith("in a fork worker:\n")
     assert "Unpicklable: odd" in str(text)
+
+
+# ---- the server's side of a pool, with stand-in pipes and processes ----------------------------------
+class StandInProc:
+    """A worker process that exits when joined, or (``stubborn``) only once killed."""
+
+    def __init__(self, stubborn=False, exitcode=None):
+        self.alive, self.stubborn, self.exitcode, self.calls = True, stubborn, exitcode, []
+
+    def join(self, timeout=None):
+        self.calls.append(("join", timeout))
+        if not self.stubborn:
+            self.alive = False
+
+    def is_alive(self):
+        return self.alive
+
+    def kill(self):
+        self.calls.append(("kill",))
+        self.stubborn = False
+
+
+class StandInConn:
+    def __init__(self, broken=False, answer_after=0):
+        self.broken, self.sent, self.closed, self.polls, self.answer_after = broken, [], False, 0, answer_after
+
+    def send_bytes(self, data):
+        if self.broken:
+            raise BrokenPipeError
+        self.sent.append(pickle.loads(data))
+
+    def close(self):
+        self.closed = True
+
+    def poll(self, timeout):
+        self.polls += 1
+        return self.polls > self.answer_after
+
+    def recv_bytes(self):
+        return pickle.dumps((True, "answer"))
+
+
+def test_stopping_asks_each_worker_to_end_and_kills_one_that_does_not():
+    pool = fork.ForkExecutor(3)
+    procs = [StandInProc(), StandInProc(stubborn=True), StandInProc()]
+    conns = [StandInConn(), StandInConn(), StandInConn(broken=True)]  # the third's worker is gone already
+    pool.procs, pool.conns = list(procs), list(conns)
+    pool._stop()
+    assert [c.sent for c in conns] == [[None], [None], []] and all(c.closed for c in conns)
+    assert procs[0].calls == procs[2].calls == [("join", 5)]
+    assert procs[1].calls == [("join", 5), ("kill",), ("join", None)]  # still alive after 5 s: killed, reaped
+    assert pool.procs == [] and pool.conns == []
+
+
+def test_close_stops_the_workers_and_releases_the_parked_states():
+    class Parking:
+        released = 0
+
+        def release(self):
+            self.released += 1
+
+    parking = Parking()
+    pool = fork.ForkExecutor(1, parking)
+    proc, conn = StandInProc(), StandInConn()
+    pool.procs, pool.conns = [proc], [conn]
+    pool.close()
+    assert conn.sent == [None] and conn.closed and proc.calls == [("join", 5)] and parking.released == 1
+
+
+def test_a_slow_answer_is_waited_for_and_a_dead_worker_reported_with_its_exit_code():
+    pool = fork.ForkExecutor(1)
+    pool.procs, pool.conns = [StandInProc()], [StandInConn(answer_after=3)]  # no answer for three polls
+    assert pool._answer(0) == (True, "answer")
+    dead = StandInProc(exitcode=-9)
+    dead.alive = False
+    pool.procs, pool.conns = [dead], [StandInConn(answer_after=10 ** 9)]
+    with pytest.raises(fork.WorkerLost, match=r"^fork worker 0 died \(exit code -9; out of memory\?"):
+        pool._answer(0)
+    (call,) = dead.calls
+    assert call[0] == "join" and 0 < call[1] <= 5  # reaped, for a bounded time, before its exit code is read
