@@ -252,6 +252,7 @@ def stand_in(monkeypatch):
     (cfg(device="cuda", gpus_per_worker=2.0), {"CPU": 4.0, "GPU": 3.0}, 2.0, "cuda:0", 1),
     (cfg(device="cuda"), {"CPU": 4.0, "GPU": 1.0}, 1.0, "cuda:0", 1),           # exactly the GPU it needs
     (cfg(), {}, 0.0, "cpu", 1),                                                  # no CPU listed: one worker
+    (cfg(), {"CPU": 0.0}, 0.0, "cpu", 1),          # a head node without CPUs (an autoscaling cluster): one
 ])
 def test_the_executor_sizes_itself_from_the_cluster(stand_in, config, resources, gpus, device, workers):
     made = stand_in(resources)
@@ -338,6 +339,27 @@ def test_relaunch_replaces_only_the_actors_that_do_not_answer(stand_in, monkeypa
     ex._relaunch()
     assert asked == [("ok", 120), ("dead", 120), ("hung", 120), "setup"]
     assert ex.actors[0].name == "ok" and ex.actors[1].device == "cpu" and ex.actors[2].device == "cpu"
+
+
+def test_launching_again_keeps_the_actors_it_needs_and_ends_the_rest(stand_in):
+    made = stand_in({"CPU": 3.0})
+    ex = raypool.RayExecutor(cfg())
+    calls = []
+
+    def actor(name):
+        return SimpleNamespace(name=name, setup=SimpleNamespace(remote=lambda *a: calls.append((name, a))))
+
+    ex.actors = [actor("a0"), actor("a1"), actor("a2")]
+    surplus = ex.actors[2]
+    ex.factory, ex.datas, ex.placement = "factory", ["d0", "d1", "d2"], [[0, 2], [1]]
+    made.ray.put = lambda value: ("ref", value)
+    made.ray.answers = [None, None]
+    ex._launch()
+    assert made.ray.killed == [surplus] and [a.name for a in ex.actors] == ["a0", "a1"]
+    ref = ex.factory_ref
+    assert ref == ("ref", "factory") and ex.data_refs == [("ref", "d0"), ("ref", "d1"), ("ref", "d2")]
+    assert calls == [("a0", (ref, [0, 2], None, 3, ("ref", "d0"), ("ref", "d2"))),
+                     ("a1", (ref, [1], None, 3, ("ref", "d1")))]
 
 
 # ---- the actor -------------------------------------------------------------------------------------
