@@ -184,6 +184,7 @@ def test_what_cannot_be_saved_is_refused_with_its_path():
     (lambda s: s.update(x={state.KIND: "pickle"}), r"owner\.x: unknown entry kind 'pickle'"),
     (lambda s: s.update(x=object.__new__(Counter)), r"owner\.x: unexpected Counter"),
     (lambda s: s["gen"].update(state=torch.zeros(3, dtype=torch.uint8)), r"owner\.gen: not a generator state"),
+    (lambda s: s["seen"]["items"].append({state.KIND: "pickle"}), r"owner\.seen: unknown entry kind 'pickle'$"),
     (lambda s: s["rng"]["state"].update(bit_generator="Evil"), r"owner\.rng: unknown numpy bit generator 'Evil'"),
     (lambda s: s["rng"]["state"].update(state={"state": -5, "inc": 1}), r"owner\.rng: not a PCG64 state"),
     (lambda s: s["rng"]["state"].update(state=None), r"owner\.rng: damaged numpy_generator entry"),
@@ -274,3 +275,17 @@ def test_a_numpy_stream_is_set_on_the_live_generator_or_rebuilt_for_another_bit_
     assert out is not other and type(out.bit_generator).__name__ == "PCG64"
     assert np.array_equal(out.random(3), expected)
     assert np.array_equal(decode(saved, None, {}, "cpu", "rng").random(3), expected)
+
+
+def test_a_device_is_the_runs_own_where_the_fresh_object_holds_one():
+    class Placed:
+        def __init__(self, device):
+            self.device = device
+
+    saved = encode_attrs(Placed(torch.device("cuda", 1)), {})  # saved on a GPU run: only its name is kept
+    fresh = Placed(torch.device("cpu"))
+    decode_attrs(fresh, saved, {}, "cpu")
+    assert fresh.device == torch.device("cpu")  # resumed on the CPU: the run's own device stays
+    empty = Placed(None)
+    decode_attrs(empty, saved, {}, "cpu")
+    assert empty.device == torch.device("cuda", 1)  # nothing there: the saved one
