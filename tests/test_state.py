@@ -185,6 +185,8 @@ def test_what_cannot_be_saved_is_refused_with_its_path():
     (lambda s: s.update(x=object.__new__(Counter)), r"owner\.x: unexpected Counter"),
     (lambda s: s["gen"].update(state=torch.zeros(3, dtype=torch.uint8)), r"owner\.gen: not a generator state"),
     (lambda s: s["seen"]["items"].append({state.KIND: "pickle"}), r"owner\.seen: unknown entry kind 'pickle'$"),
+    (lambda s: s["counter"]["state"].update(count={state.KIND: "pickle"}),
+     r"owner\.counter\['count'\]: unknown entry kind 'pickle'$"),
     (lambda s: s["rng"]["state"].update(bit_generator="Evil"), r"owner\.rng: unknown numpy bit generator 'Evil'"),
     (lambda s: s["rng"]["state"].update(state={"state": -5, "inc": 1}), r"owner\.rng: not a PCG64 state"),
     (lambda s: s["rng"]["state"].update(state=None), r"owner\.rng: damaged numpy_generator entry"),

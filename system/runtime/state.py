@@ -280,8 +280,9 @@ def _fitting(saved, live, where: str):
 
 def _stateful(dec, saved, live, where, new_module):
     _fitting(saved, live, where)
+    entries = dec(saved["state"], None, where)
     try:
-        live.load_state_dict(dec(saved["state"], None, where))
+        live.load_state_dict(entries)
     except (RuntimeError, ValueError) as e:
         raise StateError(f"{where}: {first_line(e)}") from None
     return live
