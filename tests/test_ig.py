@@ -32,6 +32,9 @@ def test_total_variation_hand_values():
     x = torch.tensor([[0.0, 1.0, 3.0], [2.0, 2.0, 2.0]])[None, None]
     assert dlg.total_variation(x).item() == pytest.approx(3 / 4 + 4 / 3, rel=1e-6)
     assert dlg.total_variation(torch.full((2, 3, 4, 4), 0.7)).item() == 0.0
+    # 3 x 3 [[0, 1, 2], [3, 4, 5], [6, 7, 9]]: horizontal 1, 1, 1, 1, 1, 2 -> 7/6; vertical 3, 3, 3, 3, 3, 4 -> 19/6
+    x = torch.tensor([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 9.0]])[None, None]
+    assert dlg.total_variation(x).item() == pytest.approx(7 / 6 + 19 / 6, rel=1e-6)
 
 
 def _box():

@@ -1,4 +1,5 @@
 """Privacy: gradient inversion (DLG / iDLG) and its metrics, DP-SGD and its accountant, and both inside a run."""
+import copy
 import math
 from types import SimpleNamespace
 
@@ -26,7 +27,7 @@ def test_psnr_hand_values():
     c = b.clone()
     c[:, 1] = 0.3
     assert dlg.psnr(b, c).item() == pytest.approx(10 * math.log10(1 / 0.03), abs=1e-4)
-    assert dlg.psnr(a, a).item() == dlg.MAX_PSNR
+    assert dlg.psnr(a, a).item() == dlg.MAX_PSNR == 100.0  # MSE floored at 1e-10: 10 log10(1e10) dB
     assert dlg.psnr(torch.zeros(2, 1, 2, 2), torch.full((2, 1, 2, 2), 255.0), data_range=255.0).tolist() == [0.0, 0.0]
 
 
@@ -263,6 +264,23 @@ def test_batch_label_rule_is_gradinversions_row_minimum():
                                     [0.2, 0.2, 0.2, 0.2]])}     # sum  0.8, min  0.2
     assert dlg.infer_labels(g, "fc.weight", 2).tolist() == [1, 2]  # mins -0.9, -0.3 (sums would give 0, 2)
     assert dlg.infer_labels(g, "fc.weight", 1).tolist() == [0]  # one image: iDLG's most negative row sum
+    assert dlg.infer_labels(g, "head.weight", 1) is None and dlg.infer_labels(g, None, 1) is None  # not uploaded
+
+
+def test_the_attacked_models_frozen_parameters_stay_frozen(digits_images, digits_mlp):
+    """model_gradient takes gradients on detached copies: asked for a frozen parameter's gradient, it does
+    not unfreeze the model's own."""
+    _, normed, labels = digits_images
+    model = copy.deepcopy(digits_mlp)
+    name, frozen = next(iter(model.named_parameters()))
+    frozen.requires_grad_(False)
+    g = dlg.model_gradient(model, normed[:2], labels[:2], names=[name])
+    assert list(g) == [name] and g[name].abs().sum() > 0 and not frozen.requires_grad and frozen.grad is None
+
+
+def test_pseudo_gradient_of_no_step_is_the_update_over_the_rate():
+    start, up = {"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([0.5, 3.0])}
+    assert dlg.pseudo_gradient(start, up, lr=0.5, steps=0, names=["w", "b"])["w"].tolist() == [1.0, -2.0]
 
 
 def test_batch_label_rule_recovers_distinct_labels(digits_images, digits_mlp):
