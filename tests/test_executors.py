@@ -558,6 +558,10 @@ def test_parked_clients_give_the_same_run_with_a_round_of_memory(mode, executor,
         live = [c for c in server.clients if "parked_in" not in vars(c)]
         assert len(live) == store.capacity == 2  # int(0.4 * 5) clients stay live
         assert sorted(store.live) == sorted(c.id for c in live) and store.stores >= 3 and store.loads >= 1
+        folder = store.folder
+        assert (folder is not None) == (mode == "disk")
+        server.close()  # the run's own folder goes with it
+        assert folder is None or not folder.exists()
 
 
 def test_wire_conversion_walks_containers_and_copies_only_what_is_elsewhere():
