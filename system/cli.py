@@ -28,6 +28,15 @@ def canonical_model(name: str) -> str:
     return known.get(name.lower(), name)
 
 
+def device_list(text: str) -> str:
+    """``-did``: one CUDA device index or a comma-separated list of them (``0``, ``0,1``, ``"0, 2"``),
+    written back without spaces (``0,2``) so every reader splits it the same way."""
+    ids = [d.strip() for d in text.split(",")]
+    if not all(d.isascii() and d.isdigit() for d in ids):
+        raise argparse.ArgumentTypeError(f"expected device indices such as 0 or 0,1, got '{text}'")
+    return ",".join(str(int(d)) for d in ids)
+
+
 def parse_bool(text: str) -> bool:
     """A boolean flag's explicit value, as PFLlib's scripts pass them (``-ld True``): true/false/1/0/yes/no/on/off."""
     value = text.strip().lower()
@@ -133,7 +142,7 @@ def base_parser() -> OneLineParser:
     a("-go", "--goal", default="test", help="free tag, part of the result file name")
     a("-dev", "--device", default="auto", choices=["auto", "cpu", "cuda"],
       help="auto = cuda when available; cuda without a GPU warns and falls back to cpu")
-    a("-did", "--device_id", "--devices", default="0",
+    a("-did", "--device_id", "--devices", default="0", type=device_list,
       help="CUDA device index; with --executor ray a list (0,1,2,3) spreads clients over those GPUs")
     a("-data", "--dataset", default="Digits", help="split folder under the dataset root (see dataset/)")
     a("--dataset_root", default=str(DATASET_ROOT), help="folder holding the generated splits")

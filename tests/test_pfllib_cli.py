@@ -65,6 +65,9 @@ def test_one_round_of_pfllib_lines_runs(digits_root, tmp_path):
     ("-m VGG99", "invalid choice: 'VGG99'"),
     ("-ld maybe", "expected true/false/1/0, got 'maybe'"),
     ("-algo FedAvg -mu abc", "expected a number, got 'abc'"),
+    ("-did 0,,1", "expected device indices such as 0 or 0,1, got '0,,1'"),
+    ("-did cuda:1", "expected device indices such as 0 or 0,1, got 'cuda:1'"),
+    ("-did -1", "expected device indices such as 0 or 0,1, got '-1'"),
     ("-algo fedavg -ts True", "-ts/--time_select is not a flag here: PFLlib declares it and never reads it"),
 ])
 def test_bad_lines_fail_with_one_line(line, message, digits_root, tmp_path, capsys):
@@ -99,3 +102,15 @@ def test_startup_print_marks_values_that_differ_from_pfllib(digits_root, tmp_pat
     out = capsys.readouterr().out.splitlines()
     assert "  mu = 5.0   (PFLlib default: 0.0)" in out and "  tau = 0.5   (PFLlib default: 1.0)" in out
     assert "  layer_idx = 2" in out and "  local_learning_rate = 0.005" in out  # same as PFLlib: unmarked
+
+
+@pytest.mark.parametrize("given,kept,device", [("1", "1", "cuda:1"), ("2, 0", "2,0", "cuda:2"), (" 3 ,1", "3,1", "cuda:3"),
+                                               ("01", "1", "cuda:1")])
+def test_device_ids_are_written_without_spaces_and_the_first_is_the_device(given, kept, device, digits_root,
+                                                                           tmp_path, monkeypatch):
+    import torch
+
+    cfg = main.parse_config(cli(digits_root, tmp_path, "-dev", "cuda", "-did", given))
+    assert cfg.device_id == kept
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a machine with GPUs, as far as this goes
+    assert main.resolve_device(cfg).device == device
