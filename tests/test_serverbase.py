@@ -1,0 +1,90 @@
+"""Details of the base server's loop that every algorithm inherits, each against a value written down or
+computed here: the line naming the tensors ALA adapts, each round's recorded wall time, the progress bar,
+and the summary of the clients that join after training (-nnc)."""
+import time
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+
+import main
+from conftest import cli
+from flcore.registry import get_server_class
+from utils.data_utils import load_split
+from utils.results import read_h5
+
+QUICK = ("-lr", "0.1", "-lbs", "20", "--executor", "sequential")
+
+
+def build(root, out, *flags, clients=None, new=0):
+    cfg = main.parse_config(cli(root, out, *QUICK, *flags))
+    data = load_split("Digits", root, clients, new_clients=new)
+    return get_server_class(cfg.algorithm)(cfg.replace(num_classes=data.num_classes), data)
+
+
+# Digits' default model is PFLlib's CNN: conv1, conv2, fc1, fc, each a weight and a bias; -p counts tensors
+# from the end, --ala_layers layers from the top.
+ALL = "conv1.0.weight, conv1.0.bias, conv2.0.weight, conv2.0.bias, fc1.0.weight, fc1.0.bias, fc.weight, fc.bias"
+
+
+@pytest.mark.parametrize("flags,line", [
+    (("-algo", "FedAvg", "-ala", "--ala_layers", "1"), "ALA adapts 2 tensor(s) (top 1 layer(s)): fc.weight, fc.bias"),
+    (("-algo", "FedAvg", "-ala", "--ala_layers", "0"),
+     "ALA adapts 8 tensor(s) (top all layer(s)): " + ALL),
+    (("-algo", "FedALA", "-p", "1"), "ALA adapts 1 tensor(s) (last 1 tensor(s), -p): fc.bias"),
+    (("-algo", "FedALA", "-p", "0"),
+     "ALA adapts 8 tensor(s) (last all tensor(s), -p): " + ALL),
+])
+def test_the_start_up_line_names_what_ala_adapts_and_how_it_was_counted(flags, line, digits_tiny_root, tmp_path,
+                                                                         capsys):
+    build(digits_tiny_root, tmp_path, *flags)
+    assert [x for x in capsys.readouterr().out.splitlines() if x.startswith("ALA adapts")] == [line]
+
+
+def test_without_ala_nothing_is_said_about_it(digits_tiny_root, tmp_path, capsys):
+    build(digits_tiny_root, tmp_path, "-algo", "FedAvg")
+    assert "ALA" not in capsys.readouterr().out
+
+
+def test_each_round_time_is_a_part_of_the_runs_wall_time(digits_tiny_root, tmp_path):
+    start = time.perf_counter()
+    assert main.main(cli(digits_tiny_root, tmp_path, *QUICK, "-gr", "3")) == 0
+    wall = time.perf_counter() - start
+    times = read_h5(tmp_path / "Digits_FedAvg_test_0.h5")["rs_round_time"]
+    assert len(times) == 3 and all(t > 0 for t in times) and sum(times) < wall
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_the_progress_bar_is_shown_only_with_progress_and_erased_when_the_run_ends(progress, digits_tiny_root,
+                                                                                   tmp_path, capsys):
+    flag = "--progress" if progress else "--no-progress"
+    assert main.main(cli(digits_tiny_root, tmp_path, *QUICK, "-gr", "2", flag)) == 0
+    err = capsys.readouterr().err
+    assert ("FedAvg run 0:" in err) == progress
+    if progress:  # the bar is written over with blanks, so the run's own lines stay the last thing shown
+        assert err.endswith("\r") and not err.rsplit("\r", 2)[-2].strip()
+
+
+def test_new_clients_summary_is_computed_from_their_own_test_splits(digits_tiny_root, tmp_path):
+    """-nc 3 -nnc 2 -ften 0 with FedAvg: each new client is the final global model; its accuracy, the pooled
+    accuracy and the sample-weighted AUC (scikit-learn's, on the flattened one-vs-rest decisions) by hand.
+    The summary carries no training loss (new clients have none)."""
+    server = build(digits_tiny_root, tmp_path, "-gr", "2", "-nnc", "2", "-ften", "0", clients=3, new=2)
+    server.train()
+    got = server.evaluate_new_clients()
+    correct, n, auc = [], [], []
+    with torch.no_grad():
+        for d in server.data.new_clients:
+            probs = torch.softmax(server.global_model(d.x_test), 1).numpy()
+            onehot = np.eye(10)[d.y_test.numpy()]
+            correct.append(int((probs.argmax(1) == d.y_test.numpy()).sum()))
+            n.append(len(d.y_test))
+            auc.append(roc_auc_score(onehot.ravel(), probs.ravel()))
+    acc = np.array(correct) / np.array(n)
+    assert "train_loss" not in got
+    assert got["client_test_acc"].tolist() == pytest.approx(acc.tolist(), abs=1e-12)
+    assert got["test_acc"] == pytest.approx(sum(correct) / sum(n), abs=1e-12)
+    assert got["test_acc_mean"] == pytest.approx(acc.mean(), abs=1e-12)
+    assert got["test_auc"] == pytest.approx(np.dot(auc, n) / sum(n), abs=1e-9)
+    assert len(set(n)) == 2 and len(set(auc)) == 2  # unequal sizes and AUCs: a swapped column shows
