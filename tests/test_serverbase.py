@@ -88,3 +88,39 @@ def test_new_clients_summary_is_computed_from_their_own_test_splits(digits_tiny_
     assert got["test_acc_mean"] == pytest.approx(acc.mean(), abs=1e-12)
     assert got["test_auc"] == pytest.approx(np.dot(auc, n) / sum(n), abs=1e-9)
     assert len(set(n)) == 2 and len(set(auc)) == 2  # unequal sizes and AUCs: a swapped column shows
+
+
+def test_an_evaluation_pools_every_clients_own_metrics_and_the_benign_ones_apart(digits_tiny_root, tmp_path,
+                                                                                 capsys):
+    """One evaluation with an attack and a validation split, after a round of training: every pooled figure
+    from the clients' own (correct, samples, AUC), (loss sum, samples) and validation counts, by hand; the
+    benign series over the clients the attack did not take; the printed line carries each of them."""
+    server = build(digits_tiny_root, tmp_path, "-gr", "1", "--attack", "signflip", "--attack_frac", "0.4",
+                   "--val_ratio", "0.2")
+    server.run_round(0)
+    capsys.readouterr()
+    tests = [c.test_metrics() for c in server.clients]
+    trains = [c.train_metrics() for c in server.clients]
+    vals = [c.val_metrics() for c in server.clients]
+    bad = set(server.attack.malicious)
+    benign = [i for i in range(len(server.clients)) if i not in bad]
+    assert 0 < len(bad) < len(server.clients)
+
+    def pooled(ids):
+        n = sum(tests[i][1] for i in ids)
+        return (sum(tests[i][0] for i in ids) / n, sum(tests[i][2] * tests[i][1] for i in ids) / n,
+                sum(trains[i][0] for i in ids) / sum(trains[i][1] for i in ids))
+
+    got = server.evaluate()
+    everyone = range(len(server.clients))
+    assert (got["test_acc"], got["test_auc"], got["train_loss"]) == pytest.approx(pooled(everyone), abs=1e-12)
+    assert ((got["benign_test_acc"], got["benign_test_auc"], got["benign_train_loss"])
+            == pytest.approx(pooled(benign), abs=1e-12))
+    assert pooled(benign) != pytest.approx(pooled(everyone), abs=1e-6)  # the benign figures are their own
+    assert "benign_client_test_acc" not in got
+    assert got["val_acc"] == pytest.approx(sum(v[0] for v in vals) / sum(v[1] for v in vals), abs=1e-12)
+    server._record(got)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"round    0 | benign acc {got['benign_test_acc']:.4f}, all acc {got['test_acc']:.4f} ")
+    assert (f" | val acc {got['val_acc']:.4f} | auc {got['test_auc']:.4f} | train loss {got['train_loss']:.4f}"
+            in line)
