@@ -124,3 +124,28 @@ def test_an_evaluation_pools_every_clients_own_metrics_and_the_benign_ones_apart
     assert line.startswith(f"round    0 | benign acc {got['benign_test_acc']:.4f}, all acc {got['test_acc']:.4f} ")
     assert (f" | val acc {got['val_acc']:.4f} | auc {got['test_auc']:.4f} | train loss {got['train_loss']:.4f}"
             in line)
+
+
+@pytest.mark.parametrize("flags,f", [
+    (("--aggregator", "multikrum"), 0),  # nobody is known to be malicious
+    (("--aggregator", "multikrum", "--attack", "signflip", "--attack_frac", "0.2"), 1),  # the malicious count
+    (("--aggregator", "multikrum", "--attack", "signflip", "--attack_frac", "0.2", "--krum_f", "0"), 0),  # given
+    (("--aggregator", "trimmed_mean", "--trim_frac", "0.2"), 0),
+])
+def test_the_aggregator_gets_the_flags_and_the_krum_f_the_attack_implies(flags, f, digits_tiny_root, tmp_path,
+                                                                         monkeypatch):
+    from utils import robust
+
+    seen = []
+    aggregate = robust.aggregate
+
+    def recording(states, weights, rule, keys, trim_frac, krum_f):
+        seen.append((rule, trim_frac, krum_f, list(weights)))
+        return aggregate(states, weights, rule, keys, trim_frac, krum_f)
+
+    monkeypatch.setattr(robust, "aggregate", recording)
+    server = build(digits_tiny_root, tmp_path, "-gr", "1", *flags)
+    server.run_round(0)
+    cfg = server.cfg
+    assert seen == [(cfg.aggregator, cfg.trim_frac, f, [c.train_samples for c in server.clients])]
+    assert cfg.trim_frac != f  # so trim_frac and f swapped would show
