@@ -149,3 +149,28 @@ def test_the_aggregator_gets_the_flags_and_the_krum_f_the_attack_implies(flags, 
     cfg = server.cfg
     assert seen == [(cfg.aggregator, cfg.trim_frac, f, [c.train_samples for c in server.clients])]
     assert cfg.trim_frac != f  # so trim_frac and f swapped would show
+
+
+def test_selection_drop_out_and_the_initial_model_come_from_the_runs_own_streams(digits_tiny_root, tmp_path):
+    """--seed 3, run 1 (seed and run unequal, so a swap of the two shows): the round's selection, the clients
+    that drop out (-cdr) and the initial model are the draws of (3, 1, "select"), (3, 1, "drop") and
+    (3, 1, "model"), by hand."""
+    from flcore.trainmodel.models import build_model
+    from utils.seeding import np_rng, torch_seeded
+    from utils.selection import select
+
+    cfg = main.parse_config(cli(digits_tiny_root, tmp_path, *QUICK, "--seed", "3", "-jr", "0.6", "-cdr", "0.5"))
+    data = load_split("Digits", digits_tiny_root)
+    server = get_server_class("FedAvg")(cfg.replace(num_classes=data.num_classes), data, 1)
+    pick, drop = np_rng(3, 1, "select"), np_rng(3, 1, "drop")
+    for _ in range(3):
+        chosen = select(server.cfg, 5, pick).tolist()
+        selected = server.select_clients()
+        assert [c.id for c in selected] == chosen
+        kept = [i for i, u in zip(chosen, drop.random(len(chosen))) if u >= 0.5]
+        assert [c.id for c in server._active_clients(selected)] == kept
+    with torch_seeded(3, 1, "model"):
+        want = build_model("CNN", data.input_shape, data.num_classes, cfg.feature_dim, cfg.vocab_size,
+                           config=data.config)
+    got = server.initial_model().state_dict()
+    assert all(torch.equal(v, got[k]) for k, v in want.state_dict().items())
