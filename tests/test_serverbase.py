@@ -174,3 +174,12 @@ def test_selection_drop_out_and_the_initial_model_come_from_the_runs_own_streams
                            config=data.config)
     got = server.initial_model().state_dict()
     assert all(torch.equal(v, got[k]) for k, v in want.state_dict().items())
+
+
+def test_a_server_fresh_from_its_constructor_is_at_round_0_having_moved_and_averaged_nothing(digits_tiny_root,
+                                                                                             tmp_path):
+    """What a signal before the first round reports (main.py: "interrupted in round 0") and what the first
+    round starts from."""
+    server = build(digits_tiny_root, tmp_path)
+    assert server.round_idx == 0 and server.bytes_down == server.bytes_up == 0 and server.averaged is False
+    assert server.selected == [] and server.late == []
