@@ -91,3 +91,115 @@ def test_ig_in_a_run_reports_the_same_series(digits_tiny_root, tmp_path, capsys)
     assert list(h["rs_dlg_round"]) == [0]
     assert h["rs_dlg_psnr"][0] > h["rs_dlg_psnr_guess"][0] + 10  # one image of an untrained model: recovered
     assert (out / next(out.glob("*_dlg_r0.png")).name).exists()
+
+
+# ---- the dummies and the released gradient, by hand ------------------------------------------------------
+def _small_model():
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module("hidden", nn.Linear(4, 5))
+    model.add_module("act", nn.ReLU())
+    model.add_module("fc", nn.Linear(5, 3))
+    return model
+
+
+@pytest.mark.parametrize("soft", [False, True])
+def test_the_dp_aware_dummy_gradient_is_the_mean_of_per_sample_gradients_clipped_by_hand(soft):
+    """Three samples, clip between the smallest per-sample norm and 2x it (that sample is kept as is, not
+    scaled up) and below the largest (that one is scaled down): the mean of the clipped per-sample
+    gradients, each from its own backward pass. Soft labels: the cross-entropy against softmax(labels)."""
+    import copy
+
+    import torch.nn.functional as F
+
+    model = _small_model()
+    x = torch.randn(3, 4, generator=torch_gen(0, 0, "x"))
+    y = torch.randn(3, 3, generator=torch_gen(0, 0, "y")) if soft else torch.tensor([0, 2, 1])
+    names = ["hidden.weight", "fc.weight", "fc.bias"]  # not hidden.bias: only the named entries are released
+    per = []
+    for i in range(3):
+        m = copy.deepcopy(model)
+        out = m(x[i:i + 1])
+        loss = (-(torch.softmax(y[i:i + 1], 1) * F.log_softmax(out, 1)).sum() if soft
+                else F.cross_entropy(out, y[i:i + 1]))
+        loss.backward()
+        per.append([dict(m.named_parameters())[n].grad for n in names])
+    norms = [float(torch.sqrt(sum((g ** 2).sum() for g in gs))) for gs in per]
+    clip = 1.5 * min(norms)
+    assert max(norms) > clip  # one sample clipped, one left alone
+    want = [sum(gs[j] * min(1.0, clip / (nrm + 1e-6)) for gs, nrm in zip(per, norms)) / 3 for j in range(3)]
+    params = {n: p.detach().clone().requires_grad_(True) for n, p in model.named_parameters()}
+    got = dlg._released_gradient(model, params, names, x, y, clip)
+    assert all(torch.allclose(g, w, atol=1e-6) for g, w in zip(got, want))
+    unclipped = dlg._released_gradient(model, params, names, x, y)  # without clip: the batch's mean gradient
+    assert all(torch.allclose(g, sum(gs[j] for gs in per) / 3, atol=1e-6) for j, g in enumerate(unclipped))
+
+
+@pytest.mark.parametrize("attack", ["ig", "dlg", "idlg"])
+def test_an_attack_leaves_the_attacked_model_untouched(attack):
+    """Whether it targets every parameter or the classifier only, an attack reads the model and never
+    writes it: no value changes and no parameter gets a gradient."""
+    model = _small_model()
+    x, y = torch.rand(1, 4, generator=torch_gen(0, 0, "x")), torch.tensor([2])
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for names in (None, ["fc.weight", "fc.bias"]):
+        target = dlg.model_gradient(model, x, y, names)
+        if attack == "ig":
+            dlg.invert_gradients(model, target, (4,), 1, 3, iters=3, tv=0, generator=torch_gen(0, 0, "d"))
+        else:
+            dlg.reconstruct(model, target, (4,), 1, 3, method=attack, iters=3, generator=torch_gen(0, 0, "d"))
+        assert all(p.grad is None for p in model.parameters())
+        assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_ig_takes_given_labels_or_infers_them_before_any_step():
+    """One iteration returns the starting dummy (its cost is measured before the step), so the labels are
+    the ones IG starts from: iDLG's inferred label (the true one here), or the labels given. The dummies come
+    from the generator, or from the global stream without one."""
+    model = _small_model()
+    x, y = torch.rand(1, 4, generator=torch_gen(0, 0, "x")), torch.tensor([2])
+    target = dlg.model_gradient(model, x, y)
+    assert dlg.infer_labels(target, "fc.weight", 1).tolist() == [2]
+    gen = torch_gen(0, 0, "d")
+    start = torch.randn((1, 4), generator=torch_gen(0, 0, "d"))
+    rec = dlg.invert_gradients(model, target, (4,), 1, 3, iters=1, tv=0, generator=gen)
+    assert rec.labels.tolist() == [2] and rec.labels.dtype == torch.long and torch.equal(rec.x, start)
+    given = dlg.invert_gradients(model, target, (4,), 1, 3, labels=torch.tensor([0]), iters=1, tv=0,
+                                 generator=torch_gen(0, 0, "d"))
+    assert given.labels.tolist() == [0]  # not re-inferred
+    torch.manual_seed(5)
+    unseeded = dlg.invert_gradients(model, target, (4,), 1, 3, iters=1, tv=0)
+    torch.manual_seed(5)
+    assert torch.equal(unseeded.x, torch.randn(1, 4)) and unseeded.labels.tolist() == [2]
+
+
+def test_ig_steps_follow_the_reference_schedule():
+    """16 iterations: Adam's rate 0.1 drops tenfold at 3/8, 5/8 and 7/8 of them (iterations 6, 10, 14)."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    seen = []
+    handle = register_optimizer_step_pre_hook(lambda opt, args, kwargs: seen.append(opt.param_groups[0]["lr"]))
+    try:
+        model = _small_model()
+        target = dlg.model_gradient(model, torch.rand(1, 4, generator=torch_gen(0, 0, "x")), torch.tensor([2]))
+        dlg.invert_gradients(model, target, (4,), 1, 3, iters=16, tv=0, generator=torch_gen(0, 0, "d"))
+    finally:
+        handle.remove()
+    assert seen == pytest.approx([0.1] * 6 + [0.01] * 4 + [0.001] * 4 + [1e-4] * 2, rel=1e-9)
+
+
+def test_ig_refuses_its_image_prior_on_other_inputs():
+    model = _small_model()
+    target = dlg.model_gradient(model, torch.rand(1, 4, generator=torch_gen(0, 0, "x")), torch.tensor([2]))
+    with pytest.raises(ValueError, match=r"needs image inputs \(C x H x W\), got inputs of shape \(4,\); pass tv=0"):
+        dlg.invert_gradients(model, target, (4,), 1, 3, iters=1)
+
+
+def test_ig_defaults_are_the_papers_and_the_clis_and_its_options_are_keywords():
+    import inspect
+
+    cfg = main.parse_config([])
+    p = inspect.signature(dlg.invert_gradients).parameters
+    assert (p["iters"].default, p["tv"].default, p["lr"].default) == (cfg.ig_iters, cfg.ig_tv, 0.1) == (4000, 1e-4, 0.1)
+    assert all(p[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("labels", "iters", "tv", "lr", "generator",
+                                                                      "bounds", "clip"))

@@ -171,7 +171,11 @@ def invert_gradients(model: nn.Module, target: dict[str, torch.Tensor], input_sh
     target (DLG's soft labels are optimised jointly when the target holds no classifier gradient).
     ``bounds`` (low, high), broadcastable to the inputs (the normalised images of pixels 0 and 1), is the
     box the dummies are projected into after each step; None: no box. ``clip`` makes the attacker
-    DP-aware as in ``reconstruct``. The dummy with the lowest cost seen is returned."""
+    DP-aware as in ``reconstruct``. The dummy with the lowest cost seen is returned. The total-variation
+    prior is defined on images (``input_shape`` C x H x W); other inputs need ``tv=0``."""
+    if tv and len(input_shape) != 3:
+        raise ValueError(f"invert_gradients: the total-variation prior needs image inputs (C x H x W), got inputs "
+                         f"of shape {tuple(input_shape)}; pass tv=0")
     device, names, params, x, y, variables = _dummies(model, target, input_shape, batch, num_classes, labels,
                                                       generator, infer=True)
     opt = torch.optim.Adam(variables, lr=lr)
@@ -185,7 +189,9 @@ def invert_gradients(model: nn.Module, target: dict[str, torch.Tensor], input_sh
     for it in range(iters):
         opt.zero_grad(set_to_none=True)
         grads = _released_gradient(model, params, names, x, y, clip)
-        loss = cosine_loss(grads, tgt) + tv * total_variation(x)
+        loss = cosine_loss(grads, tgt)
+        if tv:
+            loss = loss + tv * total_variation(x)
         value = float(loss.detach())
         if value < best[0]:  # the cost of the current dummy, before this step moves it
             best = (value, x.detach().clone(), y.detach().clone())
