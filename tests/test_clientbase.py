@@ -1,0 +1,100 @@
+"""Details of the base client that every algorithm inherits, each against a value worked out here: the mean
+loss ``run_epochs`` reports, how many batches an epoch has, the training mode and time of ``train``, the
+errors of a missing attribute (parked or not), validation counts, and the sampled training loss's size."""
+import inspect
+import math
+import time
+
+import pytest
+import torch
+
+import main
+from conftest import cli
+from flcore.registry import get_server_class
+from utils.data_utils import load_split
+
+
+def build(root, out, *flags):
+    cfg = main.parse_config(cli(root, out, "-lr", "0.1", "-lbs", "20", "--executor", "sequential", *flags))
+    data = load_split("Digits", root)
+    return get_server_class(cfg.algorithm)(cfg.replace(num_classes=data.num_classes), data)
+
+
+def test_run_epochs_reports_the_mean_of_its_batches_losses(digits_tiny_root, tmp_path):
+    """A step that reports its batch's size as the loss: two epochs of n samples in batches of 20 give
+    ceil(n / 20) batches each, whose sizes average 2n / (2 ceil(n / 20)). No epoch: 0.0 and no step."""
+    c = build(digits_tiny_root, tmp_path).clients[0]
+    sizes = []
+
+    def step(x, y):
+        sizes.append(len(y))
+        return torch.tensor(float(len(y)))
+
+    n = c.train_samples
+    assert n % 20  # a short last batch, so the mean is not simply the batch size
+    mean = c.run_epochs(2, step=step)
+    assert len(sizes) == 2 * math.ceil(n / 20) and sum(sizes) == 2 * n
+    assert mean == pytest.approx(2 * n / len(sizes), rel=1e-12)
+    sizes.clear()
+    assert c.run_epochs(1, n, step=step) == n and sizes == [n]  # one batch: its own loss
+    sizes.clear()
+    assert c.run_epochs(0, step=step) == 0.0 and sizes == []
+
+
+def test_batches_per_epoch_follows_the_batch_size_asked_for(digits_tiny_root, tmp_path):
+    c = build(digits_tiny_root, tmp_path).clients[0]
+    n = c.train_samples
+    assert c.batches_per_epoch() == math.ceil(n / 20)  # -lbs
+    assert c.batches_per_epoch(7) == math.ceil(n / 7) != math.ceil(n / 20)
+    assert [len(b) for b in c.batches(1, 7)] == [7] * (n // 7) + ([n % 7] if n % 7 else [])
+    assert c.steps_per_round() == c.cfg.local_epochs * math.ceil(n / 20)
+
+
+def test_train_runs_in_training_mode_and_records_its_own_time(digits_tiny_root, tmp_path, monkeypatch):
+    c = build(digits_tiny_root, tmp_path).clients[0]
+    modes = []
+    monkeypatch.setattr(c, "local_update", lambda r: modes.append(c.model.training))
+    c.model.eval()  # as an evaluation might leave it
+    start = time.perf_counter()
+    c.train(0)
+    wall = time.perf_counter() - start
+    assert modes == [True] and len(c.train_time) == 1 and 0 < c.train_time[0] <= wall
+
+
+def test_a_missing_attribute_is_an_attribute_error_naming_it_and_never_unparks(digits_tiny_root, tmp_path):
+    server = build(digits_tiny_root, tmp_path, "--client_state", "cpu", "-jr", "0.4")
+    live = [c for c in server.clients if "parked_in" not in vars(c)]
+    parked = [c for c in server.clients if "parked_in" in vars(c)]
+    assert live and parked
+    for c in (live[0], parked[0]):
+        with pytest.raises(AttributeError, match=rf"^'{type(c).__name__}' object has no attribute '__nope__'$"):
+            c.__nope__  # noqa: B018
+    assert "parked_in" in vars(parked[0])  # a special name is never a reason to bring a client back
+    with pytest.raises(AttributeError, match=rf"^'{type(live[0]).__name__}' object has no attribute 'nope'$"):
+        live[0].nope  # noqa: B018
+    assert parked[0].train_samples > 0 and "parked_in" in vars(parked[0])  # kept attributes need no unpark
+    parked[0].optimizer  # noqa: B018  (any other attribute brings it back)
+    assert "parked_in" not in vars(parked[0])
+
+
+def test_validation_counts_are_the_personal_models_own(digits_tiny_root, tmp_path):
+    server = build(digits_tiny_root, tmp_path, "--val_ratio", "0.3")
+    server.run_round(0)
+    for c in server.clients:
+        with torch.no_grad():
+            want = int((c.model(c.x_val).argmax(1) == c.y_val).sum())
+        assert c.val_metrics() == (want, len(c.y_val)) and len(c.y_val) > 0
+    assert any(0 < c.val_metrics()[0] < len(c.y_val) for c in server.clients)  # neither none nor all right
+
+
+def test_the_sampled_training_loss_takes_at_least_one_sample(digits_tiny_root, tmp_path):
+    c = build(digits_tiny_root, tmp_path, "--train_loss_eval", "sampled", "--train_loss_fraction", "0.001"
+              ).clients[0]
+    assert 0.001 * c.train_samples < 1 and len(c.train_loss_sample()) == 1
+
+
+def test_run_epochs_options_are_keywords():
+    from flcore.clients.clientbase import Client
+
+    p = inspect.signature(Client.run_epochs).parameters
+    assert all(p[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("optimizer", "objective", "generator", "step"))
