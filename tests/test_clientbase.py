@@ -98,3 +98,13 @@ def test_run_epochs_options_are_keywords():
 
     p = inspect.signature(Client.run_epochs).parameters
     assert all(p[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("optimizer", "objective", "generator", "step"))
+
+
+def test_epsilon_is_zero_without_dp_sgd_and_before_its_first_step(digits_tiny_root, tmp_path):
+    plain = build(digits_tiny_root, tmp_path)
+    plain.run_round(0)
+    assert all(c.dp_epsilon(1e-5) == 0.0 for c in plain.clients)  # trained, but without -dp
+    private = build(digits_tiny_root, tmp_path, "-dp", "-dps", "1")
+    assert all(c.dp_epsilon(1e-5) == 0.0 for c in private.clients)  # no step taken yet
+    private.run_round(0)
+    assert all(c.dp_epsilon(1e-5) > 0 for c in private.clients)
