@@ -183,3 +183,21 @@ def test_a_server_fresh_from_its_constructor_is_at_round_0_having_moved_and_aver
     server = build(digits_tiny_root, tmp_path)
     assert server.round_idx == 0 and server.bytes_down == server.bytes_up == 0 and server.averaged is False
     assert server.selected == [] and server.late == []
+
+
+def test_clients_that_join_late_get_architectures_too(digits_tiny_root, tmp_path):
+    """--client_models assigns ids 0 .. N-1 of the trained clients and then the -nnc new ones, in turn."""
+    server = build(digits_tiny_root, tmp_path, "-algo", "Local", "--client_models", "CNN1,CNN3", "-nnc", "2",
+                   "-ften", "0", clients=3, new=2)
+    assert server.client_model_names == ["CNN1", "CNN3", "CNN1", "CNN3", "CNN1"]
+    assert len(server.evaluate_new_clients()["client_test_acc"]) == 2
+
+
+def test_checkpoints_are_taken_every_ce_rounds_and_after_the_last(digits_tiny_root, tmp_path, monkeypatch):
+    """-gr 7 --checkpoint_every 3: after rounds 2 and 5 (every third), and after round 6, the last."""
+    server = build(digits_tiny_root, tmp_path, "-gr", "7", "--checkpoint_every", "3", "--train_loss_eval", "off",
+                   "-eg", "7")
+    saved = []
+    monkeypatch.setattr(server.checkpoints, "save", lambda s, t: saved.append((s is server, t)))
+    server.train()
+    assert saved == [(True, 2), (True, 5), (True, 6)]
