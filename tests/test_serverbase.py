@@ -201,3 +201,23 @@ def test_checkpoints_are_taken_every_ce_rounds_and_after_the_last(digits_tiny_ro
     monkeypatch.setattr(server.checkpoints, "save", lambda s, t: saved.append((s is server, t)))
     server.train()
     assert saved == [(True, 2), (True, 5), (True, 6)]
+
+
+@pytest.mark.parametrize("flags,acc,stop", [
+    ((), [0.9, 0.5, 0.4, 0.3], False),  # without -ab nothing stops a run
+    (("-ab", "-tc", "1"), [], False),  # nothing evaluated yet
+    (("-ab", "-tc", "1"), [0.5, 0.9, 0.4], False),  # the best is one evaluation old: not more than -tc
+    (("-ab", "-tc", "1"), [0.9, 0.5, 0.4], True),  # two old
+    (("-ab", "-tc", "2"), [0.9, 0.5, 0.4], False),
+    (("-ab", "-tc", "0"), [0.9, 0.5], True),
+    (("-ab", "-tc", "0"), [0.5, 0.9], False),  # the best is the latest
+    (("-ab", "-tc", "0"), [0.9, 0.9], True),  # a tie is not an improvement: the best is the first
+])
+def test_auto_break_stops_once_the_best_accuracy_is_more_than_tc_evaluations_old(flags, acc, stop, digits_tiny_root,
+                                                                                  tmp_path):
+    from types import SimpleNamespace
+
+    server = build(digits_tiny_root, tmp_path, *flags)
+    assert server._should_stop() is False  # no recorder (a run without result files): never
+    server.recorder = SimpleNamespace(series={"rs_test_acc": acc})
+    assert server._should_stop() is stop
