@@ -108,3 +108,56 @@ def test_epsilon_is_zero_without_dp_sgd_and_before_its_first_step(digits_tiny_ro
     assert all(c.dp_epsilon(1e-5) == 0.0 for c in private.clients)  # no step taken yet
     private.run_round(0)
     assert all(c.dp_epsilon(1e-5) > 0 for c in private.clients)
+
+
+def test_a_parameter_a_steps_loss_does_not_reach_is_not_moved_by_momentum(digits_tiny_root, tmp_path):
+    """Gradients are cleared to None before each step, so a parameter the step's loss does not reach is
+    skipped by the optimizer: SGD with momentum 0.9, lr 0.1; step 1 reaches weight and bias (gradient 1 each),
+    step 2 only the weight. The bias moves once, by -0.1; the weight by -0.1 then -(0.9 * 1 + 1) * 0.1."""
+    c = build(digits_tiny_root, tmp_path).clients[0]
+    m = torch.nn.Linear(1, 1)
+    with torch.no_grad():
+        m.weight.fill_(1.0)
+        m.bias.fill_(1.0)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    calls = []
+
+    def objective(x, y):
+        calls.append(len(y))
+        return m.weight.sum() + (m.bias.sum() if len(calls) == 1 else 0)
+
+    c.run_epochs(1, math.ceil(c.train_samples / 2), optimizer=opt, objective=objective)
+    assert len(calls) == 2
+    assert m.bias.item() == pytest.approx(0.9, abs=1e-7)
+    assert m.weight.item() == pytest.approx(1 - 0.1 - 0.19, abs=1e-7)
+
+
+def test_test_metrics_by_hand(digits_tiny_root, tmp_path):
+    """(correct, samples, AUC) of the personal model on the client's test split: the AUC scikit-learn's, on
+    the flattened one-vs-rest decisions of the softmax over classes."""
+    import numpy as np
+    from sklearn.metrics import roc_auc_score
+
+    server = build(digits_tiny_root, tmp_path)
+    server.run_round(0)
+    for c in server.clients:
+        with torch.no_grad():
+            probs = torch.softmax(c.model(c.x_test), 1).numpy()
+        correct = int((probs.argmax(1) == c.y_test.numpy()).sum())
+        auc = roc_auc_score(np.eye(10)[c.y_test.numpy()].ravel(), probs.ravel())
+        got = c.test_metrics()
+        assert got[:2] == (correct, len(c.y_test)) and got[2] == pytest.approx(auc, abs=1e-9)
+
+
+def test_a_clients_saved_state_refers_to_its_data_and_never_holds_it(digits_tiny_root, tmp_path):
+    """Checkpoints and parked states hold what training changed; the data (training, test and, with
+    --val_ratio, validation splits) is rebuilt from the split, so no tensor of it is in the state."""
+    from runtime.state import map_tensors
+
+    for flags in ((), ("--val_ratio", "0.3")):
+        c = build(digits_tiny_root, tmp_path, *flags).clients[0]
+        data = [t for t in (c.x_train, c.y_train, c.x_test, c.y_test, c.x_val, c.y_val) if t is not None]
+        assert len(data) == (6 if flags else 4)
+        held = []
+        map_tensors(c.state_dict(), lambda t: held.append(t) or t)
+        assert held and not any(t.shape == d.shape and torch.equal(t, d) for t in held for d in data)
