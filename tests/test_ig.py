@@ -174,7 +174,7 @@ def test_ig_takes_given_labels_or_infers_them_before_any_step():
 
 
 def test_ig_steps_follow_the_reference_schedule():
-    """16 iterations: Adam's rate 0.1 drops tenfold at 3/8, 5/8 and 7/8 of them (iterations 6, 10, 14)."""
+    """72 iterations: Adam's rate 0.1 drops tenfold at 3/8, 5/8 and 7/8 of them (iterations 27, 45, 63)."""
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     seen = []
@@ -182,10 +182,10 @@ def test_ig_steps_follow_the_reference_schedule():
     try:
         model = _small_model()
         target = dlg.model_gradient(model, torch.rand(1, 4, generator=torch_gen(0, 0, "x")), torch.tensor([2]))
-        dlg.invert_gradients(model, target, (4,), 1, 3, iters=16, tv=0, generator=torch_gen(0, 0, "d"))
+        dlg.invert_gradients(model, target, (4,), 1, 3, iters=72, tv=0, generator=torch_gen(0, 0, "d"))
     finally:
         handle.remove()
-    assert seen == pytest.approx([0.1] * 6 + [0.01] * 4 + [0.001] * 4 + [1e-4] * 2, rel=1e-9)
+    assert seen == pytest.approx([0.1] * 27 + [0.01] * 18 + [0.001] * 18 + [1e-4] * 9, rel=1e-9)
 
 
 def test_ig_refuses_its_image_prior_on_other_inputs():
@@ -203,3 +203,67 @@ def test_ig_defaults_are_the_papers_and_the_clis_and_its_options_are_keywords():
     assert (p["iters"].default, p["tv"].default, p["lr"].default) == (cfg.ig_iters, cfg.ig_tv, 0.1) == (4000, 1e-4, 0.1)
     assert all(p[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("labels", "iters", "tv", "lr", "generator",
                                                                       "bounds", "clip"))
+
+
+@pytest.mark.parametrize("bounds", [None, (-0.5, 0.5)])
+@pytest.mark.parametrize("aim", ["truth", "start"])
+def test_ig_by_hand_sign_adam_in_the_box_keeping_the_cheapest_dummy(aim, bounds):
+    """Three iterations of IG on a linear model of 4 x 4 images, replayed by hand: the cost of each dummy
+    (1 - cos of its gradient with the target over every parameter, plus tv times its total variation; its
+    gradient by plain autograd), Adam (0.9, 0.999, 1e-8, bias-corrected) on the sign of that gradient at the
+    scheduled rates (milestones int(3 * 3/8) = 1 twice and int(3 * 7/8) = 2: lr, lr / 100), each step
+    projected into the box. Returned: the dummy of the lowest cost, that cost, the cost of iteration 0 as the
+    history, three iterations. Aimed at another image the costs fall, so the last dummy is returned (the
+    steps by hand); aimed at the starting dummy's own gradient the start is the cheapest and is kept."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+    start = torch.randn((1, 1, 4, 4), generator=torch_gen(0, 0, "d"))
+    aimed = torch.rand(1, 1, 4, 4, generator=torch_gen(0, 0, "truth")) if aim == "truth" else start
+    label = torch.tensor([2])
+    target = dlg.model_gradient(model, aimed, label)
+    names = list(target)
+    tv, lr = 0.01, 1.0
+    box = None if bounds is None else (torch.tensor(bounds[0]), torch.tensor(bounds[1]))
+    rec = dlg.invert_gradients(model, target, (1, 4, 4), 1, 3, labels=label, iters=3, tv=tv, lr=lr,
+                               generator=torch_gen(0, 0, "d"), bounds=box)
+
+    def cost(x):
+        x = x.clone().requires_grad_(True)
+        params = dict(model.named_parameters())
+        g = torch.autograd.grad(F.cross_entropy(model(x), label), [params[n] for n in names], create_graph=True)
+        t = [target[n] for n in names]
+        dot = sum((a * b).sum() for a, b in zip(g, t))
+        c = 1 - dot / (torch.sqrt(sum((a * a).sum() for a in g)) * torch.sqrt(sum((b * b).sum() for b in t)))
+        c = c + tv * ((x[..., :, 1:] - x[..., :, :-1]).abs().mean() + (x[..., 1:, :] - x[..., :-1, :]).abs().mean())
+        return float(c.detach()), torch.autograd.grad(c, x)[0]
+
+    x = start.clone()
+    m = v = torch.zeros_like(x)
+    dummies, costs = [], []
+    for t, rate in enumerate([lr, lr / 100, lr / 1000], start=1):
+        c, grad = cost(x)
+        dummies.append(x.clone())
+        costs.append(c)
+        s = torch.sign(grad)
+        m, v = 0.9 * m + 0.1 * s, 0.999 * v + 0.001 * s * s
+        x = x - rate * (m / (1 - 0.9 ** t)) / (torch.sqrt(v / (1 - 0.999 ** t)) + 1e-8)
+        if bounds is not None:
+            x = x.clamp(*bounds)
+    best = min(range(3), key=lambda i: costs[i])
+    assert best == (2 if aim == "truth" else 0) and len(set(costs)) == 3  # what each case exercises; no tie
+    assert rec.loss == pytest.approx(costs[best], abs=1e-6) and torch.allclose(rec.x, dummies[best], atol=1e-5)
+    assert rec.history == pytest.approx(costs[:1], abs=1e-6) and rec.iterations == 3
+    assert not rec.x.requires_grad
+
+
+def test_ig_stops_at_a_non_finite_cost_and_returns_its_start():
+    """A target holding NaN makes the first cost NaN: no step is taken, the starting dummy comes back (as a
+    plain tensor) with an infinite loss and no iteration counted."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+    target = {k: torch.full_like(v, float("nan")) for k, v in model.state_dict().items()}
+    rec = dlg.invert_gradients(model, target, (1, 4, 4), 1, 3, labels=torch.tensor([1]), iters=5,
+                               generator=torch_gen(0, 0, "d"))
+    assert rec.loss == float("inf") and rec.iterations == 0 and rec.history == []
+    assert torch.equal(rec.x, torch.randn((1, 1, 4, 4), generator=torch_gen(0, 0, "d"))) and not rec.x.requires_grad

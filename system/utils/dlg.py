@@ -101,8 +101,8 @@ class Reconstruction:
     x: torch.Tensor                # dummy inputs with the lowest matching loss, in the model's input space
     labels: torch.Tensor           # recovered labels (iDLG: inferred; DLG: argmax of the dummy soft labels)
     loss: float                    # lowest gradient-matching loss reached
-    iterations: int                # L-BFGS iterations run
-    history: list[float]           # matching loss after each chunk of L-BFGS iterations
+    iterations: int                # optimizer iterations run (L-BFGS for DLG/iDLG, Adam for IG)
+    history: list[float]           # matching loss after each chunk of L-BFGS iterations (IG: every 100th cost)
 
 
 def cosine_loss(grads, target: list[torch.Tensor]) -> torch.Tensor:
@@ -186,6 +186,7 @@ def invert_gradients(model: nn.Module, target: dict[str, torch.Tensor], input_sh
                                                   torch.as_tensor(bounds[1], device=device))
     best = (float("inf"), x.detach().clone(), y.detach().clone())
     history: list[float] = []
+    done = 0
     for it in range(iters):
         opt.zero_grad(set_to_none=True)
         grads = _released_gradient(model, params, names, x, y, clip)
@@ -207,9 +208,10 @@ def invert_gradients(model: nn.Module, target: dict[str, torch.Tensor], input_sh
                 x.copy_(torch.maximum(torch.minimum(x, hi), lo))
         if it % 100 == 0:
             history.append(value)
+        done = it + 1
     _, bx, by = best
     out_labels = by if by.dtype == torch.long else by.argmax(dim=-1)
-    return Reconstruction(bx, out_labels, best[0], iters, history)
+    return Reconstruction(bx, out_labels, best[0], done, history)
 
 
 def _matching_loss(model, params, names, target, x, soft_or_hard, clip=None):
