@@ -658,3 +658,51 @@ def test_dp_sgd_streams_and_refusal_name_by_hand():
     two = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2), nn.Conv2d(1, 1, 1), nn.BatchNorm2d(1))
     with pytest.raises(FLError, match="the model has BatchNorm1d layers"):
         dp_sgd.DPSGD.from_config(cfg, 0, 0, two, 100)
+
+
+@pytest.mark.parametrize("channels,count", [(1, 3), (3, 10)])
+def test_the_grid_shows_originals_over_reconstructions_as_drawn_here(channels, count, tmp_path, monkeypatch):
+    """save_grid's figure, caught before it is closed: two rows of min(count, 8) untickmarked panels, the
+    originals on top and the reconstructions below, each image drawn as given (grey scale for one channel)
+    on the fixed range [0, 1], the titles under the reconstructions, the row labels; 1.4 x 3.0 inches per
+    column at 80 dpi in the file."""
+    import matplotlib.image
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    shown = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: (shown.append(fig), close(fig)))
+    orig = torch.rand(count, channels, 5, 4, generator=torch_gen(0, 0, "o"))
+    recon = torch.rand(count, channels, 5, 4, generator=torch_gen(0, 0, "r"))
+    titles = [f"{i} dB" for i in range(count)]
+    dlg.save_grid(orig, recon, tmp_path / "grid.png", titles)
+    k = min(count, 8)
+    (fig,) = shown
+    axes = fig.axes
+    assert len(axes) == 2 * k and tuple(fig.get_size_inches()) == pytest.approx((1.4 * k, 3.0))
+    for j in range(k):
+        for row, img in ((0, orig[j]), (1, recon[j])):
+            ax = axes[row * k + j]
+            (im,) = ax.get_images()
+            want = img.permute(1, 2, 0).numpy()
+            drawn, given = np.asarray(im.get_array()), want[..., 0] if channels == 1 else want
+            assert drawn.shape == given.shape and np.allclose(drawn, given)
+            assert im.get_clim() == (0, 1) and im.get_cmap().name == "gray"
+            assert list(ax.get_xticks()) == [] and list(ax.get_yticks()) == []
+        assert axes[k + j].get_title() == titles[j] and axes[k + j].title.get_fontsize() == 7
+        assert axes[j].get_title() == ""
+    assert axes[0].get_ylabel() == "original" and axes[k].get_ylabel() == "recon."
+    assert axes[0].yaxis.label.get_fontsize() == 8 and axes[k].yaxis.label.get_fontsize() == 8
+    png = matplotlib.image.imread(tmp_path / "grid.png")
+    assert png.shape[:2] == (round(3.0 * 80), round(1.4 * k * 80))
+
+
+def test_the_grid_without_titles_has_none(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    shown = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: (shown.append(fig), close(fig)))
+    dlg.save_grid(torch.rand(2, 1, 4, 4), torch.rand(2, 1, 4, 4), tmp_path / "g.png")
+    assert all(ax.get_title() == "" for ax in shown[0].axes) and (tmp_path / "g.png").exists()

@@ -353,8 +353,8 @@ def save_grid(originals: torch.Tensor, recon: torch.Tensor, path, titles: list[s
     for j in range(k):
         for row, img in ((0, originals[j]), (1, recon[j])):
             ax = axes[row][j]
-            arr = img.detach().cpu().permute(1, 2, 0).numpy()
-            ax.imshow(arr[..., 0] if arr.shape[-1] == 1 else arr, cmap="gray", vmin=0, vmax=1)
+            # H x W x C; matplotlib draws a single channel (H x W x 1) as a grey-scale H x W image
+            ax.imshow(img.detach().cpu().permute(1, 2, 0).numpy(), cmap="gray", vmin=0, vmax=1)
             ax.set_xticks([])
             ax.set_yticks([])
         if titles:
