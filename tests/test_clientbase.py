@@ -161,3 +161,17 @@ def test_a_clients_saved_state_refers_to_its_data_and_never_holds_it(digits_tiny
         held = []
         map_tensors(c.state_dict(), lambda t: held.append(t) or t)
         assert held and not any(t.shape == d.shape and torch.equal(t, d) for t in held for d in data)
+
+
+def test_each_clients_streams_are_its_own_seeded_draws(digits_tiny_root, tmp_path):
+    """--seed 3, run 1: client i's batch order and ALA sample streams are (3, 1, "batches", i) and
+    (3, 1, "ala", i) (client ids and the run unequal, so a swap of the two shows)."""
+    from utils.seeding import torch_gen
+
+    cfg = main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedALA", "--seed", "3", "--executor",
+                                "sequential"))
+    data = load_split("Digits", digits_tiny_root)
+    server = get_server_class("FedALA")(cfg.replace(num_classes=data.num_classes), data, 1)
+    for c in server.clients:
+        assert torch.equal(c.batch_gen.get_state(), torch_gen(3, 1, "batches", c.id).get_state())
+        assert torch.equal(c.ala.generator.get_state(), torch_gen(3, 1, "ala", c.id).get_state())
