@@ -175,3 +175,14 @@ def test_each_clients_streams_are_its_own_seeded_draws(digits_tiny_root, tmp_pat
     for c in server.clients:
         assert torch.equal(c.batch_gen.get_state(), torch_gen(3, 1, "batches", c.id).get_state())
         assert torch.equal(c.ala.generator.get_state(), torch_gen(3, 1, "ala", c.id).get_state())
+
+
+def test_each_clients_dp_noise_is_its_own_seeded_stream(digits_tiny_root, tmp_path):
+    from utils.seeding import torch_gen
+
+    cfg = main.parse_config(cli(digits_tiny_root, tmp_path, "-dp", "-dps", "1", "--seed", "3", "--executor",
+                                "sequential"))
+    data = load_split("Digits", digits_tiny_root)
+    server = get_server_class("FedAvg")(cfg.replace(num_classes=data.num_classes), data, 1)
+    for c in server.clients:
+        assert torch.equal(c.dp.generator.get_state(), torch_gen(3, 1, "dp-noise", c.id).get_state())
