@@ -186,3 +186,13 @@ def test_each_clients_dp_noise_is_its_own_seeded_stream(digits_tiny_root, tmp_pa
     server = get_server_class("FedAvg")(cfg.replace(num_classes=data.num_classes), data, 1)
     for c in server.clients:
         assert torch.equal(c.dp.generator.get_state(), torch_gen(3, 1, "dp-noise", c.id).get_state())
+
+
+def test_a_clients_state_leaves_out_what_it_is_told_and_names_the_client_in_errors(digits_tiny_root, tmp_path):
+    from runtime.state import StateError
+
+    c = build(digits_tiny_root, tmp_path).clients[2]
+    assert "train_time" in c.state_dict() and "train_time" not in c.state_dict(skip=("train_time",))
+    c.helper = lambda: None  # not a tensor, a plain value or a known object: a state cannot hold it
+    with pytest.raises(StateError, match=r"^client 2\.helper: "):
+        c.state_dict()
