@@ -232,3 +232,17 @@ def test_an_fp16_step_whose_scaled_gradients_overflow_is_skipped_and_the_scale_h
     c.loss = lambda x, y: 1e38 * m.weight.sum() + m.bias.sum()  # times 2^16: infinite in float32
     c.run_epochs(1, c.train_samples)
     assert m.weight.item() == 1.0 and m.bias.item() == 0.0 and c.scaler.get_scale() == 2.0 ** 15
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_evaluating_leaves_the_model_in_the_mode_it_was_in(training, digits_tiny_root, tmp_path):
+    """An evaluation runs the model in eval mode and puts it back as it was: a personal model trained later
+    through another optimizer (Ditto's) is never switched back by ``train``."""
+    c = build(digits_tiny_root, tmp_path, "--val_ratio", "0.3").clients[0]
+    modes = []
+    c.model.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    for method in ("test_metrics", "val_metrics", "train_metrics"):
+        c.model.train(training)
+        modes.clear()
+        getattr(c, method)()
+        assert modes and not any(modes) and c.model.training is training, method
