@@ -221,3 +221,9 @@ def test_auto_break_stops_once_the_best_accuracy_is_more_than_tc_evaluations_old
     assert server._should_stop() is False  # no recorder (a run without result files): never
     server.recorder = SimpleNamespace(series={"rs_test_acc": acc})
     assert server._should_stop() is stop
+
+
+def test_a_run_of_one_client_reports_what_ala_adapts(digits_tiny_root, tmp_path, capsys):
+    server = build(digits_tiny_root, tmp_path, "-algo", "FedALA", "-p", "1", clients=1)
+    assert len(server.clients) == 1
+    assert "ALA adapts 1 tensor(s) (last 1 tensor(s), -p): fc.bias" in capsys.readouterr().out
