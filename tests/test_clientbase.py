@@ -246,3 +246,26 @@ def test_evaluating_leaves_the_model_in_the_mode_it_was_in(training, digits_tiny
         modes.clear()
         getattr(c, method)()
         assert modes and not any(modes) and c.model.training is training, method
+
+
+def test_a_late_joiner_receives_as_a_participant_and_fine_tunes_in_training_mode(digits_tiny_root, tmp_path,
+                                                                                 monkeypatch):
+    """``join_late``: the payload is received as by a participant (an algorithm whose non-participants keep
+    their model, as FedAS's, would otherwise ignore it); fine-tuning runs in training mode even when the model
+    was left in eval mode; no payload, nothing received."""
+    server = build(digits_tiny_root, tmp_path)
+    c = server.clients[0]
+    got = []
+    receive = c.receive
+    monkeypatch.setattr(c, "receive", lambda payload, participating=True: (got.append(participating),
+                                                                          receive(payload, participating)))
+    modes = []
+    c.model.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    c.model.eval()
+    c.join_late(server.global_model, 1)
+    assert got == [True]
+    tuned = modes[:-1]  # the last forward is the test evaluation, in eval mode
+    assert tuned and all(tuned) and modes[-1] is False
+    got.clear()
+    c.join_late(None, 0)
+    assert got == []
