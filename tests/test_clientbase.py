@@ -269,3 +269,13 @@ def test_a_late_joiner_receives_as_a_participant_and_fine_tunes_in_training_mode
     got.clear()
     c.join_late(None, 0)
     assert got == []
+
+
+def test_the_sampled_training_loss_is_the_clients_own_seeded_draw(digits_tiny_root, tmp_path):
+    from utils.seeding import torch_gen
+
+    c = build(digits_tiny_root, tmp_path, "--train_loss_eval", "sampled", "--train_loss_fraction", "0.25",
+              "--seed", "2").clients[3]
+    k = math.ceil(0.25 * c.train_samples)
+    want = torch.randperm(c.train_samples, generator=torch_gen(2, 0, "train-loss", 3))[:k].sort().values
+    assert torch.equal(c.train_loss_sample(), want)

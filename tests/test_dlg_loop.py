@@ -19,7 +19,7 @@ class StandIn:
     made: list = []
 
     def __init__(self, params, **settings):
-        self.x = params[0]
+        self.x, self.variables = params[0], len(params)
         self.settings = settings
         self.param_groups = [{"max_iter": settings["max_iter"]}]
         self.state = {self.x: {}}
@@ -35,7 +35,7 @@ class StandIn:
         self.state[self.x]["n_iter"] = self.state[self.x].get("n_iter", 0) + ran
 
 
-def attack(monkeypatch, losses, runs=(), blow_up=(), **options):
+def attack(monkeypatch, losses, runs=(), blow_up=(), method="idlg", **options):
     """Run reconstruct with the stand-in, the losses after each chunk taken from ``losses``."""
     StandIn.made = []
     script = list(losses)
@@ -58,7 +58,7 @@ def attack(monkeypatch, losses, runs=(), blow_up=(), **options):
     model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
     target = {k: torch.ones_like(v) for k, v in model.named_parameters()}
     start = torch.randn((1, 1, 2, 2), generator=torch_gen(0, 0, "d"))
-    rec = dlg.reconstruct(model, target, (1, 2, 2), 1, 3, method="idlg", labels=torch.tensor([1]),
+    rec = dlg.reconstruct(model, target, (1, 2, 2), 1, 3, method=method, labels=torch.tensor([1]),
                           generator=torch_gen(0, 0, "d"), **options)
     return rec, StandIn.made[0], start, measured
 
@@ -127,3 +127,20 @@ def test_the_loops_defaults():
     assert {k: p[k].default for k in ("method", "iters", "tol", "chunk", "stall", "line_search", "clip")} == {
         "method": "dlg", "iters": 300, "tol": 1e-8, "chunk": 20, "stall": 5, "line_search": None, "clip": None}
     assert all(p[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("method", "labels", "iters", "tol", "chunk"))
+
+
+def test_idlg_optimises_the_inputs_under_the_given_labels_dlg_the_labels_too(monkeypatch):
+    rec, opt, _, _ = attack(monkeypatch, [5.0], iters=20, chunk=20)
+    assert opt.variables == 1 and rec.labels.tolist() == [1]
+    rec, opt, _, _ = attack(monkeypatch, [5.0], iters=20, chunk=20, method="dlg")
+    assert opt.variables == 2  # the given labels are iDLG's only: DLG learns soft labels
+
+
+def test_a_first_chunk_that_runs_nothing_stops_the_attack_with_no_iteration(monkeypatch):
+    rec, opt, _, _ = attack(monkeypatch, [5.0, 4.0], runs=[0], iters=100, chunk=20, tol=0.0, stall=100)
+    assert opt.budgets == [20] and rec.iterations == 0 and rec.history == [5.0]
+
+
+def test_a_nan_first_chunk_returns_the_starting_dummy_as_a_plain_tensor(monkeypatch):
+    rec, opt, start, _ = attack(monkeypatch, [float("nan")], iters=100, chunk=20, tol=0.0, stall=100)
+    assert rec.loss == float("inf") and torch.equal(rec.x, start) and not rec.x.requires_grad

@@ -267,3 +267,25 @@ def test_ig_stops_at_a_non_finite_cost_and_returns_its_start():
                                generator=torch_gen(0, 0, "d"))
     assert rec.loss == float("inf") and rec.iterations == 0 and rec.history == []
     assert torch.equal(rec.x, torch.randn((1, 1, 4, 4), generator=torch_gen(0, 0, "d"))) and not rec.x.requires_grad
+
+
+@pytest.mark.parametrize("iters,kept", [(100, 1), (101, 2)])
+def test_ig_keeps_the_cost_of_every_hundredth_iteration(iters, kept):
+    model = _small_model()
+    target = dlg.model_gradient(model, torch.rand(1, 4, generator=torch_gen(0, 0, "x")), torch.tensor([2]))
+    rec = dlg.invert_gradients(model, target, (4,), 1, 3, iters=iters, tv=0, generator=torch_gen(0, 0, "d"))
+    assert len(rec.history) == kept and rec.iterations == iters
+
+
+def test_ig_without_the_classifiers_gradient_learns_soft_labels_and_returns_their_argmax():
+    """The target holds the hidden layer only: no label can be inferred, so two soft labels are optimised
+    with the inputs; one iteration returns the start, whose labels are the argmax over the classes of the
+    soft labels drawn after the inputs."""
+    model = _small_model()
+    x, y = torch.rand(2, 4, generator=torch_gen(0, 0, "x")), torch.tensor([2, 0])
+    target = dlg.model_gradient(model, x, y, ["hidden.weight", "hidden.bias"])
+    gen = torch_gen(0, 0, "d")
+    torch.randn((2, 4), generator=gen)
+    soft = torch.randn((2, 3), generator=gen)
+    rec = dlg.invert_gradients(model, target, (4,), 2, 3, iters=1, tv=0, generator=torch_gen(0, 0, "d"))
+    assert rec.labels.tolist() == soft.argmax(dim=1).tolist() and soft.argmax(dim=1).tolist() != [0, 0]
