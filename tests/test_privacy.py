@@ -706,3 +706,31 @@ def test_the_grid_without_titles_has_none(tmp_path, monkeypatch):
     monkeypatch.setattr(plt, "close", lambda fig: (shown.append(fig), close(fig)))
     dlg.save_grid(torch.rand(2, 1, 4, 4), torch.rand(2, 1, 4, 4), tmp_path / "g.png")
     assert all(ax.get_title() == "" for ax in shown[0].axes) and (tmp_path / "g.png").exists()
+
+
+@pytest.mark.parametrize("size,window", [(8, 7), (12, 11), (13, 11), (9, 9)])
+def test_ssim_against_a_loop_over_every_window(size, window):
+    """SSIM by the paper's definition, one valid window at a time: Gaussian weights exp(-d^2 / (2 * 1.5^2))
+    normalised over the window (7 x 7 on 8 x 8 images, the largest odd size that fits; 11 x 11 at most), the
+    weighted means, variances and covariance, C1 = (0.01 L)^2, C2 = (0.03 L)^2, averaged over the positions and
+    the channels; two channels, data range 2."""
+    a = torch.rand(2, 2, size, size, generator=torch_gen(0, 0, "a"), dtype=torch.float64) * 2
+    b = (a + 0.3 * torch.randn(2, 2, size, size, generator=torch_gen(0, 0, "b"), dtype=torch.float64)).clamp(0, 2)
+    r = torch.arange(window, dtype=torch.float64) - (window - 1) / 2
+    g = torch.exp(-r ** 2 / (2 * 1.5 ** 2))
+    w = g[:, None] * g[None, :]
+    w = w / w.sum()
+    c1, c2 = (0.01 * 2) ** 2, (0.03 * 2) ** 2
+    want = []
+    for n in range(2):
+        values = []
+        for c in range(2):
+            for i in range(size - window + 1):
+                for j in range(size - window + 1):
+                    pa, pb = a[n, c, i:i + window, j:j + window], b[n, c, i:i + window, j:j + window]
+                    ma, mb = (w * pa).sum(), (w * pb).sum()
+                    va, vb = (w * pa * pa).sum() - ma ** 2, (w * pb * pb).sum() - mb ** 2
+                    cov = (w * pa * pb).sum() - ma * mb
+                    values.append(((2 * ma * mb + c1) * (2 * cov + c2)) / ((ma ** 2 + mb ** 2 + c1) * (va + vb + c2)))
+        want.append(float(sum(values) / len(values)))
+    assert dlg.ssim(a, b, data_range=2.0).tolist() == pytest.approx(want, rel=1e-5)
