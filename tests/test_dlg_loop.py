@@ -114,6 +114,13 @@ def test_a_dummy_gone_infinite_is_not_measured_and_stops_the_attack(monkeypatch)
     ([10.0, 9.995, 9.991, 9.0], 3),  # after 3 chunks the best is 0.009 below the best 2 chunks before: < 0.1 %
     ([10.0, 9.995, 9.989, 9.9895, 9.0], 4),  # 0.011 below: go on; then 9.995 - 9.989 = 0.006 < 0.1 % of 9.995
     ([10.0, 12.0, 11.0, 9.0], 3),  # no new best in two chunks: stalled
+    # the fall is measured against the best two chunks before, and so is the thousandth: after chunk 5 the
+    # best fell 1.0 - 0.99 = 0.01 > 0.001 (go on, though 0.01 < 0.05, a thousandth of an older best); it
+    # stalls after chunk 8, two chunks without a new best
+    ([100.0, 50.0, 1.0, 0.995, 0.99, 0.5, 0.5, 0.5], 8),
+    # a thousandth of the older best, not of the current one: 1.0 - 0.9990005 = 0.0009995 is below 0.001 but
+    # not below 0.0009990005
+    ([1.0, 0.9990005, 0.9990005, 0.9990005], 3),
 ])
 def test_it_stops_when_the_best_loss_fell_less_than_a_thousandth_over_stall_chunks(monkeypatch, losses, chunks):
     rec, opt, _, _ = attack(monkeypatch, losses, iters=1000, chunk=20, tol=0.0, stall=2)
@@ -144,3 +151,14 @@ def test_a_first_chunk_that_runs_nothing_stops_the_attack_with_no_iteration(monk
 def test_a_nan_first_chunk_returns_the_starting_dummy_as_a_plain_tensor(monkeypatch):
     rec, opt, start, _ = attack(monkeypatch, [float("nan")], iters=100, chunk=20, tol=0.0, stall=100)
     assert rec.loss == float("inf") and torch.equal(rec.x, start) and not rec.x.requires_grad
+
+
+def test_a_loss_of_exactly_zero_never_stalls(monkeypatch):
+    """No fall at all from a best of 0 is not "less than a thousandth of 0": with tol 0 the budget is spent."""
+    rec, opt, _, _ = attack(monkeypatch, [0.0] * 5, iters=100, chunk=20, tol=0.0, stall=2)
+    assert len(opt.budgets) == 5 and rec.iterations == 100
+
+
+def test_a_chunk_of_one_iteration_is_progress(monkeypatch):
+    rec, opt, _, _ = attack(monkeypatch, [5.0, 4.0, 3.0], runs=[20, 1, 20], iters=41, chunk=20, tol=0.0, stall=100)
+    assert opt.budgets == [20, 20, 20] and rec.iterations == 41

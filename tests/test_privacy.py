@@ -734,3 +734,11 @@ def test_ssim_against_a_loop_over_every_window(size, window):
                     values.append(((2 * ma * mb + c1) * (2 * cov + c2)) / ((ma ** 2 + mb ** 2 + c1) * (va + vb + c2)))
         want.append(float(sum(values) / len(values)))
     assert dlg.ssim(a, b, data_range=2.0).tolist() == pytest.approx(want, rel=1e-5)
+
+
+def test_denormalize_by_hand_and_clamped_to_the_pixel_range():
+    """(x * std + mean) per channel, then clamped to [0, 1]: channel 0 (mean 0.5, std 0.5) and channel 1
+    (mean 0.2, std 2)."""
+    x = torch.tensor([[[[-3.0, 0.0]], [[0.1, 1.0]]]])  # 1 x 2 x 1 x 2
+    got = dlg.denormalize(x, [0.5, 0.2], [0.5, 2.0])
+    assert torch.allclose(got, torch.tensor([[[[0.0, 0.5]], [[0.4, 1.0]]]]))  # -1 clamped to 0, 2.2 to 1
