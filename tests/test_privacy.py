@@ -742,3 +742,13 @@ def test_denormalize_by_hand_and_clamped_to_the_pixel_range():
     x = torch.tensor([[[[-3.0, 0.0]], [[0.1, 1.0]]]])  # 1 x 2 x 1 x 2
     got = dlg.denormalize(x, [0.5, 0.2], [0.5, 2.0])
     assert torch.allclose(got, torch.tensor([[[[0.0, 0.5]], [[0.4, 1.0]]]]))  # -1 clamped to 0, 2.2 to 1
+
+
+def test_matching_near_identical_images_survives_rounding():
+    """Reconstructions 1e-9 from their originals: the expanded squared distance |r|^2 - 2 r.o + |o|^2 comes out
+    slightly negative for one of these (rounding; without the floor its PSNR is NaN and the assignment
+    fails); floored, every pair scores MAX_PSNR and pairs with its own original."""
+    o = torch.rand(3, 1, 8, 8, generator=torch_gen(0, 0, "m"), dtype=torch.float64) * 3
+    r = o + 1e-9
+    order, score = dlg.match(o, r)
+    assert order.tolist() == [0, 1, 2] and score.tolist() == [dlg.MAX_PSNR] * 3
