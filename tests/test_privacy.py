@@ -752,3 +752,25 @@ def test_matching_near_identical_images_survives_rounding():
     r = o + 1e-9
     order, score = dlg.match(o, r)
     assert order.tolist() == [0, 1, 2] and score.tolist() == [dlg.MAX_PSNR] * 3
+
+
+def test_the_grid_draws_off_screen_tensors_that_require_grad_tightly_laid_out(tmp_path, monkeypatch):
+    """Whatever backend was chosen before, the grid is drawn with the non-interactive Agg (no window opens on
+    a desktop); reconstructions still attached to a graph are drawn; the panels are laid out tightly (margins
+    inside matplotlib's default subplot margins, left and top)."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    shown = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: (shown.append(fig), close(fig)))
+    before = matplotlib.get_backend()
+    matplotlib.use("pdf")
+    try:
+        recon = torch.rand(2, 1, 4, 4).requires_grad_(True)
+        dlg.save_grid(torch.rand(2, 1, 4, 4), recon, tmp_path / "g.png", ["a", "b"])
+        assert matplotlib.get_backend().lower() == "agg"
+    finally:
+        matplotlib.use(before)
+    box = shown[0].axes[0].get_position()
+    assert box.x0 < matplotlib.rcParams["figure.subplot.left"] and box.y1 > matplotlib.rcParams["figure.subplot.top"]
