@@ -30,9 +30,9 @@ def canonical_model(name: str) -> str:
 
 def device_list(text: str) -> str:
     """``-did``: one CUDA device index or a comma-separated list of them (``0``, ``0,1``, ``"0, 2"``),
-    written back without spaces (``0,2``) so every reader splits it the same way."""
-    ids = [d.strip() for d in text.split(",")]
-    if not all(d.isascii() and d.isdigit() for d in ids):
+    written back without spaces or empty entries (``0,2``) so every reader splits it the same way."""
+    ids = [d.strip() for d in text.split(",") if d.strip()]
+    if not ids or not all(d.isascii() and d.isdigit() for d in ids):
         raise argparse.ArgumentTypeError(f"expected device indices such as 0 or 0,1, got '{text}'")
     return ",".join(str(int(d)) for d in ids)
 

@@ -65,7 +65,7 @@ def test_one_round_of_pfllib_lines_runs(digits_root, tmp_path):
     ("-m VGG99", "invalid choice: 'VGG99'"),
     ("-ld maybe", "expected true/false/1/0, got 'maybe'"),
     ("-algo FedAvg -mu abc", "expected a number, got 'abc'"),
-    ("-did 0,,1", "expected device indices such as 0 or 0,1, got '0,,1'"),
+    ("-did ,", "expected device indices such as 0 or 0,1, got ','"),
     ("-did cuda:1", "expected device indices such as 0 or 0,1, got 'cuda:1'"),
     ("-did -1", "expected device indices such as 0 or 0,1, got '-1'"),
     ("-algo fedavg -ts True", "-ts/--time_select is not a flag here: PFLlib declares it and never reads it"),
@@ -105,7 +105,7 @@ def test_startup_print_marks_values_that_differ_from_pfllib(digits_root, tmp_pat
 
 
 @pytest.mark.parametrize("given,kept,device", [("1", "1", "cuda:1"), ("2, 0", "2,0", "cuda:2"), (" 3 ,1", "3,1", "cuda:3"),
-                                               ("01", "1", "cuda:1")])
+                                               ("01", "1", "cuda:1"), ("0, ", "0", "cuda:0"), ("1,,2", "1,2", "cuda:1")])
 def test_device_ids_are_written_without_spaces_and_the_first_is_the_device(given, kept, device, digits_root,
                                                                            tmp_path, monkeypatch):
     import torch
