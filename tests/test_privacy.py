@@ -708,14 +708,15 @@ def test_the_grid_without_titles_has_none(tmp_path, monkeypatch):
     assert all(ax.get_title() == "" for ax in shown[0].axes) and (tmp_path / "g.png").exists()
 
 
-@pytest.mark.parametrize("size,window", [(8, 7), (12, 11), (13, 11), (9, 9)])
-def test_ssim_against_a_loop_over_every_window(size, window):
+@pytest.mark.parametrize("size,window,bright", [(8, 7, 2.0), (12, 11, 2.0), (13, 11, 2.0), (9, 9, 2.0), (8, 7, 0.02)])
+def test_ssim_against_a_loop_over_every_window(size, window, bright):
     """SSIM by the paper's definition, one valid window at a time: Gaussian weights exp(-d^2 / (2 * 1.5^2))
     normalised over the window (7 x 7 on 8 x 8 images, the largest odd size that fits; 11 x 11 at most), the
     weighted means, variances and covariance, C1 = (0.01 L)^2, C2 = (0.03 L)^2, averaged over the positions and
-    the channels; two channels, data range 2."""
-    a = torch.rand(2, 2, size, size, generator=torch_gen(0, 0, "a"), dtype=torch.float64) * 2
-    b = (a + 0.3 * torch.randn(2, 2, size, size, generator=torch_gen(0, 0, "b"), dtype=torch.float64)).clamp(0, 2)
+    the channels; two channels, data range 2 (dark images too, where the constants weigh most)."""
+    a = torch.rand(2, 2, size, size, generator=torch_gen(0, 0, "a"), dtype=torch.float64) * bright
+    noise = 0.15 * bright * torch.randn(2, 2, size, size, generator=torch_gen(0, 0, "b"), dtype=torch.float64)
+    b = (a + noise).clamp(0, bright)
     r = torch.arange(window, dtype=torch.float64) - (window - 1) / 2
     g = torch.exp(-r ** 2 / (2 * 1.5 ** 2))
     w = g[:, None] * g[None, :]
