@@ -660,19 +660,26 @@ def test_dp_sgd_streams_and_refusal_name_by_hand():
         dp_sgd.DPSGD.from_config(cfg, 0, 0, two, 100)
 
 
+@pytest.fixture
+def shown(monkeypatch):
+    """The figures save_grid draws, caught as it closes them."""
+    import matplotlib.pyplot as plt
+
+    caught = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: (caught.append(fig), close(fig)))
+    return caught
+
+
 @pytest.mark.parametrize("channels,count", [(1, 3), (3, 10)])
-def test_the_grid_shows_originals_over_reconstructions_as_drawn_here(channels, count, tmp_path, monkeypatch):
+def test_the_grid_shows_originals_over_reconstructions_as_drawn_here(channels, count, tmp_path, shown):
     """save_grid's figure, caught before it is closed: two rows of min(count, 8) untickmarked panels, the
     originals on top and the reconstructions below, each image drawn as given (grey scale for one channel)
     on the fixed range [0, 1], the titles under the reconstructions, the row labels; 1.4 x 3.0 inches per
     column at 80 dpi in the file."""
     import matplotlib.image
-    import matplotlib.pyplot as plt
     import numpy as np
 
-    shown = []
-    close = plt.close
-    monkeypatch.setattr(plt, "close", lambda fig: (shown.append(fig), close(fig)))
     orig = torch.rand(count, channels, 5, 4, generator=torch_gen(0, 0, "o"))
     recon = torch.rand(count, channels, 5, 4, generator=torch_gen(0, 0, "r"))
     titles = [f"{i} dB" for i in range(count)]
@@ -698,12 +705,7 @@ def test_the_grid_shows_originals_over_reconstructions_as_drawn_here(channels, c
     assert png.shape[:2] == (round(3.0 * 80), round(1.4 * k * 80))
 
 
-def test_the_grid_without_titles_has_none(tmp_path, monkeypatch):
-    import matplotlib.pyplot as plt
-
-    shown = []
-    close = plt.close
-    monkeypatch.setattr(plt, "close", lambda fig: (shown.append(fig), close(fig)))
+def test_the_grid_without_titles_has_none(tmp_path, shown):
     dlg.save_grid(torch.rand(2, 1, 4, 4), torch.rand(2, 1, 4, 4), tmp_path / "g.png")
     assert all(ax.get_title() == "" for ax in shown[0].axes) and (tmp_path / "g.png").exists()
 
@@ -755,16 +757,12 @@ def test_matching_near_identical_images_survives_rounding():
     assert order.tolist() == [0, 1, 2] and score.tolist() == [dlg.MAX_PSNR] * 3
 
 
-def test_the_grid_draws_off_screen_tensors_that_require_grad_tightly_laid_out(tmp_path, monkeypatch):
+def test_the_grid_draws_off_screen_tensors_that_require_grad_tightly_laid_out(tmp_path, shown):
     """Whatever backend was chosen before, the grid is drawn with the non-interactive Agg (no window opens on
     a desktop); reconstructions still attached to a graph are drawn; the panels are laid out tightly (margins
     inside matplotlib's default subplot margins, left and top)."""
     import matplotlib
-    import matplotlib.pyplot as plt
 
-    shown = []
-    close = plt.close
-    monkeypatch.setattr(plt, "close", lambda fig: (shown.append(fig), close(fig)))
     before = matplotlib.get_backend()
     matplotlib.use("pdf")
     try:
