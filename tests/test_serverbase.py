@@ -227,3 +227,11 @@ def test_a_run_of_one_client_reports_what_ala_adapts(digits_tiny_root, tmp_path,
     server = build(digits_tiny_root, tmp_path, "-algo", "FedALA", "-p", "1", clients=1)
     assert len(server.clients) == 1
     assert "ALA adapts 1 tensor(s) (last 1 tensor(s), -p): fc.bias" in capsys.readouterr().out
+
+
+def test_a_one_client_run_checks_its_architectures_on_its_own_sample(digits_tiny_root, tmp_path):
+    """The shapes an algorithm exchanges (FD: logits) come from one forward pass of a sample of the first
+    client's data, so a run of one client builds (and its model answers the split's ten classes)."""
+    server = build(digits_tiny_root, tmp_path, "-algo", "FD", "--client_models", "CNN1,CNN3", clients=1)
+    x = server.data.clients[0].x_train[:3]
+    assert server.client_model_names == ["CNN1"] and server.clients[0].model(x).shape == (3, 10)
