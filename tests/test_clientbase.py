@@ -8,16 +8,7 @@ import time
 import pytest
 import torch
 
-import main
-from conftest import cli
-from flcore.registry import get_server_class
-from utils.data_utils import load_split
-
-
-def build(root, out, *flags):
-    cfg = main.parse_config(cli(root, out, "-lr", "0.1", "-lbs", "20", "--executor", "sequential", *flags))
-    data = load_split("Digits", root)
-    return get_server_class(cfg.algorithm)(cfg.replace(num_classes=data.num_classes), data)
+from conftest import build_server as build
 
 
 def test_run_epochs_reports_the_mean_of_its_batches_losses(digits_tiny_root, tmp_path):
@@ -168,10 +159,7 @@ def test_each_clients_streams_are_its_own_seeded_draws(digits_tiny_root, tmp_pat
     (3, 1, "ala", i) (client ids and the run unequal, so a swap of the two shows)."""
     from utils.seeding import torch_gen
 
-    cfg = main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedALA", "--seed", "3", "--executor",
-                                "sequential"))
-    data = load_split("Digits", digits_tiny_root)
-    server = get_server_class("FedALA")(cfg.replace(num_classes=data.num_classes), data, 1)
+    server = build(digits_tiny_root, tmp_path, "-algo", "FedALA", "--seed", "3", run=1)
     for c in server.clients:
         assert torch.equal(c.batch_gen.get_state(), torch_gen(3, 1, "batches", c.id).get_state())
         assert torch.equal(c.ala.generator.get_state(), torch_gen(3, 1, "ala", c.id).get_state())
@@ -180,10 +168,7 @@ def test_each_clients_streams_are_its_own_seeded_draws(digits_tiny_root, tmp_pat
 def test_each_clients_dp_noise_is_its_own_seeded_stream(digits_tiny_root, tmp_path):
     from utils.seeding import torch_gen
 
-    cfg = main.parse_config(cli(digits_tiny_root, tmp_path, "-dp", "-dps", "1", "--seed", "3", "--executor",
-                                "sequential"))
-    data = load_split("Digits", digits_tiny_root)
-    server = get_server_class("FedAvg")(cfg.replace(num_classes=data.num_classes), data, 1)
+    server = build(digits_tiny_root, tmp_path, "-dp", "-dps", "1", "--seed", "3", run=1)
     for c in server.clients:
         assert torch.equal(c.dp.generator.get_state(), torch_gen(3, 1, "dp-noise", c.id).get_state())
 
@@ -202,9 +187,7 @@ def fp16_client(root, out):
     """A client with --amp fp16's loss scaler on the CPU (main.py keeps fp16 to CUDA devices, where its autocast
     pays; the scaler's logic is the same on either), training a 1 x 1 linear layer (weight 1, bias 0) with
     plain SGD at lr 0.1."""
-    cfg = main.parse_config(cli(root, out, "-lr", "0.1", "--executor", "sequential", "--amp", "fp16"))
-    data = load_split("Digits", root)
-    c = get_server_class("FedAvg")(cfg.replace(num_classes=data.num_classes), data).clients[0]
+    c = build(root, out, "--amp", "fp16").clients[0]
     m = torch.nn.Linear(1, 1)
     with torch.no_grad():
         m.weight.fill_(1.0)

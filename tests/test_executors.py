@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import main
-from conftest import cli
+from conftest import build_server, cli
 from flcore.clients.clientavg import FedAvgClient
 from flcore.registry import ALGORITHMS, get_server_class
 from flcore.servers.serveravg import FedAvgServer
@@ -67,9 +67,7 @@ def run_main(root, out, *flags, executor=None) -> dict:
 def build(root, algo: str = "FedAvg", *flags) -> Server:
     """A server with its clients in this process (sequential executor), built as main.run builds it,
     without result files; tests drive it with ``server.run_round(t)``."""
-    cfg = main.parse_config(cli(root, root, "-algo", algo, *FAST, *SEQUENTIAL, *flags))
-    data = load_split("Digits", root)
-    return get_server_class(algo)(cfg.replace(num_classes=data.num_classes), data, 0, None)
+    return build_server(root, root, "-algo", algo, *flags)
 
 
 def tensors(obj):

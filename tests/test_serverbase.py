@@ -9,18 +9,10 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 import main
-from conftest import cli
-from flcore.registry import get_server_class
-from utils.data_utils import load_split
+from conftest import build_server as build, cli
 from utils.results import read_h5
 
 QUICK = ("-lr", "0.1", "-lbs", "20", "--executor", "sequential")
-
-
-def build(root, out, *flags, clients=None, new=0):
-    cfg = main.parse_config(cli(root, out, *QUICK, *flags))
-    data = load_split("Digits", root, clients, new_clients=new)
-    return get_server_class(cfg.algorithm)(cfg.replace(num_classes=data.num_classes), data)
 
 
 # Digits' default model is PFLlib's CNN: conv1, conv2, fc1, fc, each a weight and a bias; -p counts tensors
@@ -159,9 +151,7 @@ def test_selection_drop_out_and_the_initial_model_come_from_the_runs_own_streams
     from utils.seeding import np_rng, torch_seeded
     from utils.selection import select
 
-    cfg = main.parse_config(cli(digits_tiny_root, tmp_path, *QUICK, "--seed", "3", "-jr", "0.6", "-cdr", "0.5"))
-    data = load_split("Digits", digits_tiny_root)
-    server = get_server_class("FedAvg")(cfg.replace(num_classes=data.num_classes), data, 1)
+    server = build(digits_tiny_root, tmp_path, "--seed", "3", "-jr", "0.6", "-cdr", "0.5", run=1)
     pick, drop = np_rng(3, 1, "select"), np_rng(3, 1, "drop")
     for _ in range(3):
         chosen = select(server.cfg, 5, pick).tolist()
@@ -170,8 +160,8 @@ def test_selection_drop_out_and_the_initial_model_come_from_the_runs_own_streams
         kept = [i for i, u in zip(chosen, drop.random(len(chosen))) if u >= 0.5]
         assert [c.id for c in server._active_clients(selected)] == kept
     with torch_seeded(3, 1, "model"):
-        want = build_model("CNN", data.input_shape, data.num_classes, cfg.feature_dim, cfg.vocab_size,
-                           config=data.config)
+        want = build_model("CNN", server.data.input_shape, server.data.num_classes, server.cfg.feature_dim,
+                           server.cfg.vocab_size, config=server.data.config)
     got = server.initial_model().state_dict()
     assert all(torch.equal(v, got[k]) for k, v in want.state_dict().items())
 
