@@ -264,7 +264,7 @@ def test_the_executor_sizes_itself_from_the_cluster(stand_in, config, resources,
 
 def test_the_executor_starts_ray_with_the_runs_address_and_gpu_ids(stand_in):
     made = stand_in({"CPU": 2.0})
-    raypool.RayExecutor(cfg(ray_address="h:1", device_id="0, 2,"))
+    raypool.RayExecutor(cfg(ray_address="h:1", device_id="0,2"))  # -did as the parser writes it
     assert made.init == [("h:1", ["0", "2"])]
 
 

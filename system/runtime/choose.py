@@ -38,7 +38,7 @@ def make_executor(cfg):
             raise FLError("--executor fork runs on the CPU (CUDA does not survive a fork); on GPUs use "
                           "--executor ray or sequential")
         return ForkExecutor(cfg.workers or usable_cores(), parking)
-    if len([d for d in str(cfg.device_id).split(",") if d.strip()]) > 1 and str(cfg.device).startswith("cuda"):
+    if "," in cfg.device_id and str(cfg.device).startswith("cuda"):  # -did as parsed: indices, no spaces
         print(f"note: the sequential executor uses one device ({cfg.device}); add --executor ray to place "
               f"clients on all of -did {cfg.device_id}")
     return SequentialExecutor(parking)

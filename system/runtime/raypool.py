@@ -150,8 +150,7 @@ class RayExecutor(PoolExecutor):
     def __init__(self, cfg, parking=None):
         super().__init__(parking)
         self.ray = import_ray()
-        ids = [d.strip() for d in str(cfg.device_id).split(",") if d.strip()]
-        self.started_ray = init_ray(cfg.ray_address, device_ids=ids)
+        self.started_ray = init_ray(cfg.ray_address, device_ids=cfg.device_id.split(","))  # -did as parsed: "0,2"
         gpus = cfg.gpus_per_worker
         if gpus is None:
             gpus = 1.0 if str(cfg.device).startswith("cuda") else 0.0
