@@ -698,6 +698,30 @@ def summary(record: dict) -> dict:
             "rate": killed / live if live else 1.0}
 
 
+def families() -> str:
+    """Each folder's modules together: the first run's kill rate (killed / mutants, before any test written
+    against its survivors and before any was found equivalent) beside the current one, raw and over the
+    non-equivalent mutants (the target's measure)."""
+    groups: dict[str, list[dict]] = {}
+    for path in sorted(RESULTS.glob("*.json")):
+        if path != EQUIVALENT:
+            record = json.loads(path.read_text())
+            groups.setdefault(record["module"].rsplit("/", 1)[0], []).append(record)
+    rows = ["| family | modules | first run: killed / mutants | now: killed / mutants | equivalent | kill rate now |",
+            "|---|---|---|---|---|---|"]
+    for family, records in groups.items():
+        s = [summary(r) for r in records]
+        first = [r["first"] for r in records if "first" in r]
+        f_killed, f_all = sum(f["killed"] for f in first), sum(f["mutants"] for f in first)
+        killed, n, eq = (sum(x[k] for x in s) for k in ("killed", "mutants", "equivalent"))
+        unfinished = len(records) - len(first)
+        rows.append(f"| `{family}/` | {len(records)}{f' ({unfinished} unfinished)' if unfinished else ''} "
+                    f"| {f_killed}/{f_all} ({100 * f_killed / max(f_all, 1):.0f} %) "
+                    f"| {killed}/{n} ({100 * killed / max(n, 1):.0f} %) | {eq} "
+                    f"| {100 * killed / max(n - eq, 1):.0f} % |")
+    return "\n".join(rows)
+
+
 def table() -> str:
     rows = ["| module | mutants | killed | equivalent | survivors | kill rate | first run | date |",
             "|---|---|---|---|---|---|---|---|"]
@@ -737,7 +761,8 @@ def write_doc() -> None:
     survivors."""
     from benchmark_report import write_block
 
-    write_block(DOC, "mutation-table", table() + "\n\n" + not_yet_run())
+    write_block(DOC, "mutation-table", "By folder:\n\n" + families() + "\n\nBy module:\n\n" + table() + "\n\n"
+                + not_yet_run())
     write_block(DOC, "mutation-survivors", survivors_report())
 
 
@@ -782,7 +807,7 @@ def main(argv=None) -> int:
                         "coverage run: the tests written against them")
     args = p.parse_args(argv)
     if args.table:
-        print(table() + "\n\n" + not_yet_run() + "\n\n" + survivors_report())
+        print(families() + "\n\n" + table() + "\n\n" + not_yet_run() + "\n\n" + survivors_report())
         return 0
     if args.write_doc:
         write_doc()
