@@ -189,6 +189,9 @@ BAD = {  # case -> (damage to the split or None, extra flags, what the one line 
     "-lr inf": (None, ("-lr", "inf"), "expected a finite number, got 'inf'"),
     "-ldg nan": (None, ("-ld", "-ldg", "nan"), "expected a finite number, got 'nan'"),
     "--seed -1": (None, ("--seed", "-1"), "--seed must be >= 0"),
+    "--gpus_per_worker 0.00005": (None, ("--gpus_per_worker", "0.00005"),
+                                  "--gpus_per_worker must be 0 or at least 0.0001 (Ray's least share of a GPU)"),
+    "--gpus_per_worker -1": (None, ("--gpus_per_worker", "-1"), "--gpus_per_worker must be 0 or at least 0.0001"),
     "-go ../../x": (None, ("-go", "../../x"), "-go is part of the result file names"),
     "-sfn ../x": (None, ("-sfn", "../x"), "-sfn must be a folder under --results_dir"),
 }

@@ -251,6 +251,10 @@ def stand_in(monkeypatch):
     (cfg(device="cuda", gpus_per_worker=0.0), {"CPU": 5.0, "GPU": 1.0}, 0.0, "cpu", 5),  # CPU workers asked for
     (cfg(device="cuda", gpus_per_worker=2.0), {"CPU": 4.0, "GPU": 3.0}, 2.0, "cuda:0", 1),
     (cfg(device="cuda"), {"CPU": 4.0, "GPU": 1.0}, 1.0, "cuda:0", 1),           # exactly the GPU it needs
+    (cfg(device="cuda", gpus_per_worker=0.1), {"CPU": 16.0, "GPU": 1.0}, 0.1, "cuda:0", 10),  # 1 // 0.1 is 9.0
+    (cfg(device="cuda", gpus_per_worker=0.1), {"CPU": 16.0, "GPU": 0.3}, 0.1, "cuda:0", 3),   # 0.3 // 0.1 is 2.0
+    (cfg(device="cuda", gpus_per_worker=0.3), {"CPU": 16.0, "GPU": 1.0}, 0.3, "cuda:0", 3),   # a share left over
+    (cfg(device="cuda", gpus_per_worker=0.0001), {"CPU": 1.0, "GPU": 1.0}, 0.0001, "cuda:0", 10000),  # Ray's least
     (cfg(), {}, 0.0, "cpu", 1),                                                  # no CPU listed: one worker
     (cfg(), {"CPU": 0.0}, 0.0, "cpu", 1),          # a head node without CPUs (an autoscaling cluster): one
 ])
@@ -268,11 +272,20 @@ def test_the_executor_starts_ray_with_the_runs_address_and_gpu_ids(stand_in):
     assert made.init == [("h:1", ["0", "2"])]
 
 
+def test_gpus_per_worker_takes_zero_and_rays_least_share():
+    from main import parse_config
+
+    assert [parse_config(["--gpus_per_worker", g]).gpus_per_worker for g in ("0", "0.0001")] == [0.0, 0.0001]
+
+
 def test_more_gpus_per_worker_than_the_cluster_has_is_one_line(stand_in):
     stand_in({"CPU": 8.0, "GPU": 1.0})
     with pytest.raises(FLError, match=r"^--gpus_per_worker 2\.0 but the Ray cluster has 1\.0 GPU\(s\); use "
                                       r"--gpus_per_worker 0 for CPU workers$"):
         raypool.RayExecutor(cfg(device="cuda", gpus_per_worker=2.0))
+    stand_in({"CPU": 8.0})  # a cluster without GPUs lists none
+    with pytest.raises(FLError, match=r"^--gpus_per_worker 0\.5 but the Ray cluster has 0 GPU\(s\); "):
+        raypool.RayExecutor(cfg(device="cuda", gpus_per_worker=0.5))
     stand_in({"CPU": 8.0})
     with pytest.raises(FLError, match=r"has 0 GPU\(s\)"):
         raypool.RayExecutor(cfg(device="cuda"))

@@ -21,6 +21,7 @@ from utils.errors import FLError
 SYSTEM_DIR = Path(__file__).resolve().parents[1]  # holds the importable packages flcore/, runtime/, utils/
 PACKAGES = ("flcore", "runtime", "utils")
 RAY_PIN = "ray==2.60.0"
+RESOURCE_UNITS = 10_000  # Ray counts a resource in 1/10000ths (a request must be a multiple of 0.0001)
 
 
 class ClientWorker:
@@ -159,7 +160,9 @@ class RayExecutor(PoolExecutor):
         if self.gpus > 0 and res.get("GPU", 0) < self.gpus:
             raise FLError(f"--gpus_per_worker {self.gpus} but the Ray cluster has {res.get('GPU', 0)} GPU(s); "
                           f"use --gpus_per_worker 0 for CPU workers")
-        auto = int(res.get("CPU", 1)) if self.gpus == 0 else int(res.get("GPU", 0) // self.gpus)
+        # the GPU shares that fit, counted in Ray's units, where the division is exact (in floats 1 // 0.1 is 9)
+        auto = (int(res.get("CPU", 1)) if self.gpus == 0 else
+                round(res.get("GPU", 0) * RESOURCE_UNITS) // round(self.gpus * RESOURCE_UNITS))
         self.max_workers = cfg.workers or max(1, auto)
         self.worker_class = self.ray.remote(num_cpus=1, num_gpus=self.gpus, max_restarts=0)(ClientWorker)
         self.actors: list = []
