@@ -68,6 +68,9 @@ EXTRA = {
     "system/utils/proximal.py": ["tests/test_baselines_a.py", "tests/test_fedamp.py"],
     "system/utils/selection.py": ["tests/test_flags.py", "tests/test_run.py", "tests/test_fedcross.py"],
     "system/utils/server_opt.py": ["tests/test_server_opt.py"],
+    # the base classes' own tests build their servers through tests/conftest.py and name no algorithm
+    "system/flcore/servers/serverbase.py": ["tests/test_serverbase.py"],
+    "system/flcore/clients/clientbase.py": ["tests/test_clientbase.py"],
 }
 # Modules with code that runs in processes coverage.py does not follow: a Ray actor imports its own copy of the
 # library (shipped as the job's py_modules, under another path), so a line only the actors run shows as run by
