@@ -166,6 +166,23 @@ def test_selection_drop_out_and_the_initial_model_come_from_the_runs_own_streams
     assert all(torch.equal(v, got[k]) for k, v in want.state_dict().items())
 
 
+def test_each_architecture_starts_from_its_own_seeded_draw(digits_tiny_root, tmp_path):
+    """--client_models CNN1,CNN3 at --seed 3, run 1: each architecture's initial model is the draw of
+    (3, 1, "client-model", its name), built by hand, and the clients of one architecture share it."""
+    from flcore.trainmodel.models import build_client_model
+    from utils.seeding import torch_seeded
+
+    server = build(digits_tiny_root, tmp_path, "-algo", "Local", "--client_models", "CNN1,CNN3", "--seed", "3", run=1)
+    built = server.client_models()
+    d = server.data
+    for cid, name in enumerate(["CNN1", "CNN3", "CNN1", "CNN3", "CNN1"]):
+        with torch_seeded(3, 1, "client-model", name):
+            want = build_client_model(name, d.input_shape, d.num_classes, server.cfg.feature_dim,
+                                      server.cfg.vocab_size, config=d.config)
+        got = built[cid].state_dict()
+        assert all(torch.equal(v, got[k]) for k, v in want.state_dict().items()), (cid, name)
+
+
 def test_a_server_fresh_from_its_constructor_is_at_round_0_having_moved_and_averaged_nothing(digits_tiny_root,
                                                                                              tmp_path):
     """What a signal before the first round reports (main.py: "interrupted in round 0") and what the first
