@@ -90,8 +90,8 @@ def test_the_doc_lists_the_modules_in_scope_not_yet_run_and_keeps_its_text_outsi
     (repo / "pkg" / "__init__.py").write_text("")  # nothing to mutate: not listed
     (results / "a.json").write_text(json.dumps({"module": "pkg/a.py", "sha": "", "date": "d", "mutants": []}))
     doc = tmp_path / "testing.md"
-    doc.write_text("intro\n<!-- mutation-table:begin -->\nold\n<!-- mutation-table:end -->\nmiddle\n"
-                   "<!-- mutation-survivors:begin -->\nold\n<!-- mutation-survivors:end -->\nend\n")
+    doc.write_text("intro\n<!-- mutation-table:begin -->\nSTALE\n<!-- mutation-table:end -->\nmiddle\n"
+                   "<!-- mutation-survivors:begin -->\nSTALE\n<!-- mutation-survivors:end -->\nend\n")
     for name, value in (("REPO", repo), ("RESULTS", results), ("EQUIVALENT", results / "equivalent.json"),
                         ("DOC", doc), ("SCOPE", ["pkg/*.py"])):
         monkeypatch.setattr(mutate, name, value)
@@ -100,9 +100,41 @@ def test_the_doc_lists_the_modules_in_scope_not_yet_run_and_keeps_its_text_outsi
                                     "above): `pkg/b.py` (5).")
     mutate.write_doc()
     text = doc.read_text()
-    assert text.startswith("intro\n<!-- mutation-table:begin -->\n| module |") and "old" not in text
+    assert text.startswith("intro\n<!-- mutation-table:begin -->\nBy folder:\n\n| family |") and "STALE" not in text
+    assert "\nBy module:\n\n| module |" in text
     assert "\n<!-- mutation-table:end -->\nmiddle\n<!-- mutation-survivors:begin -->\n" in text
     assert text.endswith("<!-- mutation-survivors:end -->\nend\n") and "`pkg/b.py` (5)" in text
+
+
+def test_the_folder_summary_adds_its_modules_first_runs_and_current_counts(tmp_path, monkeypatch):
+    """Two modules of pkg/ and one of lib/, their counts made up: the first runs' killed / mutants summed
+    (one module of pkg/ unfinished, with no first run), the current killed / mutants, the equivalent ones
+    (listed survivors only) and killed / (mutants - equivalent), worked out by hand."""
+    import json
+
+    import mutate
+
+    results = tmp_path / "results"
+    results.mkdir()
+
+    def rows(killed, survived, listed=()):
+        return ([{"op": "Op", "from": "a", "to": f"k{i}", "outcome": "killed"} for i in range(killed)]
+                + [{"op": "Op", "from": "a", "to": t, "outcome": "survived"} for t in listed]
+                + [{"op": "Op", "from": "a", "to": f"s{i}", "outcome": "survived"} for i in range(survived)])
+
+    records = {"p1": {"module": "pkg/one.py", "mutants": rows(8, 0, ["e1", "e2"]),
+                      "first": {"killed": 6, "mutants": 10}},
+               "p2": {"module": "pkg/two.py", "mutants": rows(3, 1)},  # unfinished: no first run yet
+               "l1": {"module": "lib/x.py", "mutants": rows(9, 1), "first": {"killed": 5, "mutants": 10}}}
+    for name, record in records.items():
+        (results / f"{name}.json").write_text(json.dumps(record))
+    equivalent = {"pkg/one.py": [{"op": "Op", "from": "a", "to": t, "why": "made up"} for t in ("e1", "e2")]}
+    (results / "equivalent.json").write_text(json.dumps(equivalent))
+    monkeypatch.setattr(mutate, "RESULTS", results)
+    monkeypatch.setattr(mutate, "EQUIVALENT", results / "equivalent.json")
+    lines = mutate.families().splitlines()
+    assert lines[2:] == ["| `lib/` | 1 | 5/10 (50 %) | 9/10 (90 %) | 0 | 90 % |",
+                         "| `pkg/` | 2 (1 unfinished) | 6/10 (60 %) | 11/14 (79 %) | 2 | 92 % |"]
 
 
 def test_earlier_killers_run_first_latest_first_and_nothing_is_dropped():
