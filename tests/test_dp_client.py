@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import main
-from conftest import cli
+from conftest import build_server, cli
 from flcore.clients.clientbase import Upload
 from flcore.registry import ALGORITHMS, get_server_class
 from utils import dp_client
@@ -423,6 +423,18 @@ def test_a_server_round_with_dropped_clients_releases_the_formula_over_the_selec
         total = sum(d[k] * (0.1 / n) for d, n in zip(deltas, norms))
         want = start[k] + total / 5 + 0.7 * 0.1 / 5 * torch.randn(start[k].shape, generator=gen)
         torch.testing.assert_close(v, want, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.optional_deps("opacus")
+def test_a_round_of_part_of_the_clients_divides_by_the_selection_and_samples_at_its_rate(digits_tiny_root):
+    """-jr 0.4 of 5 clients: 2 selected, so the release divides by m = 2 and the accountant steps at
+    q = m / N = 2 / 5 (m and N equal whenever every client is selected)."""
+    server = build_server(digits_tiny_root, digits_tiny_root, "-jr", "0.4", "-dp", "--dp_level", "client",
+                          "--dp_clip", "0.1", "-dps", "0.7")
+    server.run_round(0)
+    dp = server.privacy.client_dp
+    assert (len(server.clients), len(server.selected)) == (5, 2)
+    assert dp.last["m"] == 2 and dp.last["std"] == pytest.approx(0.7 * 0.1 / 2) and dp.history == [(0.7, 0.4, 1)]
 
 
 def test_accountant_steps_by_hand_over_changing_rates():
