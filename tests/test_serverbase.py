@@ -183,6 +183,25 @@ def test_each_architecture_starts_from_its_own_seeded_draw(digits_tiny_root, tmp
         assert all(torch.equal(v, got[k]) for k, v in want.state_dict().items()), (cid, name)
 
 
+def test_a_saved_state_rebuilds_a_model_the_constructor_does_not_make_and_names_what_it_refuses(digits_tiny_root,
+                                                                                                 tmp_path):
+    """A module an algorithm adds after construction comes back through ``new_module`` (a copy of the global
+    model, its saved entries loaded); a saved value of the wrong kind is refused naming it under "server"."""
+    from runtime.state import StateError
+
+    server = build(digits_tiny_root, tmp_path)
+    server.later = build(digits_tiny_root, tmp_path).global_model  # a model the constructor does not make
+    with torch.no_grad():
+        next(server.later.parameters()).add_(1.0)
+    saved = server.state_dict()
+    fresh = build(digits_tiny_root, tmp_path)
+    fresh.load_state_dict(saved)
+    assert all(torch.equal(v, fresh.later.state_dict()[k]) for k, v in server.later.state_dict().items())
+    assert fresh.later is not fresh.global_model
+    with pytest.raises(StateError, match=r"^server\.global_model: a Module in this run, a int in the saved state"):
+        build(digits_tiny_root, tmp_path).load_state_dict({**saved, "global_model": 3})
+
+
 def test_a_server_fresh_from_its_constructor_is_at_round_0_having_moved_and_averaged_nothing(digits_tiny_root,
                                                                                              tmp_path):
     """What a signal before the first round reports (main.py: "interrupted in round 0") and what the first
