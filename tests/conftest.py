@@ -87,9 +87,10 @@ def cli(root: Path, out: Path, *extra: str) -> list[str]:
             "--no-progress", "--no-print_config", "--overwrite", *extra]
 
 
-def build_server(root: Path, out: Path, *flags: str, clients: int | None = None, new: int = 0, run: int = 0):
-    """A server and its clients in this process, built as main.run builds one but with no recorder (it writes
-    no result file): a quick run (``-lr 0.1 -lbs 20``, sequential executor) on the split 'Digits' under
+def build_server(root: Path, out: Path, *flags: str, clients: int | None = None, new: int = 0, run: int = 0,
+                 recorder=None):
+    """A server and its clients in this process, built as main.run builds one but with no recorder unless given
+    (so it writes no result file): a quick run (``-lr 0.1 -lbs 20``, sequential executor) on the split 'Digits' under
     ``root`` (its first ``clients`` clients; ``new`` more held out for -nnc), as run ``run``. Tests drive it with
     ``server.run_round(t)``, ``server.evaluate()`` or ``server.train()``."""
     import main
@@ -98,7 +99,7 @@ def build_server(root: Path, out: Path, *flags: str, clients: int | None = None,
 
     cfg = main.parse_config(cli(root, out, "-lr", "0.1", "-lbs", "20", "--executor", "sequential", *flags))
     data = load_split("Digits", root, clients, new_clients=new)
-    return get_server_class(cfg.algorithm)(cfg.replace(num_classes=data.num_classes), data, run)
+    return get_server_class(cfg.algorithm)(cfg.replace(num_classes=data.num_classes), data, run, recorder)
 
 
 @pytest.fixture(scope="module")

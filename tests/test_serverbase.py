@@ -82,6 +82,24 @@ def test_new_clients_summary_is_computed_from_their_own_test_splits(digits_tiny_
     assert len(set(n)) == 2 and len(set(auc)) == 2  # unequal sizes and AUCs: a swapped column shows
 
 
+def test_the_new_clients_line_is_printed_and_their_series_is_on_disk_when_the_call_returns(digits_tiny_root,
+                                                                                           tmp_path, capsys):
+    """-nnc: one printed line with the count, the fine-tuning epochs and the figures, and the ``new`` series
+    already in the run's file when ``evaluate_new_clients`` returns (a run stopped after it keeps them)."""
+    from utils.results import RunRecorder
+
+    recorder = RunRecorder("new", {}, tmp_path)
+    server = build(digits_tiny_root, tmp_path, "-nnc", "2", "-ften", "0", clients=3, new=2, recorder=recorder)
+    got = server.evaluate_new_clients()
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("new clients")]
+    assert lines == [f"new clients (2, 0 fine-tuning epoch(s)) | acc {got['test_acc']:.4f} (clients "
+                     f"{got['test_acc_mean']:.4f} ± {got['test_acc_std']:.4f}, worst {got['test_acc_min']:.4f}) "
+                     f"| auc {got['test_auc']:.4f}"]
+    saved = read_h5(recorder.h5_path)
+    assert list(saved["rs_new_test_acc"]) == [got["test_acc"]]
+    assert saved["rs_new_client_test_acc"].tolist() == [got["client_test_acc"].tolist()]
+
+
 def test_an_evaluation_pools_every_clients_own_metrics_and_the_benign_ones_apart(digits_tiny_root, tmp_path,
                                                                                  capsys):
     """One evaluation with an attack and a validation split, after a round of training: every pooled figure
