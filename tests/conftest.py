@@ -87,6 +87,9 @@ def cli(root: Path, out: Path, *extra: str) -> list[str]:
             "--no-progress", "--no-print_config", "--overwrite", *extra]
 
 
+QUICK = ("-lr", "0.1", "-lbs", "20", "--executor", "sequential")  # a short in-process run (build_server's flags)
+
+
 def build_server(root: Path, out: Path, *flags: str, clients: int | None = None, new: int = 0, run: int = 0,
                  recorder=None):
     """A server and its clients in this process, built as main.run builds one but with no recorder unless given
@@ -97,7 +100,7 @@ def build_server(root: Path, out: Path, *flags: str, clients: int | None = None,
     from flcore.registry import get_server_class
     from utils.data_utils import load_split
 
-    cfg = main.parse_config(cli(root, out, "-lr", "0.1", "-lbs", "20", "--executor", "sequential", *flags))
+    cfg = main.parse_config(cli(root, out, *QUICK, *flags))
     data = load_split("Digits", root, clients, new_clients=new)
     return get_server_class(cfg.algorithm)(cfg.replace(num_classes=data.num_classes), data, run, recorder)
 

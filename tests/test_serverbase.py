@@ -1,6 +1,7 @@
 """Details of the base server's loop that every algorithm inherits, each against a value written down or
 computed here: the line naming the tensors ALA adapts, each round's recorded wall time, the progress bar,
 and the summary of the clients that join after training (-nnc)."""
+import copy
 import time
 
 import numpy as np
@@ -9,10 +10,8 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 import main
-from conftest import build_server as build, cli
+from conftest import QUICK, build_server as build, cli
 from utils.results import read_h5
-
-QUICK = ("-lr", "0.1", "-lbs", "20", "--executor", "sequential")
 
 
 # Digits' default model is PFLlib's CNN: conv1, conv2, fc1, fc, each a weight and a bias; -p counts tensors
@@ -208,7 +207,7 @@ def test_a_saved_state_rebuilds_a_model_the_constructor_does_not_make_and_names_
     from runtime.state import StateError
 
     server = build(digits_tiny_root, tmp_path)
-    server.later = build(digits_tiny_root, tmp_path).global_model  # a model the constructor does not make
+    server.later = copy.deepcopy(server.global_model)  # a model the constructor does not make
     with torch.no_grad():
         next(server.later.parameters()).add_(1.0)
     saved = server.state_dict()
