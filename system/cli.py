@@ -3,7 +3,7 @@
 Importing this module loads neither torch nor any algorithm: ``-h`` lists the common flags, ``-algo X -h``
 adds X's own (importing X only). The chosen algorithm's flags come from its server's ``add_args``; the other
 algorithms' flags are accepted with a warning (a shared sweep passes ``-mu`` to every algorithm, as PFLlib
-allows), which imports them, so that happens only when a run is parsed, never for ``-h``.
+allows), read from their source without importing them (flcore/flags.py).
 """
 from __future__ import annotations
 
@@ -351,38 +351,34 @@ def base_parser() -> OneLineParser:
 OTHER = "other_algorithm__"  # dest prefix of flags that only other algorithms use
 
 
-class OtherAlgorithmFlags:
-    """Stands in for an argument group while the other algorithms' ``add_args`` run: their flags are accepted
-    (hidden from -h, never given a default, so they never reach the Config) unless the name is already
-    taken, by a common flag or an algorithm added before. ``names`` maps each accepted flag's dest to its
-    names."""
-
-    def __init__(self, group):
-        self.group, self.names = group, {}
-
-    def add_argument(self, *names, **kwargs):
-        dest = kwargs.pop("dest", None) or next((n for n in names if n.startswith("--")), names[0]).lstrip("-")
-        dest = OTHER + dest.replace("-", "_")
-        kwargs.update(dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-        kwargs.pop("required", None)
-        for name in names:
-            try:
-                self.group.add_argument(name, **kwargs)
-            except argparse.ArgumentError:  # the name is taken
-                continue
-            self.names.setdefault(dest, []).append(name)
-
-    def set_defaults(self, **kwargs):
-        pass
-
-
 def add_other_algorithms_flags(parser: argparse.ArgumentParser, chosen: str) -> dict[str, list[str]]:
-    """Every other algorithm's flags, hidden; returns their dest -> flag names."""
-    others = OtherAlgorithmFlags(parser.add_argument_group("flags of other algorithms"))
+    """Every other algorithm's flags (read from their source, flcore/flags.py: no algorithm is imported),
+    hidden from -h and never given a default, so they never reach the Config, unless the name is already
+    taken by a common flag or an algorithm added before; returns their dest -> flag names."""
+    from flcore.flags import algorithm_flags
+
+    group = parser.add_argument_group("flags of other algorithms")
+    taken: dict[str, list[str]] = {}
     for name in ALGORITHMS:
-        if name != chosen:
-            get_server_class(name).add_args(others)
-    return others.names
+        if name == chosen:
+            continue
+        for spec in algorithm_flags(name):
+            kwargs = {"dest": OTHER + spec.dest, "default": argparse.SUPPRESS, "help": argparse.SUPPRESS}
+            if spec.action == "store_true":
+                kwargs["action"] = "store_true"
+            elif spec.action == "optional":
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["type"] = {"float": float, "int": int}.get(spec.type, str)
+                if spec.choices is not None:
+                    kwargs["choices"] = spec.choices
+            for flag in spec.names:
+                try:
+                    group.add_argument(flag, **kwargs)
+                except argparse.ArgumentError:  # the name is taken
+                    continue
+                taken.setdefault(kwargs["dest"], []).append(flag)
+    return taken
 
 
 def algorithm_arg(argv: list[str], default: str | None = "FedAvg") -> str | None:
