@@ -67,8 +67,16 @@ LEADERBOARD = REPO / "docs" / "benchmarks" / "pfllib_leaderboard.json"
 # Protocol B's splits (and those of its first, larger size) -> PFLlib's leaderboard column
 SPLITS = {"FMNIST_pat_s1200": "pat", "FMNIST_dir0.1_s1200": "dir",
           "FMNIST_pat_s2000": "pat", "FMNIST_dir0.1_s2000": "dir"}
-# The traditional-FL group of the figures (evaluated on the global model); every other algorithm is personalised.
-TRADITIONAL = ("FedAvg", "FedProx", "SCAFFOLD", "FedDyn", "MOON", "FedLC", "FedGen", "FedNTD", "FedCross")
+
+
+def traditional(name: str) -> bool:
+    """Whether an entry belongs to the traditional-FL group of the figures: its algorithm is evaluated on
+    the global model (its server declares ``personalized = False``); every other algorithm is personalised."""
+    from flcore.registry import ALGORITHMS, get_server_class
+
+    algo = name.split("+")[0]
+    return algo in ALGORITHMS and not get_server_class(algo).personalized
+
 FLAT_PT, FLAT_TAIL, FLAT_TOP = 0.5, 0.2, 5  # the flatness criterion: see flatness()
 
 
@@ -390,8 +398,8 @@ def plot_converged(data: dict, summaries: dict, out: Path, ranks_name: str = "co
     written = []
     with plt.rc_context(plot.STYLE):
         for split, entries in data["splits"].items():
-            for group, members in (("traditional", [n for n in entries if n in TRADITIONAL]),
-                                   ("pfl", [n for n in entries if n not in TRADITIONAL])):
+            for group, members in (("traditional", [n for n in entries if traditional(n)]),
+                                   ("pfl", [n for n in entries if not traditional(n)])):
                 if not members:
                     continue
                 fig, ax = plt.subplots(figsize=(7.5, 5))

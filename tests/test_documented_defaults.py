@@ -1,9 +1,11 @@
-"""Every algorithm's own flags default to the values docs/algorithms.md gives for them (the papers' where they
-give one): a changed default, in the code or in the docs, fails here. Each "`-flag` [symbol] value" of a
+"""Every algorithm's own flags default to the values its row in docs/algorithms.md gives for them (the papers'
+where they give one): a changed default, in the code or in its ``table_row``, fails here; the doc's table is
+written from the classes by ``python scripts/docs_tables.py`` and checked to match. Each "`-flag` [symbol] value" of a
 row's flags column with a number or on/off is checked, outside parentheses (which name alternatives). A
 default of None means "resolved from other flags" (FedAMP's per-kernel ξ_ii and σ, FedKD's -mlr = -lr):
 their own tests check the resolution."""
 import re
+import sys
 
 import pytest
 
@@ -11,8 +13,11 @@ import main
 from conftest import REPO
 from flcore.registry import ALGORITHMS, get_server_class
 
-ROWS = {}
-for line in (REPO / "docs" / "algorithms.md").read_text().splitlines():
+sys.path.insert(0, str(REPO / "scripts"))
+import docs_tables  # noqa: E402
+
+ROWS = {}  # -algo name -> the flags cell of its row, as written into docs/algorithms.md
+for line in docs_tables.algorithms_table().splitlines():
     cells = [c.strip() for c in line.strip().strip("|").split("|")]
     if len(cells) == 5 and cells[0] in ALGORITHMS:
         ROWS[cells[0]] = cells[3]
@@ -22,6 +27,25 @@ PAIR = re.compile(r"`(-{1,2}[\w-]+)`\s+(?:[^\s`\d(=-][^\s`(]*\s+)?(on|off|[-+]?\
 
 def documented(algo: str) -> list[tuple[str, str]]:
     return PAIR.findall(re.sub(r"\([^()]*\)", "", ROWS[algo]))
+
+
+def test_the_docs_tables_are_the_ones_the_declarations_make(capsys):
+    assert docs_tables.main(["--check"]) == 0, capsys.readouterr().err
+
+
+def test_a_class_without_a_declared_row_gets_one_from_its_docstring_and_flags():
+    """A new algorithm's row needs no hand edit: its docstring's second line is the paper, ``personalized``
+    the family, and its own flags with their defaults the flags cell."""
+    from flcore.servers.serverprox import FedProxServer
+
+    class NewServer(FedProxServer):
+        personalized = True
+
+    NewServer.__module__ = FedProxServer.__module__  # as if defined in a server file with that docstring
+
+    row = docs_tables.algorithm_row("New", NewServer)
+    assert row == ("| New | Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith. MLSys 2020. https://arxiv.org/abs/1812.06127 "
+                   "| pFL | `-mu` 0.01 | — |\n")
 
 
 def test_every_algorithm_has_a_row_and_the_rows_are_read():

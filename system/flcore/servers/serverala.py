@@ -20,6 +20,13 @@ from utils.dp_support import ALA_UNCOVERED, DPSupport
 
 
 class FedALAServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Zhang et al., AAAI 2023, [arXiv 2212.01197](https://arxiv.org/abs/2212.01197)",
+        family="pFL, adaptive local aggregation",
+        flags=("`-et` η 1.0, `-s` 80, `-p` 2 tensors (the classifier: the paper's p = 1; or `--ala_layers` 1), "
+               "`--ala_threshold` 0.1, `--ala_window` 10, `--ala_max_epochs` 100"),
+        ala="built in")
     client_class = FedALAClient
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         uncovered=ALA_UNCOVERED,

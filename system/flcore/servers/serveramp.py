@@ -83,6 +83,13 @@ def heur_attention(cos: torch.Tensor, xi_ii: float, sigma: float) -> torch.Tenso
 
 
 class FedAMPServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Huang et al., AAAI 2021, [arXiv 2007.03797](https://arxiv.org/abs/2007.03797)",
+        family="pFL, attentive message passing (per-client cloud models; HeurFedAMP by default)",
+        flags=("`--amp_kernel` heur, `--xi_ii` 0.8, `-sg` σ 1000 (heur) / 0.1 (euclid), `-alk` α_k 0.005, `-lam` "
+               "λ 5e-5"),
+        ala="yes: the training model, from w_i and the cloud model u_i; w_i is evaluated")
     client_class = FedAMPClient
     averaging_refusal = "each client's cloud model is its own attention-weighted mix, not one average"
     pfllib_defaults = {"alphaK": 1.0, "lamda": 1.0, "sigma": 1.0}

@@ -41,6 +41,13 @@ from utils.errors import FLError
 
 
 class APFLServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Deng, Kamani, Mahdavi, 2020, [arXiv 2003.13461](https://arxiv.org/abs/2003.13461)",
+        family=("pFL, personalised model α v + (1 − α) w with α learned per client (the paper's exact gradient ⟨v "
+                "− w, ∇f(v̄)⟩, projected to [0, 1])"),
+        flags="`-al` α 0.5 (official code), `--adapt_alpha` on",
+        ala="yes: the local copy w of the global model; v and α untouched")
     client_class = APFLClient
     pfllib_defaults = {"alpha": 1.0}
 

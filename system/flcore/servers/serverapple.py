@@ -54,6 +54,13 @@ from utils.errors import FLError
 
 
 class APPLEServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Luo & Wu, IJCAI 2022, [arXiv 2110.08394](https://arxiv.org/abs/2110.08394)",
+        family="pFL, learned mix of all clients' core models",
+        flags=("`-dlr` 0.001, `-mu` 0.1, `-L` 0.1, `--lambda_schedule` cosine, `--core_lr_scale` 2, "
+               "`--sgd_momentum` 0.9 (the official code's core optimiser)"),
+        ala="no: no global model is received (`-ala` is rejected)")
     client_class = APPLEClient
     averaging_refusal = "its server keeps every client's core model; none is averaged"
     pfllib_defaults = {"dr_learning_rate": 0.0, "mu": 0.0, "L": 1.0}

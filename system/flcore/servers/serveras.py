@@ -46,6 +46,14 @@ from utils.errors import FLError
 
 
 class FedASServer(PartSharingServer):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper=("Yang et al., CVPR 2024, "
+               "[CVF](https://openaccess.thecvf.com/content/CVPR2024/html/Yang_FedAS_Bridging_Inconsistency_in_Personalized_Federated_Learning_CVPR_2024_paper.html)"),
+        family=("pFL, shared body aligned to the client's class prototypes before use, local head; bodies "
+                "averaged with Fisher-trace weights; `-dp` refused"),
+        flags="`--align_lr` 0.01, `--align_epochs` 1, `--align_batch_size` 16",
+        ala="yes: the aligned body, under the local head")
     """The family's weighted average of the uploaded bodies, the weight being each one's Fisher trace."""
     client_class = FedASClient
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)

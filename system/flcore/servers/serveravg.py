@@ -12,5 +12,11 @@ from flcore.servers.serverbase import Server
 
 
 class FedAvgServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="McMahan et al., AISTATS 2017, [arXiv 1602.05629](https://arxiv.org/abs/1602.05629)",
+        family="traditional FL",
+        flags="—",
+        ala="yes: `FedAvg -ala` is FedALA, number for number")
     client_class = FedAvgClient
     personalized = False

@@ -16,6 +16,12 @@ from flcore.servers.serveravg import FedAvgServer
 
 
 class FedAvgMServer(FedAvgServer):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Hsu, Qi, Brown, 2019, [arXiv 1909.06335](https://arxiv.org/abs/1909.06335)",
+        family="traditional FL, server momentum on the pseudo-gradient (FedAvg + `--server_opt avgm`)",
+        flags="`-slr` η 1.0, `--server_momentum` β 0.9",
+        ala="yes: the local model")
     client_class = FedAvgMClient
 
     @classmethod

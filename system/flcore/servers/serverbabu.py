@@ -29,6 +29,13 @@ from flcore.servers.partsharing import PartSharingServer
 
 
 class FedBABUServer(FineTunedEvalServer, PartSharingServer):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Oh, Kim, Yun, ICLR 2022, [arXiv 2106.06042](https://arxiv.org/abs/2106.06042)",
+        family=("pFL, body-only federated training under the fixed initial head; every evaluation fine-tunes a "
+                "copy of the whole model (own batch stream; DP-SGD and counted with `-dp`)"),
+        flags="`-fte` 5 (paper, official code; PFLlib 10)",
+        ala="yes: the body, under the common head; the fine-tune starts from it")
     client_class = FedBABUClient
     fte_default = 5
     fte_help = ("epochs each client fine-tunes its copy of the model before evaluation (FedBABU paper: 5; PFLlib: 10); "

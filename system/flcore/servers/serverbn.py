@@ -32,6 +32,13 @@ from utils.errors import FLError
 
 
 class FedBNServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Li et al., ICLR 2021, [arXiv 2102.07623](https://arxiv.org/abs/2102.07623)",
+        family=("pFL, BatchNorm layers (parameters and statistics) stay local, found by module type (ResNet's "
+                "`downsample.1` included); a model without BatchNorm is refused; `-dp` refused"),
+        flags="— (`-m auto` = BNCNN)",
+        ala="yes: the shared entries, under the client's own BatchNorm layers")
     client_class = FedBNClient
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         refusal="its BatchNorm layers have no per-sample gradients",

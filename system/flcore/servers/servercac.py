@@ -56,6 +56,14 @@ def collaborators(overlap: torch.Tensor, progress: float) -> list[list[int]]:
 
 
 class FedCACServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Wu et al., ICCV 2023, [arXiv 2309.11103](https://arxiv.org/abs/2309.11103)",
+        family=("pFL personalized aggregation; client: local SGD, then per-tensor top-τ critical masks by "
+                "abs(θ'(θ'−θ)); server: FedAvg θ_g and per client m_i·mean(collaborators) + (1−m_i)·θ_g, "
+                "collaborators by mask overlap ≥ mean + (t+1)/β·(max − mean)"),
+        flags="`-tau` 0.5, `-bt` β 100 (official CIFAR-10 config)",
+        ala="refused")
     client_class = FedCACClient
     averaging_refusal = "each client starts from its own mean over its collaborators' critical parameters"
     pfllib_defaults = {"tau": 1.0, "beta": 0.0}

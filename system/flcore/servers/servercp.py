@@ -40,6 +40,15 @@ from utils.errors import FLError
 
 
 class FedCPServer(PartSharingServer):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Zhang et al., KDD 2023, [arXiv 2307.01217](https://arxiv.org/abs/2307.01217)",
+        family=("pFL model splitting; a conditional policy network gives each sample's feature a global share "
+                "(frozen global head) and a personal share (personal head); CE + λ MMD² to the received "
+                "extractor; extractor, CPN and global head shared, the personal head uploaded and averaged into "
+                "the global head but never overwritten; `-dp` refused"),
+        flags="`-lam` λ 5.0",
+        ala="yes")
     client_class = FedCPClient
     pfllib_defaults = {"lamda": 1.0}
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)

@@ -90,6 +90,15 @@ def cross_aggregate(states, partners, alpha: float) -> list[dict]:
 
 
 class FedCrossServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Hu et al., ICDE 2024, [arXiv 2210.08285](https://arxiv.org/abs/2210.08285)",
+        family=("traditional FL, K = jr·N middleware models sent one-to-one to the selected clients in random "
+                "order; each upload mixed with one collaborator, w_i ← α v_i + (1 − α) v_co; the global model "
+                "(evaluated) is their mean; slots without an upload keep their model; `-rjr` refused"),
+        flags=("`-ca` α 0.99, `-cmss` 1 (0 in order, 1 lowest, 2 highest cosine similarity), `-fsb` 0 (rounds of "
+               "FedAvg first)"),
+        ala="yes: ALA blends the client's last trained model with its middleware model")
     client_class = FedCrossClient
     averaging_refusal = "its middleware models are pairwise mixes, not one average"
     pfllib_defaults = {"first_stage_bound": 0, "fedcross_alpha": 0.99, "collaborative_model_select_strategy": 1}

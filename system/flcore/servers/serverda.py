@@ -29,6 +29,13 @@ from utils.errors import FLError
 
 
 class PFLDAServer(PartSharingServer):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Shi & Kontar, Technometrics 2023 (PFLlib's port)",
+        family=("pFL model splitting; personal head on CE + λ‖h_i − h_g‖₂ (body frozen), then personal body + "
+                "global head on CE(h_g(φ_i(x))); only the global head is averaged"),
+        flags="`-lam` 1.0",
+        ala="refused")
     client_class = PFLDAClient
     pfllib_defaults = {"lamda": 1.0}
 

@@ -42,6 +42,14 @@ from utils.errors import FLError
 
 
 class FedDBEServer(PartSharingServer):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Zhang et al., NeurIPS 2023, [arXiv 2311.14975](https://arxiv.org/abs/2311.14975)",
+        family=("pFL model splitting; client: CE(h(φ(x) + z̄_p)) + κ·½‖r − z̄_g‖², r the running feature mean "
+                "(momentum μ, reset each round), z̄_p (PRBM) local; server: FedAvg of body + head, sends z̄_g "
+                "once after an initialisation period; `-dp` refused"),
+        flags="`-mo` μ 1.0, `-klw` κ 50",
+        ala="yes")
     client_class = FedDBEClient
     pfllib_defaults = {"momentum": 0.1, "kl_weight": 0.0}
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)

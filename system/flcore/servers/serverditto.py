@@ -26,6 +26,12 @@ from utils.errors import FLError
 
 
 class DittoServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Li et al., ICML 2021, [arXiv 2012.04221](https://arxiv.org/abs/2012.04221)",
+        family="pFL, regularised personal model",
+        flags="`-mu` λ 1, `-pls` 1",
+        ala="yes: the local copy w of the global model; the personal model v is untouched")
     client_class = DittoClient
     pfllib_defaults = {"mu": 0.0, "plocal_epochs": 1}
 

@@ -56,6 +56,13 @@ def dyn_server_step(global_params: dict, mean: dict, h: dict, deltas_sum: dict, 
 
 
 class FedDynServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Acar et al., ICLR 2021, [arXiv 2111.04263](https://arxiv.org/abs/2111.04263)",
+        family=("traditional FL, dynamic regulariser −⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)‖θ − θ^{t−1}‖² (squared, as the "
+                "paper); client state ∇L_k updated after training; server state h, θ = mean − h/α"),
+        flags="`-al` α 0.01 (official example; the paper's grid {0.1, 0.01, 0.001})",
+        ala="yes: the local model; the regulariser's anchor stays the received global model")
     client_class = FedDynClient
     averaging_refusal = "its server corrects the mean by its own state h"
     pfllib_defaults = {"alpha": 1.0}

@@ -45,6 +45,14 @@ from utils.model_support import ModelSupport
 
 
 class FDServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Jeong et al., NeurIPS 2018 workshop, [arXiv 1811.11479](https://arxiv.org/abs/1811.11479)",
+        family=("pFL KD: clients upload per-label mean logits of the round; each gets the other clients' "
+                "per-label mean (its own excluded) and adds λ·soft-target CE toward it; no weights on the wire; "
+                "`-dp` refused"),
+        flags="`-lam` λ 1",
+        ala="refused: no global model")
     client_class = FDClient
     averaging_refusal = "its clients upload per-label logits, no model"
     pfllib_defaults = {"lamda": 1.0}

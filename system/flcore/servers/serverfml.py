@@ -35,6 +35,13 @@ from utils.model_support import ModelSupport
 
 
 class FMLServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Shen et al., 2020, [arXiv 2006.16765](https://arxiv.org/abs/2006.16765)",
+        family=("pFL KD: local model (evaluated, own initialisation) α CE + (1−α) KL(p_meme‖p_local); meme model "
+                "β CE + (1−β) KL(p_local‖p_meme), targets detached; the meme model is FedAvg-averaged"),
+        flags="`-al` α 0.5, `-bt` β 0.5",
+        ala="yes: the meme model")
     client_class = FMLClient
     model_support = ModelSupport(  # --client_models: the paper's heterogeneous local models
         refusal="", shares="the meme model (-m on every client), averaged", same_shape="logits", personal=True)

@@ -34,6 +34,12 @@ from utils.errors import FLError
 
 
 class FedFomoServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Zhang et al., ICLR 2021, [arXiv 2012.08565](https://arxiv.org/abs/2012.08565)",
+        family="pFL, first-order weighting of downloaded client models",
+        flags="`-M` 5, `--val_ratio` 0.2, `--epsilon` 0.3, `--epsilon_decay` 0.05",
+        ala="yes: the client's model, from its FedFomo aggregate")
     client_class = FedFomoClient
     averaging_refusal = "each client weighs its neighbours' models itself; the server averages none"
     pfllib_defaults = {"M": 5}

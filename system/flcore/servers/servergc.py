@@ -65,6 +65,14 @@ def corrected(embeddings: list[torch.Tensor], classes: list[torch.Tensor], step:
 
 
 class FedGCServer(PartSharingServer):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Niu & Deng, AAAI 2022, [arXiv 2112.07246](https://arxiv.org/abs/2112.07246)",
+        family=("pFL model splitting; clients train the body and their own classes' embeddings (softmax over "
+                "their own classes); the server averages bodies and takes a λ·lr step on a softmax regulariser "
+                "whose negatives are the other clients' embeddings of classes they do not hold; `-dp` refused"),
+        flags="`-lam` λ 1.0",
+        ala="yes: the body")
     client_class = FedGCClient
     pfllib_defaults = {"lamda": 1.0}
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)

@@ -80,6 +80,16 @@ def generator_loss(z, eps, y, heads, shares: torch.Tensor, eta: float) -> torch.
 
 
 class FedGenServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Zhu, Hong, Zhou, ICML 2021, [arXiv 2105.10056](https://arxiv.org/abs/2105.10056)",
+        family=("traditional FL, the server fits a label-conditioned generator of features to the "
+                "label-share-weighted ensemble of uploaded heads (+ diversity loss) and sends it from round 1; "
+                "clients add α·0.98^t CE of their head on generated features; `-dp` refused (label counts are "
+                "uploaded)"),
+        flags=("`-nd` 32, `-glr` 3e-4, `-hd` 256, `-se` 50, `-lf` off, `--generative_alpha` 10, "
+               "`--diversity_weight` 1, `--gen_batch_size` 32 (official code)"),
+        ala="yes (not with `-lf`): the local model")
     client_class = FedGenClient
     pfllib_defaults = {"noise_dim": 512, "generator_learning_rate": 0.005, "hidden_dim": 512, "server_epochs": 1000}
     personalized = False

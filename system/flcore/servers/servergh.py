@@ -58,6 +58,13 @@ def train_header(head: nn.Module, reps: torch.Tensor, labels: torch.Tensor, lr: 
 
 
 class FedGHServer(PartSharingServer):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Yi et al., ACM MM 2023, [arXiv 2303.13137](https://arxiv.org/abs/2303.13137)",
+        family=("pFL, local bodies + a global header trained on the server from per-class mean features (no model "
+                "entry uploaded); `-dp` refused"),
+        flags="`-slr` 1.0",
+        ala="yes: the header, adapted under the local body")
     client_class = FedGHClient
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         refusal=("it uploads per-class mean representations of client data, not model steps or updates that -dp "

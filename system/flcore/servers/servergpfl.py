@@ -41,6 +41,13 @@ from utils.errors import FLError
 
 
 class GPFLServer(PartSharingServer):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Zhang et al., ICCV 2023, [arXiv 2308.10279](https://arxiv.org/abs/2308.10279)",
+        family=("pFL model splitting; shared extractor, Conditional Valve and Global Category Embeddings, "
+                "personal head; CE + angle-level + λ magnitude-level guidance + μ/2 L2 on CoV and GCE"),
+        flags="`-lam` λ 0.01, `-mu` μ 0.1",
+        ala="yes")
     client_class = GPFLClient
     pfllib_defaults = {"lamda": 1.0, "mu": 0.0}
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)

@@ -53,6 +53,14 @@ from utils.model_support import ModelSupport
 
 
 class FedKDServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Wu et al., Nat. Commun. 2022, [arXiv 2108.13323](https://arxiv.org/abs/2108.13323)",
+        family=("pFL KD: personal mentor (evaluated) + shared mentee, CE + (KL + MSE(H_t, W_h H_s)) / (CE_t + "
+                "CE_s); mentee updates go up and down as truncated SVDs keeping energy T(t) = Ts + (Te − Ts) (t + "
+                "1) / R"),
+        flags="`-mlr` = -lr, `-Ts` 0.95, `-Te` 0.98",
+        ala="yes: the mentee")
     client_class = FedKDClient
     averaging_refusal = "its server averages compressed updates of a mentee, not models"
     # -nnc is refused (serverbase.py): why

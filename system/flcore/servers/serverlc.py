@@ -42,6 +42,14 @@ from utils.errors import FLError
 
 
 class FedLCServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Zhang et al., ICML 2022, [arXiv 2209.00189](https://arxiv.org/abs/2209.00189)",
+        family=("traditional FL, CE of logits z_c − τ n_c^{−1/4} calibrated by the client's label counts (absent "
+                "classes leave its softmax); under `-dp` the counts are not covered by the reported ε (a start-up "
+                "warning)"),
+        flags="`-tau` τ 1",
+        ala="yes: the local model")
     client_class = FedLCClient
     pfllib_defaults = {"tau": 1.0}
     personalized = False

@@ -24,6 +24,12 @@ from utils.model_support import ModelSupport
 
 
 class LGFedAvgServer(PartSharingServer):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Liang et al., 2020, [arXiv 2001.01523](https://arxiv.org/abs/2001.01523)",
+        family="pFL, local base + shared head (only `head.*` is averaged)",
+        flags="—",
+        ala="yes: the head (at most its 2 tensors / 1 layer), adapted under the local base")
     client_class = LGFedAvgClient
     model_support = ModelSupport(  # --client_models: every client's base is its own architecture
         refusal="", shares="the classifier head (-fd x C), averaged", same_shape="head")

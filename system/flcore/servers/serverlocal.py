@@ -13,6 +13,12 @@ from utils.model_support import ModelSupport
 
 
 class LocalServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="— (no communication)",
+        family="baseline",
+        flags="—",
+        ala="no: no global model")
     client_class = LocalClient
     averaging_refusal = "nothing is aggregated"
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)

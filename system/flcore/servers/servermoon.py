@@ -36,6 +36,14 @@ from utils.errors import FLError
 
 
 class MOONServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Li, He, Song, CVPR 2021, [arXiv 2103.16257](https://arxiv.org/abs/2103.16257)",
+        family=("traditional FL, CE + μ·model-contrastive loss on the classifier's input (positive: the global "
+                "model's, negative: the client's previous model's; none before its first training); no projection "
+                "head, as PFLlib"),
+        flags="`-mu` μ 5, `-tau` τ 0.5",
+        ala="yes: the local model; the positive stays the received global model")
     client_class = MOONClient
     pfllib_defaults = {"mu": 0.0, "tau": 1.0}
     personalized = False

@@ -49,6 +49,13 @@ from utils.errors import FLError
 
 
 class FedMTLServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Smith et al., NeurIPS 2017, [arXiv 1705.10467](https://arxiv.org/abs/1705.10467)",
+        family=("pFL, per-client models coupled by λ1 tr(W Ω Wᵀ) + λ2 ‖W‖², Ω = I − 11ᵀ/m (mean-regularised; no "
+                "MOCHA solver, Ω fixed)"),
+        flags="`-lam` λ1 0.01, `--lamda2` λ2 0 (`-itk` accepted, no effect)",
+        ala="no: no global model (`-ala` rejected)")
     client_class = FedMTLClient
     averaging_refusal = "its server keeps every client's model for the task-relationship term"
     pfllib_defaults = {"lamda": 1.0, "itk": 4000}

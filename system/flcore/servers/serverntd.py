@@ -35,6 +35,13 @@ from utils.errors import FLError
 
 
 class FedNTDServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Lee et al., NeurIPS 2022, [arXiv 2106.03097](https://arxiv.org/abs/2106.03097)",
+        family=("traditional FL, CE + β τ² KL(q̃_global ‖ q̃_local) over the not-true classes, from a frozen copy "
+                "of the received global model"),
+        flags="`-bt` β 1, `-tau` τ 1",
+        ala="yes: the local model; the teacher stays the received global model")
     client_class = FedNTDClient
     pfllib_defaults = {"beta": 0.0, "tau": 1.0}
     personalized = False

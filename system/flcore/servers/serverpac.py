@@ -79,6 +79,13 @@ def combination_weights(v: torch.Tensor, hs: torch.Tensor, i: int) -> np.ndarray
 
 
 class FedPACServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Xu et al., ICLR 2023, [arXiv 2306.11867](https://arxiv.org/abs/2306.11867)",
+        family=("pFL, shared body + feature alignment to global centroids; heads combined per client by an "
+                "exactly solved QP (scipy NNLS on the factored problem); `-dp` refused"),
+        flags="`-lam` λ 1.0, `-pls` 1 head epoch",
+        ala="yes: the body, under the client's new head")
     client_class = FedPACClient
     pfllib_defaults = {"lamda": 1.0, "plocal_epochs": 1}
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)

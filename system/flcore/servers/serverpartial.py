@@ -74,6 +74,14 @@ from utils.errors import FLError
 
 
 class PartialFedServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Sun et al., NeurIPS 2021, [OpenReview](https://openreview.net/forum?id=lgDP84byd5)",
+        family=("pFL, learned per-layer partial initialisation (adaptive; the choice is scored on a slice of the "
+                "training data each update leaves out)"),
+        flags=("`--tau` 5, `--tau_decay` 0.965, `--strategy_lr` 50, `--strategy_percent` 0.2, `--strategy_prior` "
+               "0.9"),
+        ala="yes: the local model, from the partially initialised model")
     client_class = PartialFedClient
     pfllib_defaults = {"tau": 1.0}
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)

@@ -46,6 +46,13 @@ from utils.model_support import ModelSupport
 
 
 class FedPCLServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Tan et al., NeurIPS 2022, [arXiv 2209.10083](https://arxiv.org/abs/2209.10083)",
+        family=("pFL, representation trained by prototype-wise contrastive losses (global + each client's local "
+                "prototypes), without pre-trained backbones; nearest own prototype at evaluation; `-dp` refused"),
+        flags="`-tau` τ 0.07",
+        ala="refused: no global model")
     client_class = FedPCLClient
     averaging_refusal = "its clients upload class prototypes, no model"
     pfllib_defaults = {"tau": 1.0}

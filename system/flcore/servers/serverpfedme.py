@@ -38,6 +38,12 @@ from utils.personal_aggregation import lerp_state
 
 
 class PFedMeServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Dinh et al., NeurIPS 2020, [arXiv 2006.08848](https://arxiv.org/abs/2006.08848)",
+        family="pFL, Moreau-envelope regularisation (personal θ_i, local w)",
+        flags="`-lam` λ 15, `-K` 5, `-lrp` 0.09, `-bt` β 1",
+        ala="yes: the local copy w; θ_i restarts from it")
     client_class = PFedMeClient
     averaging_refusal = "its server steps the mean by its own β"
     pfllib_defaults = {"lamda": 1.0, "K": 5, "p_learning_rate": 0.01, "beta": 0.0}

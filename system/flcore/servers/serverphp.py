@@ -32,6 +32,13 @@ from utils.errors import FLError
 
 
 class FedPHPServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper=("Li et al., ECML-PKDD 2021, [doi "
+               "10.1007/978-3-030-86486-6_36](https://doi.org/10.1007/978-3-030-86486-6_36)"),
+        family="pFL, inherited private model + distillation",
+        flags="`-mu` 0.9, `-lam` 0.05, `--kd_temperature` 4",
+        ala="yes: the local copy of the global model (the private model inherits it after training)")
     client_class = FedPHPClient
     pfllib_defaults = {"mu": 0.0, "lamda": 1.0}
 

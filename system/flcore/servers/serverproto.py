@@ -44,6 +44,13 @@ from utils.model_support import ModelSupport
 
 
 class FedProtoServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Tan et al., AAAI 2022, [arXiv 2105.00243](https://arxiv.org/abs/2105.00243)",
+        family=("pFL, prototypes only (count-weighted per class); CE + λ·MSE to the global prototype; nearest "
+                "global prototype at evaluation (the local head before any exists); `-dp` refused"),
+        flags="`-lam` λ 1.0",
+        ala="refused: no global model")
     client_class = FedProtoClient
     averaging_refusal = "its clients upload class prototypes, no model"
     pfllib_defaults = {"lamda": 1.0}

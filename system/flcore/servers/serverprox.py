@@ -22,6 +22,12 @@ from utils.errors import FLError
 
 
 class FedProxServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Li et al., MLSys 2020, [arXiv 1812.06127](https://arxiv.org/abs/1812.06127)",
+        family="traditional FL, proximal local objective",
+        flags="`-mu` 0.01",
+        ala="yes: the local model; the proximal anchor stays the global model")
     client_class = FedProxClient
     pfllib_defaults = {"mu": 0.0}
     personalized = False

@@ -14,6 +14,12 @@ from flcore.servers.serverprox import FedProxServer
 
 
 class FedProxCServer(FineTunedEvalServer, FedProxServer):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="FedProx fine-tuned per client, as in FedALA (AAAI 2023)",
+        family="traditional FL + local fine-tuning",
+        flags="`-mu` 0.01, `-fte` 1",
+        ala="yes: as FedProx; the fine-tuned copy starts from the local model")
     """Flags and checks of both parents (cooperative ``super()`` in ``add_args``/``check_config``)."""
     client_class = FedProxCClient
     personalized = True  # FedProx's training, evaluated after local fine-tuning

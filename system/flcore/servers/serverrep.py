@@ -26,6 +26,12 @@ from utils.errors import FLError
 
 
 class FedRepServer(PartSharingServer):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Collins et al., ICML 2021, [arXiv 2102.07078](https://arxiv.org/abs/2102.07078)",
+        family="pFL, shared body + local head",
+        flags="`-pls` 10 head epochs (`-ls` body epochs)",
+        ala="yes: the body, its top `-p` body layers adapted under the local head")
     client_class = FedRepClient
     pfllib_defaults = {"plocal_epochs": 1}
 

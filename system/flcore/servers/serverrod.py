@@ -29,6 +29,14 @@ from utils.dp_support import DPSupport
 
 
 class FedRoDServer(PartSharingServer):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Chen & Chao, ICLR 2022, [arXiv 2107.00778](https://arxiv.org/abs/2107.00778)",
+        family=("pFL, body + generic head trained with the balanced softmax (logits + log n_c) and averaged; "
+                "local personal head trained on generic + personal logits (features and generic logits detached); "
+                "predicts with the sum"),
+        flags="—",
+        ala="yes: body + generic head, adapted under the personal head")
     client_class = FedRoDClient
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         uncovered=("FedRoD's balanced-softmax loss, which reads the client's label counts (a statistic of all its "

@@ -21,6 +21,12 @@ from utils.personal_aggregation import lerp_state
 
 
 class SCAFFOLDServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Karimireddy et al., ICML 2020, [arXiv 1910.06378](https://arxiv.org/abs/1910.06378)",
+        family="traditional FL, control variates",
+        flags="`-slr` η_g 1.0",
+        ala="yes: the local model; the x of c_i's update is the ALA-initialised start")
     client_class = SCAFFOLDClient
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         client_refusal=("its clients also upload control-variate updates, which the clipped model update does not "

@@ -16,6 +16,12 @@ from flcore.servers.serveravg import FedAvgServer
 
 
 class FedYogiServer(FedAvgServer):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Reddi et al., ICLR 2021, [arXiv 2003.00295](https://arxiv.org/abs/2003.00295)",
+        family="traditional FL, server Yogi on the pseudo-gradient (FedAvg + `--server_opt yogi`)",
+        flags="`-slr` η 0.01, `--server_momentum` β1 0.9, `--server_beta2` β2 0.99, `--server_tau` τ 0.001",
+        ala="yes: the local model")
     client_class = FedYogiClient
 
     @classmethod
