@@ -52,6 +52,7 @@ ALGORITHMS = {
     "FedAdagrad": "flcore.servers.serveradagrad:FedAdagradServer",
     "FedAdam": "flcore.servers.serveradam:FedAdamServer",
     "FedYogi": "flcore.servers.serveryogi:FedYogiServer",
+    "FedNova": "flcore.servers.serverfednova:FedNovaServer",
 }
 
 
