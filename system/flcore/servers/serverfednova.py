@@ -45,7 +45,7 @@ class FedNovaServer(Server):
     client_class = FedNovaClient
     personalized = False
     dp_support = DPSupport(  # -dp: what it refuses (docs/privacy.md)
-        client_refusal="its server normalises each client's update by that client's own ||a_i||_1, which the "
+        client_refusal="its server normalises each client's update by that client's own ‖a_i‖₁, which the "
                        "release's one mean update no longer carries",
     )
 
