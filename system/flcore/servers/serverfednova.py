@@ -42,6 +42,14 @@ from utils.errors import FLError
 
 
 class FedNovaServer(Server):
+    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    table_row = dict(
+        paper="Wang et al., NeurIPS 2020, [arXiv 2007.07481](https://arxiv.org/abs/2007.07481)",
+        family="traditional FL, normalised averaging: each update divided by its local solver's ‖a_i‖₁ (τ_i for "
+               "plain SGD), the mean rescaled by τ_eff = Σ p_i ‖a_i‖₁; the normalised models pass `--aggregator` "
+               "and `--server_opt`; `--dp_level client` refused",
+        flags="`-rho` ρ 0, `-mu` μ 0 (the paper's vanilla FedNova)",
+        ala="yes: the local model; its ALA shift is part of the normalised update")
     client_class = FedNovaClient
     personalized = False
     dp_support = DPSupport(  # -dp: what it refuses (docs/privacy.md)
