@@ -297,14 +297,23 @@ def base_parser() -> OneLineParser:
     g.add_argument("--krum_f", type=int, default=None,
                    help="--aggregator krum / multikrum: the number f of Byzantine uploads assumed "
                         "(default: the attack's malicious clients, 0 without --attack)")
-    g.add_argument("--attack", default=None, choices=["signflip", "gaussian", "labelflip", "scaled"],
+    g.add_argument("--attack", default=None, choices=["signflip", "gaussian", "labelflip", "scaled", "alie", "ipm",
+                                                      "minmax", "minsum", "backdoor"],
                    help="malicious clients flip their training labels (y -> C-1-y) or poison their upload: "
-                        "W - s(W_i - W), W + N(0, s^2), W + s(W_i - W) (default: none)")
+                        "W - s(W_i - W), W + N(0, s^2), W + s(W_i - W); omniscient, from the round's benign "
+                        "updates: ALIE (Baruch et al. 2019), IPM (Xie et al. 2020), Min-Max / Min-Sum (Shejwalkar "
+                        "& Houmansadr 2021); backdoor: a pixel trigger with model replacement (Bagdasaryan et al. "
+                        "2020) (default: none)")
     g.add_argument("--attack_frac", type=float, default=None,
                    help="share of the clients that are malicious, a fixed set drawn from --seed "
                         "(default: 0.2 with --attack)")
     g.add_argument("--attack_scale", type=float, default=None,
-                   help="s of the upload attacks (default: 1 signflip, 1 gaussian, 10 scaled)")
+                   help="s of the upload attacks (default: 1 signflip, 1 gaussian, 10 scaled); IPM's ε (default "
+                        "0.1; the paper's other setting: 100); backdoor's boost (default: n / η, the round's "
+                        "upload count)")
+    g.add_argument("--minmax_perturbation", default="std", choices=["unit_vec", "std", "sign"],
+                   help="--attack minmax / minsum: the perturbation vector, inverse unit vector -μ/||μ||, inverse "
+                        "std -σ or inverse sign -sign(μ) of the benign updates (Shejwalkar & Houmansadr 2021)")
     g = p.flag_group("privacy (any algorithm): DLG/iDLG evaluation and DP-SGD, see docs/privacy.md")
     g.add_argument("-dlg", "--dlg_eval", action="store_true",
                    help="attack a few clients every -dlgg rounds by gradient inversion (PFLlib's flag)")
@@ -516,8 +525,10 @@ def server_options(cfg: Config, server_cls, given: set[str]) -> Config:
     """``--server_opt``, ``--aggregator`` and ``--attack``: refused where the algorithm's server does not
     average a model (its ``averaging_refusal``), checked, and their defaults resolved (-slr's by optimizer,
     or the algorithm's own ``slr_default``; the attack's share)."""
+    from utils.attacks import UPLOAD_ATTACKS
+
     robust = [f for f, on in (("--server_opt", cfg.server_opt != "off"), ("--aggregator", cfg.aggregator != "mean"),
-                              ("--attack", cfg.attack in ("signflip", "gaussian", "scaled"))) if on]
+                              ("--attack", cfg.attack in UPLOAD_ATTACKS)) if on]
     if robust and server_cls.averaging_refusal:
         raise FLError(f"{' / '.join(robust)}: {cfg.algorithm} cannot take it: {server_cls.averaging_refusal}")
     checks = [
@@ -530,7 +541,10 @@ def server_options(cfg: Config, server_cls, given: set[str]) -> Config:
         (cfg.attack is not None or (cfg.attack_frac is None and cfg.attack_scale is None),
          "--attack_frac and --attack_scale need --attack"),
         (cfg.attack_frac is None or 0 < cfg.attack_frac < 1, "--attack_frac must be in (0, 1)"),
-        (cfg.attack != "labelflip" or cfg.attack_scale is None, "--attack labelflip takes no --attack_scale"),
+        (cfg.attack not in ("labelflip", "alie", "minmax", "minsum") or cfg.attack_scale is None,
+         f"--attack {cfg.attack} takes no --attack_scale"),
+        (cfg.attack in ("minmax", "minsum") or cfg.minmax_perturbation == "std",
+         "--minmax_perturbation needs --attack minmax or minsum"),
         (cfg.attack_scale is None or cfg.attack_scale > 0, "--attack_scale must be > 0"),
     ]
     for ok, msg in checks:

@@ -16,6 +16,14 @@ upload holds), W_i what malicious client i trained, and s = ``--attack_scale``:
 - ``gaussian`` (a random vector in place of the update; Blanchard et al., NeurIPS 2017): it uploads
   W + ξ, ξ ~ N(0, s² I) from the (seed, run, "attack-noise", round, client) stream, s = 1 by default.
 
+- ``alie``, ``ipm``, ``minmax``, ``minsum`` (omniscient, in update space; utils/update_attacks.py): every
+  malicious client of the round uploads W + Δ, one Δ computed from the round's benign updates (each benign
+  upload minus W), as the papers' attackers see them; n is the round's upload count and f its malicious
+  ones (ALIE's z), s is IPM's ε (0.1 by default; the paper's other setting is 100), and
+  ``--minmax_perturbation`` Min-Max's and Min-Sum's ∇p. A round without a benign upload leaves the
+  malicious uploads as trained.
+- ``backdoor`` (utils/backdoor.py): data poisoning plus model replacement.
+
 The upload attacks change only the model's parameters; BatchNorm statistics and integer entries are sent
 as trained. They act on what the client uploads, after training and before the server aggregates, so the
 attacker knows W, as a client that received it does.
@@ -31,9 +39,10 @@ from torch import nn
 from utils.dp_client import aligned_names
 from utils.seeding import np_rng, torch_gen
 
-ATTACKS = ("signflip", "gaussian", "labelflip", "scaled")
-UPLOAD_ATTACKS = ("signflip", "gaussian", "scaled")
-DEFAULT_SCALE = {"signflip": 1.0, "gaussian": 1.0, "scaled": 10.0}
+OMNISCIENT = ("alie", "ipm", "minmax", "minsum")
+ATTACKS = ("signflip", "gaussian", "labelflip", "scaled", *OMNISCIENT, "backdoor")
+UPLOAD_ATTACKS = ("signflip", "gaussian", "scaled", *OMNISCIENT, "backdoor")  # what needs an averaging server
+DEFAULT_SCALE = {"signflip": 1.0, "gaussian": 1.0, "scaled": 10.0, "ipm": 0.1}
 DEFAULT_FRACTION = 0.2
 
 
@@ -79,36 +88,79 @@ def poisoned_state(kind: str, state: dict, reference: dict, names: dict[str, str
 class Attack:
     """The run's attack: its kind, scale and malicious set (plain values: part of the server's state)."""
 
-    def __init__(self, kind: str, fraction: float, scale: float | None, seed: int, run: int, num_clients: int):
+    def __init__(self, kind: str, fraction: float, scale: float | None, seed: int, run: int, num_clients: int,
+                 perturbation: str = "std"):
         self.kind, self.seed, self.run = kind, seed, run
         self.scale = DEFAULT_SCALE.get(kind) if scale is None else float(scale)
+        self.perturbation = perturbation
         self.malicious = malicious_clients(seed, run, num_clients, fraction)
 
     @classmethod
     def from_config(cls, cfg, run: int) -> "Attack | None":
         if getattr(cfg, "attack", None) is None:
             return None
-        return cls(cfg.attack, cfg.attack_frac, cfg.attack_scale, cfg.seed, run, cfg.num_clients)
+        return cls(cfg.attack, cfg.attack_frac, cfg.attack_scale, cfg.seed, run, cfg.num_clients,
+                   cfg.minmax_perturbation)
 
     def benign_mask(self, ids: list[int]) -> np.ndarray:
         """True for each of ``ids`` that is not malicious."""
         bad = set(self.malicious)
         return np.array([i not in bad for i in ids], dtype=bool)
 
+    def count(self, uploads: list) -> int:
+        """How many of ``uploads`` come from malicious clients (the round's f)."""
+        bad = set(self.malicious)
+        return sum(u.id in bad for u in uploads)
+
     def poison(self, uploads: list, reference: nn.Module, round_idx: int) -> list:
         """The round's uploads with each malicious one replaced by its attack (labelflip: unchanged)."""
         if self.kind not in UPLOAD_ATTACKS:
             return uploads
+        if self.kind in OMNISCIENT:
+            return self.poison_omniscient(uploads, reference)
         ref = reference.state_dict()
         params = {n for n, _ in reference.named_parameters()}
         bad = set(self.malicious)
+        # backdoor: model replacement, boosted by s or by default by n / η with η = 1 (the round's upload count)
+        kind, scale = ("scaled", self.scale or float(len(uploads))) if self.kind == "backdoor" else (self.kind,
+                                                                                                     self.scale)
         out = []
         for u in uploads:
             if u.id in bad and u.state:
-                noise = (torch_gen(self.seed, self.run, "attack-noise", round_idx, u.id) if self.kind == "gaussian"
+                noise = (torch_gen(self.seed, self.run, "attack-noise", round_idx, u.id) if kind == "gaussian"
                          else None)
-                state = poisoned_state(self.kind, u.state, ref, aligned_names(reference, u.state), params, self.scale,
-                                       noise)
+                state = poisoned_state(kind, u.state, ref, aligned_names(reference, u.state), params, scale, noise)
                 u = dataclasses.replace(u, state=state)
             out.append(u)
         return out
+
+    def poison_omniscient(self, uploads: list, reference: nn.Module) -> list:
+        """ALIE / IPM / Min-Max / Min-Sum: every malicious upload becomes W + Δ, Δ from the benign updates."""
+        from utils.update_attacks import malicious_update
+
+        bad = set(self.malicious)
+        mal = [i for i, u in enumerate(uploads) if u.id in bad and u.state]
+        good = [i for i, u in enumerate(uploads) if u.id not in bad and u.state]
+        if not mal or not good:
+            return uploads
+        ref = reference.state_dict()
+        params = {n for n, _ in reference.named_parameters()}
+        names = {k: g for k, g in aligned_names(reference, uploads[mal[0]].state).items() if g in params}
+        benign = torch.stack([update_row(uploads[i].state, ref, names) for i in good])
+        delta = malicious_update(self.kind, benign, len(uploads), len(mal), self.scale or 0.0, self.perturbation)
+        out = list(uploads)
+        for i in mal:
+            state, at = dict(uploads[i].state), 0
+            for k, g in names.items():
+                w = ref[g].detach()
+                state[k] = (w.to(torch.float64) + delta[at:at + w.numel()].view(w.shape)).to(w.dtype)
+                at += w.numel()
+            out[i] = dataclasses.replace(uploads[i], state=state)
+        return out
+
+
+def update_row(state: dict, reference: dict, names: dict[str, str]) -> torch.Tensor:
+    """One upload's update (upload - global model) on the entries ``names`` (upload name -> global name), as
+    one float64 row."""
+    return torch.cat([(state[k].to(torch.float64) - reference[g].detach().to(torch.float64)).reshape(-1)
+                      for k, g in names.items()])

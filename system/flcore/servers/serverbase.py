@@ -279,7 +279,8 @@ class Server:
         ``target=self.global_model.base``."""
         cfg = self.cfg
         keys = [k for k in uploads[0].state if k.startswith(prefix)]
-        f = cfg.krum_f if cfg.krum_f is not None else len(self.attack.malicious) if self.attack else 0
+        # f: --krum_f as given (a misestimate is expressible), else this round's malicious uploads
+        f = cfg.krum_f if cfg.krum_f is not None else self.attack.count(uploads) if self.attack else 0
         try:
             agg = robust.aggregate([u.state for u in uploads], [u.weight for u in uploads], cfg.aggregator, keys,
                                    cfg.trim_frac, f)
