@@ -288,15 +288,26 @@ def base_parser() -> OneLineParser:
     g.add_argument("--server_tau", type=float, default=1e-3,
                    help="--server_opt adaptivity τ of adagrad, adam, yogi (Reddi et al.'s grid 1e-5..1e-1)")
     g.add_argument("--aggregator", default="mean",
-                   choices=["mean", "median", "trimmed_mean", "krum", "multikrum", "geomed"],
+                   choices=["mean", "median", "trimmed_mean", "krum", "multikrum", "geomed", "bulyan", "cclip",
+                            "normclip"],
                    help="how the uploads are combined: the sample-weighted mean (FedAvg), the coordinate-wise "
                         "median or trimmed mean (Yin et al. 2018), Krum or Multi-Krum (Blanchard et al. 2017), "
-                        "the weighted geometric median (Weiszfeld; RFA, Pillutla et al. 2022)")
+                        "the weighted geometric median (Weiszfeld; RFA, Pillutla et al. 2022), Bulyan (El Mhamdi "
+                        "et al. 2018), centered clipping (Karimireddy et al. 2021), norm bounding of the updates "
+                        "(Sun et al. 2019)")
     g.add_argument("--trim_frac", type=float, default=0.2,
                    help="--aggregator trimmed_mean: share of the uploads dropped at each end, per coordinate")
     g.add_argument("--krum_f", type=int, default=None,
-                   help="--aggregator krum / multikrum: the number f of Byzantine uploads assumed "
-                        "(default: the attack's malicious clients, 0 without --attack)")
+                   help="--aggregator krum / multikrum / bulyan: the number f of Byzantine uploads assumed "
+                        "(default: the round's uploads from malicious clients, 0 without --attack)")
+    g.add_argument("--cclip_tau", type=float, default=10.0,
+                   help="--aggregator cclip: clipping radius τ around the previous aggregate update "
+                        "(Karimireddy et al.'s code: 10)")
+    g.add_argument("--cclip_iters", type=int, default=1,
+                   help="--aggregator cclip: clipping iterations per round (Karimireddy et al.: 1)")
+    g.add_argument("--norm_bound", type=float, default=None,
+                   help="--aggregator normclip: the bound M on each update's L2 norm (Sun et al. 2019) "
+                        "(default: the median of the round's update norms)")
     g.add_argument("--attack", default=None, choices=["signflip", "gaussian", "labelflip", "scaled", "alie", "ipm",
                                                       "minmax", "minsum", "backdoor"],
                    help="malicious clients flip their training labels (y -> C-1-y) or poison their upload: "
@@ -537,7 +548,13 @@ def server_options(cfg: Config, server_cls, given: set[str]) -> Config:
         (0 <= cfg.server_beta2 < 1, "--server_beta2 must be in [0, 1)"), (cfg.server_tau > 0, "--server_tau must be > 0"),
         (0 <= cfg.trim_frac < 0.5, "--trim_frac must be in [0, 0.5)"),
         (cfg.krum_f is None or cfg.krum_f >= 0, "--krum_f must be >= 0"),
-        (cfg.krum_f is None or cfg.aggregator in ("krum", "multikrum"), "--krum_f needs --aggregator krum or multikrum"),
+        (cfg.krum_f is None or cfg.aggregator in ("krum", "multikrum", "bulyan"),
+         "--krum_f needs --aggregator krum, multikrum or bulyan"),
+        (cfg.cclip_tau > 0, "--cclip_tau must be > 0"), (cfg.cclip_iters >= 1, "--cclip_iters must be >= 1"),
+        (cfg.aggregator == "cclip" or (cfg.cclip_tau == 10.0 and cfg.cclip_iters == 1),
+         "--cclip_tau and --cclip_iters need --aggregator cclip"),
+        (cfg.norm_bound is None or cfg.norm_bound > 0, "--norm_bound must be > 0"),
+        (cfg.norm_bound is None or cfg.aggregator == "normclip", "--norm_bound needs --aggregator normclip"),
         (cfg.attack is not None or (cfg.attack_frac is None and cfg.attack_scale is None),
          "--attack_frac and --attack_scale need --attack"),
         (cfg.attack_frac is None or 0 < cfg.attack_frac < 1, "--attack_frac must be in (0, 1)"),

@@ -20,6 +20,21 @@ of ``weighted_average``. Which rules use the sample counts:
   iteration from the weighted mean (RFA, Pillutla et al., IEEE TSP 2022), each distance floored at
   ``nu`` so that an iterate on a point does not divide by zero; it stops when a step moves z by at most
   ``tol`` x max(1, ||z||), or after ``max_iter`` steps.
+- ``bulyan`` (El Mhamdi, Guerraoui & Rouault, ICML 2018), unweighted: θ = n - 2f uploads chosen one at a time
+  by Krum (each time the lowest score, over the n' - f - 2 nearest of the n' uploads still in the pool,
+  floored at 0, ties to the lower index), then per coordinate the mean of the β = θ - 2f of their values
+  closest to their median (ties to the earlier chosen). Its guarantee needs n >= 4f + 3 (β >= 3); below it
+  the rule still runs with β = max(n - 4f, 1) (the server says so in one line), and it needs θ >= 1.
+- ``cclip``, centered clipping (Karimireddy, He & Jaggi, ICML 2021), unweighted, on the updates x_i (upload
+  - the model they are averaged into): from the center v (the previous round's aggregate update, zero at
+  the first round), ``iters`` times v <- v + (1/n) sum_i (x_i - v) min(1, τ / ||x_i - v||); the aggregate
+  is the model plus v, and v is kept as the next round's center (checkpointed with the server). Defaults
+  τ = 10 and one iteration, as in the authors' code; their paper's analysis needs a single iteration.
+- ``normclip``, norm bounding (Sun et al., "Can you really backdoor federated learning?", 2019): each
+  update scaled to norm at most M, x_i <- x_i / max(1, ||x_i|| / M), then their sample-weighted mean (FedAvg
+  on bounded updates); M = ``--norm_bound``, by default the median of the round's update norms.
+f (Krum, Multi-Krum, Bulyan) is ``--krum_f`` when given (a misestimate is expressible), otherwise the count
+of the round's uploads that come from malicious clients (0 without ``--attack``).
 """
 from __future__ import annotations
 
@@ -29,7 +44,9 @@ import torch
 
 from utils.aggregate import weighted_average
 
-RULES = ("mean", "median", "trimmed_mean", "krum", "multikrum", "geomed")
+RULES = ("mean", "median", "trimmed_mean", "krum", "multikrum", "geomed", "bulyan", "cclip", "normclip")
+F_RULES = ("krum", "multikrum", "bulyan")  # the rules that take f
+CENTERED = ("cclip", "normclip")  # the rules that work on updates: they need the model averaged into
 
 
 def coordinate_median(x: torch.Tensor) -> torch.Tensor:
@@ -62,6 +79,55 @@ def krum_select(x: torch.Tensor, f: int, m: int) -> list[int]:
     return torch.sort(krum_scores(x, f), stable=True).indices[:m].tolist()
 
 
+def squared_distances(x: torch.Tensor) -> torch.Tensor:
+    """n x n matrix of exact squared distances between the rows of ``x``, +inf on the diagonal."""
+    d2 = torch.stack([(x - row).pow(2).sum(dim=1) for row in x])
+    return d2.fill_diagonal_(float("inf"))
+
+
+def bulyan_sizes(n: int, f: int) -> tuple[int, int]:
+    """Bulyan's (θ, β) for n uploads and f assumed Byzantine: θ = n - 2f, β = max(θ - 2f, 1)."""
+    theta = n - 2 * f
+    if theta < 1:
+        raise ValueError(f"Bulyan keeps n - 2f = {theta} of {n} uploads with f = {f}; it needs n > 2f")
+    return theta, max(theta - 2 * f, 1)
+
+
+def bulyan(x: torch.Tensor, f: int) -> torch.Tensor:
+    """Bulyan of the rows of ``x`` (see the module docstring)."""
+    theta, beta = bulyan_sizes(x.shape[0], f)
+    d2 = squared_distances(x)  # computed once; each Krum step reads the pool's sub-matrix
+    pool, chosen = list(range(x.shape[0])), []
+    for _ in range(theta):
+        k = max(len(pool) - f - 2, 0)
+        scores = d2[pool][:, pool].sort(dim=1).values[:, :k].sum(dim=1)
+        chosen.append(pool.pop(int(torch.sort(scores, stable=True).indices[0])))
+    s = x[chosen]
+    near = (s - coordinate_median(s)).abs().sort(dim=0, stable=True).indices[:beta]
+    return s.gather(0, near).mean(dim=0)
+
+
+def centered_clip(x: torch.Tensor, center: torch.Tensor, tau: float, iters: int) -> torch.Tensor:
+    """Centered clipping of the rows of ``x`` around ``center`` (see the module docstring)."""
+    v = center
+    for _ in range(iters):
+        diff = x - v
+        norm = diff.norm(dim=1)
+        scale = torch.where(norm > tau, tau / norm.clamp_min(1e-300), torch.ones_like(norm))
+        v = v + (diff * scale[:, None]).mean(dim=0)
+    return v
+
+
+def norm_clip(x: torch.Tensor, weights: torch.Tensor, bound: float | None = None) -> torch.Tensor:
+    """The weighted mean of the rows of ``x`` each scaled to norm at most ``bound`` (default: the median of
+    the row norms, for even n the mean of the two middle ones)."""
+    norm = x.norm(dim=1)
+    m = float(coordinate_median(norm[:, None])[0]) if bound is None else bound
+    scale = torch.where(norm > m, m / norm.clamp_min(1e-300), torch.ones_like(norm))
+    w = weights / weights.sum()
+    return w @ (x * scale[:, None])
+
+
 def geometric_median(x: torch.Tensor, weights: torch.Tensor, tol: float = 1e-7, max_iter: int = 1000,
                      nu: float = 1e-10) -> torch.Tensor:
     """argmin_z sum_i w_i ||z - x_i|| by Weiszfeld's iteration (see the module docstring)."""
@@ -79,9 +145,13 @@ def geometric_median(x: torch.Tensor, weights: torch.Tensor, tol: float = 1e-7, 
 
 
 def aggregate(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float], rule: str = "mean",
-              keys=None, trim_frac: float = 0.2, krum_f: int = 0) -> dict[str, torch.Tensor]:
+              keys=None, trim_frac: float = 0.2, krum_f: int = 0, reference: Mapping | None = None,
+              center: torch.Tensor | None = None, tau: float = 10.0, iters: int = 1,
+              norm_bound: float | None = None) -> dict[str, torch.Tensor]:
     """The ``rule`` aggregate of the entries ``keys`` (default: all) of ``states`` (see the module
-    docstring); ``mean`` is ``weighted_average`` itself."""
+    docstring); ``mean`` is ``weighted_average`` itself. ``cclip`` and ``normclip`` take ``reference``, the
+    state the uploads are updates of (by the same names), and ``cclip`` its ``center`` update (the flat
+    floating entries; None: zero), ``tau`` and ``iters``."""
     if rule == "mean":
         return weighted_average(states, weights, keys)
     keys = list(keys if keys is not None else states[0].keys())
@@ -101,6 +171,15 @@ def aggregate(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[fl
         flat = trimmed_mean(x, int(trim_frac * n))
     elif rule == "geomed":
         flat = geometric_median(x, torch.as_tensor([float(w) for w in weights], dtype=torch.float64))
+    elif rule == "bulyan":
+        flat = bulyan(x, krum_f)
+    elif rule in CENTERED:
+        ref = flatten([reference], floating)[0]
+        if rule == "cclip":
+            flat = ref + centered_clip(x - ref, torch.zeros_like(ref) if center is None else center, tau, iters)
+        else:
+            flat = ref + norm_clip(x - ref, torch.as_tensor([float(w) for w in weights], dtype=torch.float64),
+                                   norm_bound)
     else:
         raise ValueError(f"unknown aggregator '{rule}'; choose one of {', '.join(RULES)}")
     out.update(unflatten(flat, states[0], floating))

@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import sys
 import time
 
 import numpy as np
@@ -134,6 +135,9 @@ class Server:
         if self.attack is not None and recorder is not None:
             recorder.meta["malicious_clients"] = list(self.attack.malicious)
         self.averaged = False  # whether this round's aggregate went through average_uploads
+        # --aggregator cclip: the previous aggregate update per averaged part (checkpointed with the server)
+        self.robust_centers: dict[str, torch.Tensor] = {}
+        self.bulyan_warned = False  # --aggregator bulyan: its n < 4f + 3 line is printed once per run
         self.selected: list[Client] = []
         self.round_idx = 0
         self.bytes_down = self.bytes_up = 0  # of the current round: what _send_models / _receive_models moved
@@ -281,20 +285,40 @@ class Server:
         keys = [k for k in uploads[0].state if k.startswith(prefix)]
         # f: --krum_f as given (a misestimate is expressible), else this round's malicious uploads
         f = cfg.krum_f if cfg.krum_f is not None else self.attack.count(uploads) if self.attack else 0
+        current = target.state_dict() if target is not None else self.global_model.state_dict()
+        target = self.global_model if target is None else target
+        extra = {}
+        if cfg.aggregator in robust.CENTERED:  # rules on updates: the model they are averaged into
+            center = self.robust_centers.get(self._center_key(target, prefix))
+            extra = dict(reference={prefix + k: v for k, v in current.items()}, center=center, tau=cfg.cclip_tau,
+                         iters=cfg.cclip_iters, norm_bound=cfg.norm_bound)
+        if cfg.aggregator == "bulyan" and 2 * f < len(uploads) < 4 * f + 3 and not self.bulyan_warned:
+            self.bulyan_warned = True
+            print(f"warning: --aggregator bulyan: round {self.round_idx} has {len(uploads)} uploads, fewer than "
+                  f"4f + 3 = {4 * f + 3} (f = {f}); its guarantee is lost and it averages "
+                  f"{max(len(uploads) - 4 * f, 1)} value(s) per coordinate (said once per run)", file=sys.stderr)
         try:
             agg = robust.aggregate([u.state for u in uploads], [u.weight for u in uploads], cfg.aggregator, keys,
-                                   cfg.trim_frac, f)
-        except ValueError as e:  # too few uploads for Krum or the trimmed mean this round
+                                   cfg.trim_frac, f, **extra)
+        except ValueError as e:  # too few uploads for Krum, Bulyan or the trimmed mean this round
             raise FLError(f"--aggregator {cfg.aggregator}, round {self.round_idx}: {e}; lower --krum_f or "
                           f"--trim_frac, or select more clients (-jr); results so far are kept") from None
         agg = {k[len(prefix):]: v for k, v in agg.items()}
-        current = target.state_dict() if target is not None else self.global_model.state_dict()
-        target = self.global_model if target is None else target
+        if cfg.aggregator == "cclip":  # the next round's center: this round's aggregate update
+            floating = [k for k in agg if agg[k].is_floating_point()]
+            self.robust_centers[self._center_key(target, prefix)] = (
+                robust.flatten([agg], floating)[0] - robust.flatten([current], floating)[0])
         if self.server_opt is not None:
             params = [k for k, _ in target.named_parameters() if k in agg]
             agg = self.server_opt.step(current, agg, params)
         self.load_aggregate(target, {**current, **agg})
         self.averaged = True
+
+    def _center_key(self, target: torch.nn.Module, prefix: str) -> str:
+        """``--aggregator cclip``: the name its center is kept under, one per averaged part of a model."""
+        name = next((f"model.{n}" if n else "model" for n, m in self.global_model.named_modules() if m is target),
+                    type(target).__name__)
+        return f"{name}:{prefix}"
 
     def load_aggregate(self, target: torch.nn.Module, state: dict) -> None:
         """Load an aggregated ``state`` into a server model. With ``--bn_stats local`` only parameters are
