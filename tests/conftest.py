@@ -1,4 +1,12 @@
-"""Shared fixtures: tiny splits generated once per session into temporary folders."""
+"""Shared fixtures: tiny splits generated once per session into temporary folders.
+
+What an algorithm's own test uses (docs/adding_an_algorithm.md): the split fixtures ``digits_tiny_root`` (5
+unequal clients, runs of a few rounds in under a second), ``digits_root`` (5 IID clients of about the same
+size) and ``digits_noniid_root`` (6 clients, 2 classes each), each a dataset root holding 'Digits';
+``build_server(root, out, "-algo", NAME, *flags)``, a server and its clients in this process, driven through
+public methods (``run_round``, ``aggregate``, ``evaluate``, ``train``; a client's ``receive``, ``train``,
+``upload``, ``batches``); ``cli(root, out, *flags)``, the flags of a short quiet run, for ``main.main`` or
+``main.parse_config``."""
 from __future__ import annotations
 
 import importlib.util

@@ -1,5 +1,6 @@
-"""The README's "Adding an algorithm" example is the library's own SCAFFOLD, verbatim, so it cannot rot; CI runs the
-README's two commands before anything else."""
+"""The README's "Adding an algorithm" example is the library's own SCAFFOLD, verbatim, and the guide's
+(docs/adding_an_algorithm.md) is FedNova, verbatim, so neither can rot; CI runs the README's two commands before
+anything else."""
 import re
 from pathlib import Path
 
@@ -10,6 +11,14 @@ def test_readme_example_files_are_the_library_files():
     readme = (REPO / "README.md").read_text()
     blocks = {m.group(1): m.group(2) for m in re.finditer(r"```python\n# (system/\S+\.py)\n(.*?)```", readme, re.S)}
     for path in ("system/flcore/clients/clientscaffold.py", "system/flcore/servers/serverscaffold.py"):
+        assert blocks.get(path) == (REPO / path).read_text(), path
+
+
+def test_the_guides_files_are_the_library_files():
+    """docs/adding_an_algorithm.md shows FedNova's two files verbatim."""
+    guide = (REPO / "docs" / "adding_an_algorithm.md").read_text()
+    blocks = {m.group(1): m.group(2) for m in re.finditer(r"```python\n# (system/\S+\.py)\n(.*?)```", guide, re.S)}
+    for path in ("system/flcore/clients/clientfednova.py", "system/flcore/servers/serverfednova.py"):
         assert blocks.get(path) == (REPO / path).read_text(), path
 
 
