@@ -223,10 +223,16 @@ def base_parser() -> OneLineParser:
                    help="share of each client's training data held out (seeded) as a validation split, whose "
                         "accuracy every evaluation records (rs_val_acc) for model selection; 0 = none")
     g = p.flag_group("execution, faults and checkpoints (docs/distributed.md, docs/performance.md)")
-    g.add_argument("--executor", default="auto", choices=["auto", "sequential", "fork", "ray"],
+    g.add_argument("--executor", default="auto", choices=["auto", "sequential", "fork", "ray", "batched"],
                    help="where clients live: this process; single-thread worker processes forked from it "
-                        "(CPU); Ray workers on several devices/machines. Same numbers on each. auto = fork "
-                        "on a CPU with several cores (the fastest there), else sequential")
+                        "(CPU); Ray workers on several devices/machines; batched: this process, the round's "
+                        "clients stacked into one computation (GPU; the algorithms that declare it). Same "
+                        "numbers on each (batched: up to float rounding). auto = fork on a CPU with several "
+                        "cores, batched on CUDA where the algorithm batches, else sequential")
+    g.add_argument("--batch_clients", type=int, default=0,
+                   help="--executor batched: stack at most this many clients at a time (memory); 0 = all")
+    g.add_argument("--cuda_graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="--executor batched on CUDA: capture the stacked training step as a CUDA graph")
     g.add_argument("--workers", type=int, default=0,
                    help="fork or Ray workers holding the clients; 0 = one per CPU core (Ray: per CPU of the "
                         "cluster, or per GPU share)")
@@ -599,6 +605,7 @@ def validate(cfg: Config) -> None:
         (cfg.ala_layers is None or cfg.ala_layers >= 0, "--ala_layers must be >= 0"),
         (cfg.ala_max_epochs >= 1, "--ala_max_epochs must be >= 1"), (cfg.ala_window >= 2, "--ala_window must be >= 2"),
         (cfg.workers >= 0, "--workers must be >= 0"), (cfg.max_restarts >= 0, "--max_restarts must be >= 0"),
+        (cfg.batch_clients >= 0, "--batch_clients must be >= 0"),
         (cfg.gpus_per_worker in (None, 0) or cfg.gpus_per_worker >= 0.0001,
          "--gpus_per_worker must be 0 or at least 0.0001 (Ray's least share of a GPU)"),
         (0 <= cfg.train_slow_rate <= 1, "-tsr must be in [0, 1]"),

@@ -138,12 +138,14 @@ def run(cfg: Config, executor=None) -> list[Path]:
     refuse_existing(cfg)  # before the split is generated or loaded
     cfg, data = set_up(cfg)
     # The executor that really runs (--executor auto resolved, or the one given), so the results say which.
-    cfg = cfg.replace(executor=executor.name if executor is not None else executor_kind(cfg))
+    client_class = get_server_class(cfg.algorithm).client_class  # whether it batches (--executor auto on CUDA)
+    auto = cfg.executor == "auto"
+    cfg = cfg.replace(executor=executor.name if executor is not None else executor_kind(cfg, client_class))
     if cfg.print_config:
         print_config(cfg)
     if executor is not None:
         return run_all(cfg, data, executor)
-    executor = make_executor(cfg)
+    executor = make_executor(cfg, client_class, auto)
     try:
         return run_all(cfg, data, executor)
     finally:

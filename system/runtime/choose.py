@@ -16,21 +16,34 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def executor_kind(cfg) -> str:
+def executor_kind(cfg, client_class: type | None = None) -> str:
     """``--executor auto``: the fork executor on a CPU with more than one core and more than one client
     (one single-thread worker per core beats one process with as many threads at PFLlib's small batches:
-    docs/performance.md), else sequential (one GPU is one worker; CUDA does not survive a fork)."""
+    docs/performance.md); on CUDA the batched executor when the algorithm (``client_class``) and the flags
+    allow it (runtime/batched.py), else sequential (one GPU is one worker; CUDA does not survive a fork)."""
     if cfg.executor != "auto":
         return cfg.executor
     cpu = str(cfg.device) == "cpu"
-    return "fork" if cpu and usable_cores() > 1 and (cfg.num_clients or 0) > 1 else "sequential"
+    if cpu:
+        return "fork" if usable_cores() > 1 and (cfg.num_clients or 0) > 1 else "sequential"
+    if str(cfg.device).startswith("cuda") and client_class is not None and "," not in cfg.device_id:
+        from runtime.batched import batch_refusal, config_refusal
+
+        if not batch_refusal(client_class) and not config_refusal(cfg):
+            return "batched"
+    return "sequential"
 
 
-def make_executor(cfg):
-    """The executor ``--executor`` names (``auto``: see ``executor_kind``), parking clients with
-    ``--client_state cpu|disk``."""
+def make_executor(cfg, client_class: type | None = None, auto: bool = False):
+    """The executor ``--executor`` names (``auto``: see ``executor_kind``; ``client_class``: the algorithm's
+    client, which says whether it batches; ``auto``: ``cfg.executor`` was resolved from auto), parking
+    clients with ``--client_state cpu|disk``."""
     parking = Parking.from_config(cfg)
-    kind = executor_kind(cfg)
+    kind = executor_kind(cfg, client_class)
+    if kind == "batched":
+        from runtime.batched import BatchedExecutor
+
+        return BatchedExecutor(cfg, parking, auto=auto or cfg.executor == "auto")
     if kind == "ray":
         return RayExecutor(cfg, parking)
     if kind == "fork":

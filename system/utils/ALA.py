@@ -47,7 +47,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from utils.batching import batches_of, has_batch_norm
+from utils.batching import batches_of, has_batch_norm, session
 from utils.seeding import torch_gen
 
 FEATURE_BATCH = 256  # samples per no-grad pass when the classifier's inputs are computed once (docs/performance.md)
@@ -68,6 +68,19 @@ def converged(losses: list[float], window: int, threshold: float) -> bool:
     """The start-phase stopping rule, PFLlib's: more than ``window`` losses so far, and the std of the
     last ``window`` of them below ``threshold``."""
     return len(losses) > window and float(np.std(losses[-window:])) < threshold
+
+
+class Forward:
+    """The logits ALA's loss reads, as a function of the adapted tensors ``top`` (named as in the model):
+    ``module`` run with its parameters ``frozen`` + ``top``, the names cut by ``cut`` characters (the
+    classifier run alone on its precomputed inputs: ``cut`` = len("head.")). Data, not a closure, so the
+    batched executor can stack it over clients."""
+
+    def __init__(self, module: nn.Module, frozen: dict, cut: int):
+        self.module, self.frozen, self.cut = module, frozen, cut
+
+    def __call__(self, top: dict, xb: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.module, {**self.frozen, **{k[self.cut:]: v for k, v in top.items()}}, (xb,))
 
 
 class ALA:
@@ -132,17 +145,9 @@ class ALA:
         all_feats = self.head_inputs(global_model, x) if self.keep_features else None
         feats = all_feats[idx] if all_feats is not None else self.head_inputs(global_model, xs)
         if feats is None:  # every batch runs the whole model, its lower layers frozen at Θ
-            inputs = xs
-
-            def forward(top, xb):
-                return functional_call(local_model, {**frozen, **top}, (xb,))
+            inputs, forward = xs, Forward(local_model, frozen, 0)
         else:  # only the classifier is adapted: its inputs were computed once
-            inputs = feats
-
-            head, cut = getattr(local_model, self.head), len(self.head) + 1
-
-            def forward(top, fb):
-                return functional_call(head, {k[cut:]: v for k, v in top.items()}, (fb,))
+            inputs, forward = feats, Forward(getattr(local_model, self.head), {}, len(self.head) + 1)
         epochs = self.max_epochs if self.start_phase else 1
         merge = feats is None and has_batch_norm(local_model)  # no 1-sample batch through BatchNorm
         losses: list[float] = []
@@ -200,6 +205,9 @@ class ALA:
         """One pass of W updates over the sample in batches (``utils.batching``: with ``merge_single`` a
         last batch of one sample joins the one before); returns the mean batch loss.
         ``forward(top, inputs[b])``: logits with the top layers' parameters ``top``."""
+        batched = session()  # --executor batched: this epoch runs stacked with the other clients' ALA
+        if batched is not None:
+            return batched.ala_epoch(self, forward, local_top, glob_top, inputs, ys, merge_single)
         total, steps = 0.0, 0
         perm = torch.randperm(len(ys), generator=self.generator).to(ys.device)
         for b in batches_of(perm, self.batch_size, merge_single):

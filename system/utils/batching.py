@@ -7,6 +7,8 @@ for such models that sample joins the previous batch.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch import nn
 
@@ -28,3 +30,20 @@ def batches_of(perm: torch.Tensor, batch_size: int, merge_single: bool = False):
     """The index batches of a permutation, cut by ``batch_bounds``."""
     for a, b in batch_bounds(len(perm), batch_size, merge_single):
         yield perm[a:b]
+
+
+# ---- the batched executor's seam (runtime/batched.py) ---------------------------------------------------
+# While the batched executor runs a client method, the thread running it holds that executor's session
+# here; the three computations it batches across clients (a ``run_epochs`` phase, an evaluation's
+# ``predict``, an ALA weight epoch) hand their work to it instead of computing it themselves. Outside
+# that executor this is always None and nothing changes.
+_local = threading.local()
+
+
+def session():
+    """The batched executor's session of this thread, or None."""
+    return getattr(_local, "session", None)
+
+
+def set_session(value) -> None:
+    _local.session = value

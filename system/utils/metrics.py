@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from utils.batching import session
+
 
 def auc_ovr(probs: np.ndarray, labels: np.ndarray, num_classes: int) -> float:
     """Micro-averaged one-vs-rest ROC AUC on softmax probabilities (PFLlib's definition, but on
@@ -46,6 +48,9 @@ def predict(model: torch.nn.Module, x: torch.Tensor, batch_size: int) -> torch.T
     are several times faster there than the default layout's (docs/performance.md). Same function, so
     the same logits up to float summation order."""
     model.eval()
+    batched = session()  # --executor batched: evaluated together with the other clients' models
+    if batched is not None:
+        return batched.predict(model, x, batch_size)
     starts = range(0, max(len(x), 1), batch_size)  # an empty input still gives its (0, classes) logits
     if x.dim() == 4 and x.device.type == "cpu" and any(p.dim() == 4 for p in model.parameters()):
         cl = torch.channels_last

@@ -4,3 +4,5 @@ from flcore.clients.clientbase import Client
 
 class FedALAClient(Client):
     use_ala = True
+    # --executor batched: its loss reads its modules only (runtime/batched.py)
+    batch_state = ()

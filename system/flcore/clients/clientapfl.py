@@ -26,6 +26,8 @@ def mixture(v: dict, w: dict, alpha: torch.Tensor) -> dict:
 
 
 class APFLClient(Client):
+    batch_state = ()  # --executor batched: its loss reads its modules only; after_backward as batched_step
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.vmodel = copy.deepcopy(self.model)  # v_i, from the common initialisation; never uploaded
@@ -64,6 +66,15 @@ class APFLClient(Client):
             a.clamp_(0.0, 1.0)  # the last step's rounding (a - lr * g can miss the bound by an ulp)
             target = (a - lr * a.grad).clamp(0.0, 1.0)
             a.grad.copy_((a - target) / lr)
+
+    def batched_step(self, params: dict, grads: dict, lrs: dict) -> dict:
+        """``after_backward`` and the SGD step in functional form (``--executor batched``): α lands on the
+        projection of clamp(α, 0, 1) - lr ∇_α onto [0, 1], the rest takes plain SGD."""
+        new = super().batched_step(params, grads, lrs)
+        if "mixer.alpha" in params:
+            a, lr = params["mixer.alpha"], lrs["mixer.alpha"]
+            new["mixer.alpha"] = (a.clamp(0.0, 1.0) - lr * grads["mixer.alpha"]).clamp(0.0, 1.0)
+        return new
 
     def local_update(self, round_idx: int) -> None:
         self.vmodel.train()

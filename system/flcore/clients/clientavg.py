@@ -4,3 +4,6 @@ from flcore.clients.clientbase import Client
 
 class FedAvgClient(Client):
     """Everything is the base class's behaviour."""
+    # --executor batched: its loss reads its modules only (runtime/batched.py)
+    batch_state = ()
+

@@ -9,6 +9,8 @@ from flcore.trainmodel.parts import frozen
 
 class FedBABUClient(FineTunedEval, PartSharingClient):
     shared = ("base",)  # the head is not personal: it is the common initial one, and never sent
+    # --executor batched: its loss reads its modules only (runtime/batched.py)
+    batch_state = ()
 
     def local_update(self, round_idx: int) -> None:
         """Body update only: the head takes no gradient, so SGD leaves it (the paper's head learning rate 0)."""

@@ -21,8 +21,9 @@ from torch import nn
 
 from flcore.trainmodel.parts import HEAD, ala_names, batch_dependent, head_of
 from runtime import state
+from runtime.stacked import sgd_step
 from utils.amp import autocast, make_scaler
-from utils.batching import batch_bounds, batches_of, has_batch_norm
+from utils.batching import batch_bounds, batches_of, has_batch_norm, session
 from utils.data_utils import ClientData, local_split
 from utils.errors import Diverged
 from utils.metrics import auc_ovr, predict
@@ -48,6 +49,11 @@ class Client:
     # wire: FedRep's head ("head."), all of Local's model (""). Every algorithm's uploads are checked
     # against them (tests/test_executors.py).
     personal_keys: tuple[str, ...] = ()
+    # --executor batched (runtime/batched.py): None, this algorithm's local update is not declared
+    # batchable; else the attributes besides the ``dp_modules`` that its ``loss`` (and its phases' objectives)
+    # read and that differ between clients (FedProx's anchor), stacked per client. A subclass that overrides a
+    # training hook below the declaring class is refused (``runtime.batched.batch_refusal``).
+    batch_state: tuple[str, ...] | None = None
 
     def __init__(self, cfg, cid: int, data: ClientData, model: nn.Module, run: int = 0):
         self.cfg, self.id, self.run = cfg, cid, run
@@ -98,6 +104,12 @@ class Client:
 
     def after_backward(self) -> None:
         """Called between ``backward`` and ``optimizer.step`` (gradient corrections)."""
+
+    def batched_step(self, params: dict, grads: dict, lrs: dict) -> dict:
+        """``--executor batched``: ``after_backward`` and the SGD step in functional form, on the trained
+        entries of a phase (named as in ``dp_modules``, stacked over clients; ``lrs`` broadcast against
+        them): p - lr g. An algorithm that overrides ``after_backward`` overrides this too."""
+        return sgd_step(params, grads, lrs)
 
     def dp_modules(self) -> dict[str, nn.Module]:
         """``-dp``'s seam: the modules, by name, whose parameters local training's optimizers step. Every step
@@ -249,7 +261,11 @@ class Client:
         model, a fine-tuned copy); ``after_backward`` then does not run, as it corrects ``self.model``.
         ``generator`` draws the batches from another stream (see ``batches``). ``step(x, y) -> loss``
         replaces the whole update of one batch (pFedMe's inner problem, Per-FedAvg's private meta-step);
-        the batches, the loss bookkeeping and the divergence check stay this loop's."""
+        the batches, the loss bookkeeping and the divergence check stay this loop's. Under ``--executor
+        batched`` a phase without ``step`` runs stacked with the other clients' (runtime/batched.py)."""
+        batched = session()
+        if batched is not None and step is None:
+            return batched.run_epochs(self, epochs, batch_size, optimizer, objective, generator)
         if step is None:
             own = optimizer is None
             optimizer = self.optimizer if own else optimizer

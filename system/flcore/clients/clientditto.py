@@ -12,6 +12,8 @@ from utils.proximal import anchor_of, proximal_term
 
 
 class DittoClient(Client):
+    batch_state = ("anchor",)  # --executor batched: stacked per client for its loss (runtime/batched.py)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.pmodel = copy.deepcopy(self.model)  # v_i, from the common initialisation

@@ -4,6 +4,8 @@ from flcore.clients.clientbase import Client, Upload
 
 class LocalClient(Client):
     personal_keys = ("",)  # the whole model
+    # --executor batched: its loss reads its modules only (runtime/batched.py)
+    batch_state = ()
 
     def upload(self) -> Upload:
         """Nothing crosses the wire."""

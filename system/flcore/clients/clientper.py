@@ -7,3 +7,5 @@ class FedPerClient(PartSharingClient):
     """Shared base, local head; local training is FedAvg's, on the whole model."""
     shared = ("base",)
     personal_keys = ("head.",)
+    # --executor batched: its loss reads its modules only (runtime/batched.py)
+    batch_state = ()

@@ -4,6 +4,8 @@ from utils.proximal import anchor_of, proximal_term
 
 
 class FedProxClient(Client):
+    batch_state = ("anchor",)  # --executor batched: stacked per client for its loss (runtime/batched.py)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.anchor = anchor_of(self.model)  # w^t: the last global model received

@@ -11,6 +11,8 @@ from flcore.trainmodel.parts import frozen
 class FedRepClient(PartSharingClient):
     shared = ("base",)
     personal_keys = ("head.",)
+    # --executor batched: its loss reads its modules only (runtime/batched.py)
+    batch_state = ()
 
     def local_update(self, round_idx: int) -> None:
         with frozen(self.model.base):

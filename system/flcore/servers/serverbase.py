@@ -111,7 +111,7 @@ class Server:
         self.client_model_names = None if cfg.client_models is None else assign(
             read_client_models(cfg.client_models), len(data.clients) + len(data.new_clients))
         self.global_model = self.initial_model()
-        self.executor = executor if executor is not None else make_executor(cfg)
+        self.executor = executor if executor is not None else make_executor(cfg, self.client_class)
         self.clients = self.executor.start(self.client_factory(), data.clients)
         # Independent streams: an algorithm's own draws never change who is selected or dropped.
         self.select_rng = np_rng(cfg.seed, run, "select")
