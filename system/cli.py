@@ -326,8 +326,15 @@ def base_parser() -> OneLineParser:
                         "(default: 0.2 with --attack)")
     g.add_argument("--attack_scale", type=float, default=None,
                    help="s of the upload attacks (default: 1 signflip, 1 gaussian, 10 scaled); IPM's ε (default "
-                        "0.1; the paper's other setting: 100); backdoor's boost (default: n / η, the round's "
-                        "upload count)")
+                        "0.1; the paper's other setting: 100); backdoor's boost γ (default: n / (η k), "
+                        "the round's k attackers replace the model together; one attacker: the paper's n / η)")
+    g.add_argument("--backdoor_target", type=int, default=0,
+                   help="--attack backdoor: the class triggered images are labelled and should be classified as")
+    g.add_argument("--backdoor_frac", type=float, default=0.3,
+                   help="--attack backdoor: share of a malicious client's training images that carry the trigger "
+                        "(the rest stay clean: a mix, as in Bagdasaryan et al. 2020)")
+    g.add_argument("--trigger_size", type=int, default=3,
+                   help="--attack backdoor: side of the full-intensity square trigger in the bottom-right corner")
     g.add_argument("--minmax_perturbation", default="std", choices=["unit_vec", "std", "sign"],
                    help="--attack minmax / minsum: the perturbation vector, inverse unit vector -μ/||μ||, inverse "
                         "std -σ or inverse sign -sign(μ) of the benign updates (Shejwalkar & Houmansadr 2021)")
@@ -566,6 +573,11 @@ def server_options(cfg: Config, server_cls, given: set[str]) -> Config:
         (cfg.attack_frac is None or 0 < cfg.attack_frac < 1, "--attack_frac must be in (0, 1)"),
         (cfg.attack not in ("labelflip", "alie", "minmax", "minsum") or cfg.attack_scale is None,
          f"--attack {cfg.attack} takes no --attack_scale"),
+        (cfg.attack == "backdoor" or (cfg.backdoor_target == 0 and cfg.backdoor_frac == 0.3
+                                      and cfg.trigger_size == 3),
+         "--backdoor_target, --backdoor_frac and --trigger_size need --attack backdoor"),
+        (cfg.backdoor_target >= 0, "--backdoor_target must be >= 0"),
+        (0 < cfg.backdoor_frac <= 1, "--backdoor_frac must be in (0, 1]"), (cfg.trigger_size >= 1, "--trigger_size must be >= 1"),
         (cfg.attack in ("minmax", "minsum") or cfg.minmax_perturbation == "std",
          "--minmax_perturbation needs --attack minmax or minsum"),
         (cfg.attack_scale is None or cfg.attack_scale > 0, "--attack_scale must be > 0"),

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from utils.backdoor import replacement_boost
 from utils.dp_client import aligned_names
 from utils.seeding import np_rng, torch_gen
 
@@ -55,6 +56,12 @@ def malicious_clients(seed: int, run: int, num_clients: int, fraction: float) ->
 def flips_labels(cfg, run: int, cid: int) -> bool:
     """Whether client ``cid`` of run ``run`` trains on flipped labels (``--attack labelflip``)."""
     return (getattr(cfg, "attack", None) == "labelflip"
+            and cid in malicious_clients(cfg.seed, run, cfg.num_clients, cfg.attack_frac))
+
+
+def backdoors(cfg, run: int, cid: int) -> bool:
+    """Whether client ``cid`` of run ``run`` trains on triggered images (``--attack backdoor``)."""
+    return (getattr(cfg, "attack", None) == "backdoor"
             and cid in malicious_clients(cfg.seed, run, cfg.num_clients, cfg.attack_frac))
 
 
@@ -121,9 +128,9 @@ class Attack:
         ref = reference.state_dict()
         params = {n for n, _ in reference.named_parameters()}
         bad = set(self.malicious)
-        # backdoor: model replacement, boosted by s or by default by n / η with η = 1 (the round's upload count)
-        kind, scale = ("scaled", self.scale or float(len(uploads))) if self.kind == "backdoor" else (self.kind,
-                                                                                                     self.scale)
+        kind, scale = self.kind, self.scale
+        if self.kind == "backdoor":  # model replacement: boosted by s, by default n / (η k) (utils/backdoor.py)
+            kind, scale = "scaled", self.scale or replacement_boost(len(uploads), self.count(uploads))
         out = []
         for u in uploads:
             if u.id in bad and u.state:

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from utils.backdoor import white_value
 from utils.errors import FLError
 from utils.paths import DATASET_ROOT, OFFLINE_GENERATORS, REPO_ROOT  # noqa: F401 - re-exported
 
@@ -30,6 +31,8 @@ class ClientData:
     y_test: torch.Tensor
     x_val: torch.Tensor | None = None  # --val_ratio: held out of the training data (``local_split``)
     y_val: torch.Tensor | None = None
+    # images: a full-intensity pixel (255) after normalisation, (C, 1, 1); None for other inputs (--attack backdoor)
+    white: torch.Tensor | None = None
 
 
 @dataclass
@@ -209,8 +212,10 @@ def load_split(name: str, root: Path | str = DATASET_ROOT, num_clients: int | No
     for i in range(n + new_clients):
         xtr, ytr = _read_npz(name, d / "train" / f"{i}.npz", config, "train", i)
         xte, yte = _read_npz(name, d / "test" / f"{i}.npz", config, "test", i)
+        white = white_value(xtr.shape[1:], norm) if xtr.dtype == np.uint8 else None
         clients.append(ClientData(_to_tensor(xtr, norm, device), torch.from_numpy(ytr).long().to(device),
-                                  _to_tensor(xte, norm, device), torch.from_numpy(yte).long().to(device)))
+                                  _to_tensor(xte, norm, device), torch.from_numpy(yte).long().to(device),
+                                  white=None if white is None else white.to(device)))
     if not any(len(c.y_test) for c in clients[:n]):
         raise _bad_split(name, f"every test split of its {n} client(s) is empty: there is nothing to evaluate")
     return FederatedData(name, config, hashlib.sha256(raw).hexdigest()[:16], clients[:n], clients[n:])
@@ -230,8 +235,9 @@ def local_split(data: ClientData, cfg, run: int, cid: int) -> ClientData:
     (``few_shot_indices``), then with ``--val_ratio r`` a validation split of round(r * n) of those (at
     least one, and one left to train on) held out of training. Both are drawn from the client's own
     (seed, run, id) streams; the test split is never touched. With ``--attack labelflip`` a malicious
-    client's training labels are flipped (utils/attacks.py)."""
-    from utils.attacks import flip_labels, flips_labels
+    client's training labels are flipped (utils/attacks.py), with ``--attack backdoor`` a share of its
+    training images carry the trigger and the target label (utils/backdoor.py)."""
+    from utils.attacks import backdoors, flip_labels, flips_labels
     from utils.seeding import torch_gen
 
     x, y = data.x_train, data.y_train
@@ -248,4 +254,13 @@ def local_split(data: ClientData, cfg, run: int, cid: int) -> ClientData:
         x_val, y_val, x, y = x[val], y[val], x[keep], y[keep]
     if flips_labels(cfg, run, cid):  # --attack labelflip: a malicious client trains on y -> C-1-y
         y = flip_labels(y, cfg.num_classes)
-    return ClientData(x, y, data.x_test, data.y_test, x_val, y_val)
+    if backdoors(cfg, run, cid):
+        from utils.backdoor import poison_training
+
+        if data.white is None or min(x.shape[-2:]) < cfg.trigger_size:
+            raise FLError(f"--attack backdoor stamps a {cfg.trigger_size}x{cfg.trigger_size} trigger on images; "
+                          f"this split's inputs have shape {tuple(x.shape[1:])}: use an image split or a smaller "
+                          f"--trigger_size")
+        x, y = poison_training(x, y, cfg.backdoor_target, cfg.backdoor_frac, cfg.trigger_size, data.white,
+                               torch_gen(cfg.seed, run, "backdoor", cid))
+    return ClientData(x, y, data.x_test, data.y_test, x_val, y_val, data.white)

@@ -62,6 +62,7 @@ class Client:
         self.x_train, self.y_train = data.x_train, data.y_train
         self.x_test, self.y_test = data.x_test, data.y_test
         self.x_val, self.y_val = data.x_val, data.y_val  # None without --val_ratio
+        self.white = data.white  # images: a full-intensity pixel, where --attack backdoor stamps its trigger
         self.train_samples, self.test_samples = len(self.y_train), len(self.y_test)
         self.num_classes = cfg.num_classes
         self.model = copy.deepcopy(model)
@@ -316,6 +317,21 @@ class Client:
         correct = int((logits.argmax(1) == self.y_test).sum())
         auc = auc_ovr(torch.softmax(logits.float(), 1).cpu().numpy(), self.y_test.cpu().numpy(), self.num_classes)
         return correct, self.test_samples, auc
+
+    @torch.no_grad()
+    def backdoor_metrics(self) -> tuple[int, int]:
+        """``--attack backdoor``: (hits, eligible) of the trigger on this client's test split: its test
+        images whose label is not the target, and how many of them the personalised model classifies as the
+        target once stamped (utils/backdoor.py)."""
+        from utils.backdoor import success_counts
+
+        model = self.eval_model()
+        was_training = model.training
+        with autocast(self.cfg, self.device):
+            counts = success_counts(lambda x: predict(model, x, self.cfg.eval_batch_size), self.x_test, self.y_test,
+                                    self.cfg.backdoor_target, self.cfg.trigger_size, self.white)
+        model.train(was_training)
+        return counts
 
     @torch.no_grad()
     def val_metrics(self) -> tuple[int, int]:

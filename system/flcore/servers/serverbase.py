@@ -105,6 +105,9 @@ class Server:
     def __init__(self, cfg, data: FederatedData, run: int = 0, recorder: RunRecorder | None = None,
                  executor=None):
         cfg = cfg.replace(num_clients=len(data.clients))  # -nc cut the split already; None meant all
+        if cfg.attack == "backdoor" and cfg.backdoor_target >= data.num_classes:
+            raise FLError(f"--backdoor_target {cfg.backdoor_target}: split '{data.name}' has classes 0.."
+                          f"{data.num_classes - 1}")
         self.cfg, self.data, self.run = cfg, data, run
         self.device = torch.device(cfg.device)
         # --client_models: each client's architecture, trained clients then new ones (-nnc); None without it
@@ -346,6 +349,10 @@ class Server:
             ok = self.attack.benign_mask([c.id for c in self.clients])
             benign = summarize(tests[ok, 0], tests[ok, 1], tests[ok, 2], trains[ok, 0], trains[ok, 1])
             summary.update({f"benign_{k}": v for k, v in benign.items() if k != "client_test_acc"})
+            if self.attack.kind == "backdoor":  # the trigger's success on the benign clients' own models
+                hits, n = np.array(self.call_clients([c for c, b in zip(self.clients, ok) if b], "backdoor_metrics"),
+                                   dtype=np.float64).reshape(-1, 2).sum(0)
+                summary["backdoor_asr"] = float(hits / n) if n else float("nan")
         if self.cfg.val_ratio > 0:  # sample-weighted, as test_acc
             correct, n = np.array(self.call_clients(self.clients, "val_metrics"), dtype=np.float64).sum(0)
             summary["val_acc"] = float(correct / n)
@@ -363,6 +370,8 @@ class Server:
         loss = "" if self.cfg.train_loss_eval == "off" else f" | train loss {summary['train_loss']:.4f}"
         val = f" | val acc {summary['val_acc']:.4f}" if "val_acc" in summary else ""
         benign = f"benign acc {summary['benign_test_acc']:.4f}, all " if "benign_test_acc" in summary else ""
+        if "backdoor_asr" in summary:
+            benign = f"backdoor ASR {summary['backdoor_asr']:.4f} | {benign}"
         tqdm.write(f"round {self.round_idx:4d} | {benign}acc {summary['test_acc']:.4f} "
                    f"(clients {summary['test_acc_mean']:.4f} ± {summary['test_acc_std']:.4f}, worst "
                    f"{summary['test_acc_min']:.4f}){val} | auc {summary['test_auc']:.4f}{loss}{dp}")
