@@ -13,10 +13,20 @@ a cell of one seed is its value alone (no spread), a cell with fewer finished se
 how many, a run that diverged (its training loss became NaN or inf) is counted in its cell ("2 diverged", or
 "diverged" when every seed did), and a cell not run is "-". The table replaces the block between
 ``<!-- robustness:begin -->`` and ``<!-- robustness:end -->``.
+
+``--converged``: the converged table (``scripts/robustness_converged.json``, docs/robustness.md's "Converged
+table") from ``results/robustness_converged`` into ``docs/benchmarks/robustness_converged.json``. Its cells are
+the sweep file's grid points; a cell is a number only once all of its seeds (3) have ended, and "pending (k/3)"
+until then. Every run's benign accuracy is taken over one fixed set of clients per seed, the ones not in that
+seed's malicious set (utils/attacks.py ``malicious_clients`` at the sweep's share), sample-weighted by the
+split's test counts, for unattacked runs and Local too; for attacked runs it equals the recorded
+``rs_benign_test_acc`` (checked). Backdoor cells add the attack success rate; it is NaN (null in the export)
+for every other run.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -29,12 +39,17 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from benchmark_report import write_block  # noqa: E402
 
+from utils.attacks import DEFAULT_FRACTION, malicious_clients  # noqa: E402
 from utils.results import read_h5  # noqa: E402
-from utils.robust import RULES  # noqa: E402
 
 EXPORT = REPO / "docs" / "benchmarks" / "robustness.json"
 ATTACKS = ("none", "signflip", "gaussian", "labelflip", "scaled")
 ALGOS = ("FedAvg", "FedAvgM", "FedALA", "Ditto", "FedRep")
+RULES = ("mean", "median", "trimmed_mean", "krum", "multikrum", "geomed")  # the quick table's columns
+CONVERGED = {"sweep": REPO / "scripts" / "robustness_converged.json",
+             "results": REPO / "results" / "robustness_converged",
+             "export": REPO / "docs" / "benchmarks" / "robustness_converged.json", "block": "robustness-converged"}
+CONV_COLUMNS = ("mean", "median", "trimmed_mean", "krum", "multikrum", "geomed", "bulyan", "cclip", "normclip")
 
 
 def key(entry: dict) -> tuple:
@@ -100,6 +115,144 @@ def markdown(entries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# ---- the converged table ------------------------------------------------------------------------------------
+def cell_key(algorithm: str, attack: str | None, scale, aggregator: str | None, krum_f) -> tuple:
+    """(algorithm, row label, column label) of a run or a grid point."""
+    row = attack or "none"
+    if scale is not None:
+        row += f" ({'ε' if attack == 'ipm' else 's'} = {float(scale):g})"
+    col = "-" if algorithm == "Local" else (aggregator or "mean") + ("" if krum_f is None else f" f={krum_f}")
+    return algorithm, row, col
+
+
+def planned_cells(sweep: Path) -> list[tuple]:
+    """The sweep file's grid points as cells, in its order."""
+    spec = json.loads(sweep.read_text())
+    cells = []
+    for grid in spec["grids"]:
+        keys = list(grid)
+        for combo in itertools.product(*(grid[k] for k in keys)):
+            p = dict(zip(keys, combo))
+            cell = cell_key(p["-algo"], p.get("--attack"), p.get("--attack_scale"), p.get("--aggregator"),
+                            p.get("--krum_f"))
+            if cell not in cells:
+                cells.append(cell)
+    return cells
+
+
+def benign_curve(acc: np.ndarray, test_samples: list[int], bad: list[int]) -> np.ndarray:
+    """Per evaluation, the accuracy over the clients not in ``bad``, weighted by their test counts."""
+    n = np.array(test_samples, dtype=np.float64)
+    ok = np.array([i not in set(bad) for i in range(len(n))])
+    return (acc[:, ok] * n[ok]).sum(1) / n[ok].sum()
+
+
+def read_converged(folder: Path, test_samples: list[int]) -> list[dict]:
+    """Every ended run of the converged sweep folder as an export entry (see the module docstring)."""
+    out = []
+    for side in sorted(folder.glob("*.json")):
+        meta = json.loads(side.read_text())
+        if meta.get("status") not in ("finished", "diverged"):
+            continue
+        cfg, series = meta["config"], read_h5(side.with_suffix(".h5"))
+        bad = malicious_clients(cfg["seed"], meta["run"], len(test_samples), cfg.get("attack_frac") or DEFAULT_FRACTION)
+        curve = benign_curve(np.asarray(series["rs_client_test_acc"], dtype=np.float64), test_samples, bad)
+        if "rs_benign_test_acc" in series and not np.allclose(curve, series["rs_benign_test_acc"], equal_nan=True):
+            raise SystemExit(f"error: {side.name}: its benign clients are not the seed's malicious set's complement")
+        asr = series.get("rs_backdoor_asr")
+        cpu = folder / "logs" / f"{side.stem}.cpu.json"
+        out.append({"algorithm": meta["label"], "attack": cfg.get("attack") or "none", "scale": cfg.get("attack_scale"),
+                    "aggregator": cfg["aggregator"], "krum_f": cfg.get("krum_f"), "seed": meta["run"],
+                    "status": meta["status"], "benign_acc": [round(float(a), 6) for a in curve],
+                    "asr": None if asr is None or not np.isfinite(asr[-1]) else round(float(asr[-1]), 6),
+                    "goal": cfg["goal"], "cpu_s": json.loads(cpu.read_text())["cpu_s"] if cpu.exists() else None})
+    return out
+
+
+def conv_key(e: dict) -> tuple:
+    return cell_key(e["algorithm"], None if e["attack"] == "none" else e["attack"], e["scale"], e["aggregator"],
+                    e["krum_f"]) + (e["seed"],)
+
+
+def spread(values: list[float]) -> str:
+    return f"{np.mean(values):.1f} ± {np.std(values):.1f}"
+
+
+def converged_markdown(entries: list[dict], cells: list[tuple], seeds: int, cpu_all: float | None) -> str:
+    """One row per (algorithm, attack), one column per aggregator; a cell is a number once all ``seeds``
+    runs have ended, "pending (k/seeds)" before (a cell of the cut rule), blank when not in it."""
+    ended: dict[tuple, list[dict]] = {}
+    for e in entries:
+        ended.setdefault(conv_key(e)[:3], []).append(e)
+    cols = [c for c in CONV_COLUMNS if any(k[2] == c for k in cells)]
+    cols += [c for c in dict.fromkeys(k[2] for k in cells) if c not in cols and c != "-"]
+    algos = list(dict.fromkeys(k[0] for k in cells))
+    attacks = list(dict.fromkeys(["none", *(k[1] for k in cells)]))
+    rows = sorted(dict.fromkeys(k[:2] for k in cells), key=lambda r: (algos.index(r[0]), attacks.index(r[1])))
+    lines = ["| algorithm | attack | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    complete = 0
+    for algo, row in rows:
+        out = []
+        for col in cols:
+            key = (algo, row, "-" if algo == "Local" and col == "mean" else col)
+            if key not in cells:
+                out.append("")
+                continue
+            runs = ended.get(key, [])
+            if len(runs) < seeds:
+                out.append(f"pending ({len(runs)}/{seeds})")
+                continue
+            complete += 1
+            ok = [r for r in runs if r["status"] == "finished"]
+            lost = len(runs) - len(ok)
+            if not ok:
+                out.append("diverged")
+                continue
+            text = spread([100 * r["benign_acc"][-1] for r in ok])
+            if row.startswith("backdoor"):
+                text += " / ASR " + spread([100 * r["asr"] for r in ok if r["asr"] is not None])
+            out.append(text + (f" ({lost} diverged)" if lost else ""))
+        lines.append(f"| {algo} | {row} | " + " | ".join(out) + " |")
+    cpu = sum(e["cpu_s"] or 0.0 for e in entries)
+    lines += ["", f"{complete} of {len(cells)} cells complete ({len(entries)} ended runs, {cpu / 3600:.2f} CPU-hours "
+              f"as the sweep recorded them" + ("" if cpu_all is None else
+                                                f"; {cpu_all / 3600:.2f} CPU-hours spent by the sweep so far, "
+                                                f"unfinished runs included") + ")."]
+    if any(r.startswith("backdoor") for _, r in rows):
+        lines.append("Backdoor cells: benign accuracy / attack success rate (%). Local: no aggregation.")
+    return "\n".join(lines)
+
+
+def report_converged(args) -> int:
+    old = json.loads(args.export.read_text()) if args.export.exists() else {}
+    if args.from_export:
+        data = old
+    else:
+        spec = json.loads(CONVERGED["sweep"].read_text())
+        split = spec["base"][spec["base"].index("-data") + 1]
+        cfg_path = args.dataset_root / split / "config.json"
+        if not cfg_path.exists():
+            raise SystemExit(f"error: {cfg_path} not found: generate the split (docs/robustness.md) or use --from-export")
+        test_samples = json.loads(cfg_path.read_text())["test_samples"]
+        new = read_converged(args.results, test_samples)
+        runs = {conv_key(e): e for e in old.get("runs", [])} | {conv_key(e): e for e in new}
+        logs = sorted((args.results / "logs").glob("*.cpu.json"))
+        cpu_all = sum(json.loads(p.read_text())["cpu_s"] for p in logs) if logs else old.get("cpu_s_all_attempts")
+        data = {"split": split, "test_samples": test_samples, "cpu_s_all_attempts": cpu_all,
+                "runs": [runs[k] for k in sorted(runs, key=str)]}
+        body = ",\n".join(json.dumps(e) for e in data["runs"])
+        head = json.dumps({k: v for k, v in data.items() if k != "runs"})[:-1]
+        args.export.write_text(head + ', "runs": [\n' + body + "\n]}\n")  # a run a line
+    seeds = len(json.loads(CONVERGED["sweep"].read_text())["seeds"])
+    text = converged_markdown(data.get("runs", []), planned_cells(CONVERGED["sweep"]), seeds,
+                              data.get("cpu_s_all_attempts"))
+    if args.print:
+        print(text)
+    else:
+        write_block(args.doc, CONVERGED["block"], text)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, default=REPO / "results" / "robustness", help="the sweep's folder")
@@ -107,7 +260,14 @@ def main(argv=None) -> int:
     p.add_argument("--doc", type=Path, default=REPO / "docs" / "robustness.md")
     p.add_argument("--from-export", action="store_true", help="the table from the export alone")
     p.add_argument("--print", action="store_true", help="print the table instead of writing the document")
+    p.add_argument("--converged", action="store_true", help="the converged table (module docstring)")
+    p.add_argument("--dataset_root", type=Path, default=REPO / "dataset", help="--converged: where the split is")
     args = p.parse_args(argv)
+    if args.converged:
+        given = set(argv if argv is not None else sys.argv[1:])
+        args.results = args.results if "--results" in given else CONVERGED["results"]
+        args.export = args.export if "--export" in given else CONVERGED["export"]
+        return report_converged(args)
     old = json.loads(args.export.read_text())["runs"] if args.export.exists() else []
     entries = old if args.from_export else merge(old, read_results(args.results))
     if not args.from_export:

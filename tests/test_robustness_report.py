@@ -47,3 +47,45 @@ def test_a_rerun_replaces_its_entry_and_keeps_the_others():
     old = [entry("FedAvg", "none", "mean", 0, 0.9), entry("FedALA", "none", "mean", 0, 0.8)]
     merged = robustness_report.merge(old, [entry("FedAvg", "none", "mean", 0, 0.4)])
     assert sorted((e["algorithm"], e["benign_acc"][-1]) for e in merged) == [("FedALA", 0.8), ("FedAvg", 0.4)]
+
+
+def conv_entry(algo, attack, rule, seed, last, krum_f=None, asr=None, status="finished", scale=None):
+    return {"algorithm": algo, "attack": attack, "scale": scale, "aggregator": rule, "krum_f": krum_f, "seed": seed,
+            "status": status, "benign_acc": [0.1, last], "asr": asr, "goal": "g", "cpu_s": 1800.0}
+
+
+def test_converged_cells_are_numbers_only_with_every_seed(tmp_path):
+    sweep = tmp_path / "s.json"
+    sweep.write_text('{"grids": [{"-algo": ["FedAvg"], "--attack": ["alie"], "--aggregator": ["mean", "krum"]},'
+                     '{"-algo": ["FedAvg"], "--attack": ["alie"], "--aggregator": ["krum"], "--krum_f": ["2"]},'
+                     '{"-algo": ["FedAvg"], "--attack": ["backdoor"]}, {"-algo": ["FedAvg"]},'
+                     '{"-algo": ["Local"]}, {"-algo": ["FedAvg"], "--attack": ["ipm"], "--attack_scale": ["100"]}]}')
+    cells = robustness_report.planned_cells(sweep)
+    assert cells == [("FedAvg", "alie", "mean"), ("FedAvg", "alie", "krum"), ("FedAvg", "alie", "krum f=2"),
+                     ("FedAvg", "backdoor", "mean"), ("FedAvg", "none", "mean"), ("Local", "none", "-"),
+                     ("FedAvg", "ipm (ε = 100)", "mean")]
+    runs = [conv_entry("FedAvg", "alie", "mean", s, v) for s, v in ((0, 0.5), (1, 0.7), (2, 0.6))]
+    runs += [conv_entry("FedAvg", "alie", "krum", s, 0.4) for s in (0, 1)]  # two of three seeds
+    runs += [conv_entry("FedAvg", "alie", "krum", s, 0.2, krum_f=2) for s in (0, 1, 2)]
+    runs += [conv_entry("FedAvg", "backdoor", "mean", s, 0.8, asr=a) for s, a in ((0, 0.9), (1, 1.0), (2, 0.95))]
+    runs += [conv_entry("Local", "none", "mean", s, 0.9) for s in (0, 1, 2)]
+    text = robustness_report.converged_markdown(runs, cells, 3, 3 * 3600.0)
+    got = cells_of(text)
+    head = [c.strip() for c in text.splitlines()[0].strip("|").split("|")][2:]
+    assert head == ["mean", "krum", "krum f=2"]
+    assert got[("FedAvg", "alie")] == ["60.0 ± 8.2", "pending (2/3)", "20.0 ± 0.0"]  # 50 60 70: sqrt(200/3)
+    assert got[("FedAvg", "backdoor")] == ["80.0 ± 0.0 / ASR 95.0 ± 4.1", "", ""]  # 90 95 100: sqrt(50/3)
+    assert got[("FedAvg", "none")] == ["pending (0/3)", "", ""]
+    assert got[("Local", "none")] == ["90.0 ± 0.0", "", ""]
+    assert got[("FedAvg", "ipm (ε = 100)")][0] == "pending (0/3)"
+    assert [r for r in got if r[0] in ("FedAvg", "Local")][:3] == [("FedAvg", "none"), ("FedAvg", "alie"),
+                                                                   ("FedAvg", "backdoor")]
+    assert "4 of 7 cells complete (14 ended runs, 7.00 CPU-hours" in text and "3.00 CPU-hours spent" in text
+
+
+def test_benign_curve_by_hand():
+    import numpy as np
+
+    acc = np.array([[1.0, 0.5, 0.0], [0.5, 0.5, 0.5]])
+    # clients 0 and 2 benign (client 1 malicious), test counts 10 and 30: (10 x 1 + 30 x 0) / 40, then 0.5
+    assert robustness_report.benign_curve(acc, [10, 20, 30], [1]).tolist() == [0.25, 0.5]
