@@ -17,6 +17,11 @@ single row):
   largest γ their halving search finds such that the malicious update is no farther from the benign ones
   than they are from each other: Min-Max max_i ||m - b_i|| <= max_{i,j} ||b_i - b_j||, Min-Sum
   sum_i ||m - b_i||² <= max_i sum_j ||b_i - b_j||².
+
+The papers state these on gradients; here they act on updates (about -lr times a gradient). The vectors
+built from μ (IPM, ∇p's unit_vec and sign) mean the same thing in both spaces, since they are relative to
+μ; σ has no direction, so μ - zσ (ALIE) and μ - γσ (the std perturbation) shift every coordinate the same
+way by a multiple of its spread, which is the papers' construction with the sign taken on the updates.
 """
 from __future__ import annotations
 
