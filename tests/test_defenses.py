@@ -174,3 +174,27 @@ def test_bulyan_below_4f_plus_3_says_so_once(digits_tiny_root, tmp_path, capsys)
 def test_bad_defense_flags_are_one_line(flags, digits_tiny_root, tmp_path, capsys):
     assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", *flags)) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_cclip_resumes_from_a_checkpoint_with_its_center(digits_tiny_root, tmp_path, stop_in_round, monkeypatch):
+    """Killed in round 2 and resumed: the numbers of an uninterrupted run, bit for bit; the same resume with
+    the center dropped from the saved state gives other numbers, so the center is what carries them."""
+    from utils.results import read_h5
+
+    flags = ("-gr", "4", "--checkpoint_every", "1", "--aggregator", "cclip", "--cclip_tau", "0.05",
+             "--executor", "sequential")
+    assert main.main(cli(digits_tiny_root, tmp_path / "whole", *flags)) == 0
+    whole = read_h5(tmp_path / "whole" / "Digits_FedAvg_test_0.h5")["rs_test_auc"]
+    for folder, drop in (("resumed", False), ("dropped", True)):
+        stop_in_round(2)
+        with pytest.raises(RuntimeError, match="killed"):
+            main.main(cli(digits_tiny_root, tmp_path / folder, *flags))
+        stop_in_round(None)
+        if drop:
+            load = serverbase.Server.load_state_dict
+            monkeypatch.setattr(serverbase.Server, "load_state_dict",
+                                lambda self, saved: (load(self, saved), self.robust_centers.clear()))
+        assert main.main(cli(digits_tiny_root, tmp_path / folder, *flags, "--resume")) == 0
+        got = read_h5(tmp_path / folder / "Digits_FedAvg_test_0.h5")["rs_test_auc"]
+        assert len(got) == len(whole) == 5
+        assert np.array_equal(got, whole) != drop, folder
