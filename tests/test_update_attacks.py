@@ -128,3 +128,15 @@ def test_malicious_uploads_on_a_server_match_a_reference_loop(kind, digits_tiny_
         for k in seen[c]:
             if c not in bad or k not in params:
                 assert torch.equal(seen[c][k], sent[c][k]), (c, k)
+
+
+def test_alie_with_a_malicious_majority_in_a_round_is_one_line(digits_tiny_root, tmp_path, capsys):
+    """3 of 5 clients malicious: s = floor(3.5) - 3 = 0, no z exists; the run stops with one line and keeps
+    the round-0 evaluation."""
+    import main
+    from conftest import cli
+
+    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", "--attack", "alie", "--attack_frac", "0.6")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--attack alie, round 0: ALIE: n = 5 uploads with f = 3 malicious gives s = 0" in err[0]
+    assert (tmp_path / "Digits_FedAvg_test_0.h5").exists()

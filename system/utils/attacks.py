@@ -38,6 +38,7 @@ from torch import nn
 
 from utils.backdoor import replacement_boost
 from utils.dp_client import aligned_names
+from utils.errors import FLError
 from utils.seeding import np_rng, torch_gen
 
 OMNISCIENT = ("alie", "ipm", "minmax", "minsum")
@@ -124,7 +125,7 @@ class Attack:
         if self.kind not in UPLOAD_ATTACKS:
             return uploads
         if self.kind in OMNISCIENT:
-            return self.poison_omniscient(uploads, reference)
+            return self.poison_omniscient(uploads, reference, round_idx)
         ref = reference.state_dict()
         params = {n for n, _ in reference.named_parameters()}
         bad = set(self.malicious)
@@ -141,7 +142,7 @@ class Attack:
             out.append(u)
         return out
 
-    def poison_omniscient(self, uploads: list, reference: nn.Module) -> list:
+    def poison_omniscient(self, uploads: list, reference: nn.Module, round_idx: int = 0) -> list:
         """ALIE / IPM / Min-Max / Min-Sum: every malicious upload becomes W + Δ, Δ from the benign updates."""
         from utils.update_attacks import malicious_update
 
@@ -154,7 +155,11 @@ class Attack:
         params = {n for n, _ in reference.named_parameters()}
         names = {k: g for k, g in aligned_names(reference, uploads[mal[0]].state).items() if g in params}
         benign = torch.stack([update_row(uploads[i].state, ref, names) for i in good])
-        delta = malicious_update(self.kind, benign, len(uploads), len(mal), self.scale or 0.0, self.perturbation)
+        try:
+            delta = malicious_update(self.kind, benign, len(uploads), len(mal), self.scale or 0.0, self.perturbation)
+        except ValueError as e:  # ALIE with a malicious majority this round
+            raise FLError(f"--attack {self.kind}, round {round_idx}: {e}; lower --attack_frac or select more "
+                          f"clients (-jr); results so far are kept") from None
         out = list(uploads)
         for i in mal:
             state, at = dict(uploads[i].state), 0
