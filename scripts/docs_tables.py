@@ -4,7 +4,8 @@ kept by hand:
 - docs/algorithms.md: one row per registered algorithm, from its server class (``table_row``; what a class
   does not declare comes from its docstring and its flags);
 - docs/privacy.md: what each algorithm's ``-dp`` covers or refuses (``dp_support``);
-- the README's table of the algorithms that take ``--client_models`` (``model_support``).
+- the README's table of the algorithms that take ``--client_models`` (``model_support``);
+- docs/performance.md: which algorithms train under ``--executor batched`` (each client class's ``batch_state``).
 
     python scripts/docs_tables.py          # rewrite the tables in place
     python scripts/docs_tables.py --check  # exit 1 naming each table that differs (the suite runs this)
@@ -73,13 +74,21 @@ def readme_models_table() -> tuple[Path, str, str]:
     return REPO / "README.md", table.splitlines(keepends=True)[0], table + ("" if table.endswith("\n") else "\n")
 
 
+def batched_table() -> tuple[Path, str, str]:
+    from flcore.registry import ALGORITHMS, get_server_class
+    from runtime.batched import TABLE_HEADER, batch_table
+
+    table = batch_table({n: get_server_class(n).client_class for n in ALGORITHMS})
+    return REPO / "docs" / "performance.md", TABLE_HEADER, table
+
+
 def tables() -> list[tuple[Path, str, str]]:
     """(file, the table's header line, the table as the declarations make it) for every generated table."""
     import dp_coverage
 
     return [(ALGORITHMS_DOC, ALGORITHMS_HEADER.splitlines(keepends=True)[0], algorithms_table()),
             (dp_coverage.DOC, dp_coverage.HEADER, dp_coverage.expected_table()),
-            readme_models_table()]
+            readme_models_table(), batched_table()]
 
 
 def main(argv=None) -> int:

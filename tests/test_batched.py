@@ -205,3 +205,19 @@ def test_a_phase_the_stack_cannot_express_runs_alone(digits_tiny_root, counted, 
     bat = rounds(digits_tiny_root, "FedAvg", "batched")
     assert counted["alone"] == 10 and counted["train"] == 0
     assert_close_runs(seq, bat)
+
+
+@pytest.mark.parametrize("algo, flags", [("FedAvg", ("-ls", "2", "-lbs", "16")), ("APFL", ("-al", "0.0")),
+                                         ("Ditto", ())])
+def test_the_graphed_step_masks_clients_without_a_batch(algo, flags, digits_tiny_root):
+    """The step CUDA graphs capture (every client of the stack, those without a full batch masked), run
+    eagerly on its fixed buffers: the same numbers, round after round with the buffers reused."""
+    seq = rounds(digits_tiny_root, algo, "sequential", *flags)
+    server = build_server(digits_tiny_root, digits_tiny_root, "-algo", algo, "--executor", "batched", *flags)
+    server.executor.graphs = stacked.CudaGraphs(capture=False)
+    summaries = []
+    for t in range(2):
+        server.run_round(t)
+        summaries.append(server.evaluate())
+    assert server.executor.graphs.cache and not server.executor.graphs.broken
+    assert_close_runs(seq, (server, summaries))

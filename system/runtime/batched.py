@@ -87,6 +87,19 @@ def config_refusal(cfg) -> str:
     return ""
 
 
+TABLE_HEADER = "| algorithm | `--executor batched` |\n"
+
+
+def batch_table(client_classes: dict[str, type]) -> str:
+    """docs/performance.md's table, made from the declarations: each algorithm (name -> client class) and
+    whether its clients train batched, or why not."""
+    rows = [TABLE_HEADER, "|---|---|\n"]
+    for name, cls in client_classes.items():
+        why = batch_refusal(cls)
+        rows.append(f"| {name} | {'yes' if not why else 'no: ' + why} |\n")
+    return "".join(rows)
+
+
 class BatchedExecutor(SequentialExecutor):
     """Clients in this process; each call's computations stacked across clients (module docstring)."""
     name = "batched"

@@ -102,15 +102,18 @@ class Schedule:
         self.length = self.count[0] if self.count else 0
         full = [[] for _ in range(self.length)]
         other: list[dict] = [collections.defaultdict(list) for _ in range(self.length)]
-        index = torch.zeros(self.length, self.n, batch_size, dtype=torch.long)
+        # Built on the device from the batches as they are (no copy back to the host, which would wait).
+        self.index = torch.zeros(self.length, self.n, batch_size, dtype=torch.long, device=device)
         for r, c in enumerate(self.order):
+            at = [i for i, b in enumerate(batches[c]) if len(b) == batch_size]
+            if at:
+                steps = slice(0, len(at)) if at[-1] == len(at) - 1 else torch.tensor(at, device=device)
+                self.index[steps, r] = torch.stack([batches[c][i] for i in at]) + offsets[c]
             for i, b in enumerate(batches[c]):
                 if len(b) == batch_size:
                     full[i].append(r)
-                    index[i, r] = b.cpu() + offsets[c]
                 else:
-                    other[i][len(b)].append((r, b.cpu() + offsets[c]))
-        self.index = index.to(device)
+                    other[i][len(b)].append((r, b + offsets[c]))
         self.full = [self._rows(rows, device) for rows in full]
         self.full_mask = torch.zeros(self.length, self.n, dtype=torch.bool)
         for i, rows in enumerate(full):
@@ -315,8 +318,9 @@ class TrainPhase:
 # ---- evaluation ----------------------------------------------------------------------------------------------
 def predict_many(models: list[nn.Module], xs: list[torch.Tensor], batch_size: int) -> list[torch.Tensor]:
     """Each model's logits on its own inputs (eval mode, no gradients): the models (one architecture)
-    stacked, every client's samples ``batch_size`` at a time; a client's last chunk is padded with its
-    last sample (evaluation treats samples independently) and the padding dropped."""
+    stacked, every client's samples in chunks of at most ``batch_size``; a client's last chunk is padded with
+    its last sample (evaluation treats samples independently) and the padding dropped. The chunk is no
+    longer than the median client's samples, so small clients are not padded to a large chunk."""
     order = sorted(range(len(models)), key=lambda c: -len(xs[c]))
     rep = models[order[0]]
     for m in models:
@@ -324,6 +328,7 @@ def predict_many(models: list[nn.Module], xs: list[torch.Tensor], batch_size: in
     entries = [dict(models[c].named_parameters()) | dict(models[c].named_buffers()) for c in order]
     stacked = {n: torch.stack([e[n].detach() for e in entries]) for n in entries[0]}
     lengths = [len(xs[c]) for c in order]
+    batch_size = max(1, min(batch_size, max(8, lengths[len(lengths) // 2])))
     flat = torch.cat([xs[c] for c in order])
     offsets = concat_offsets([xs[c] for c in order])
     device = flat.device
@@ -431,11 +436,12 @@ class CudaGraphs:
     launches cost more than their work. The captured step runs over every client of the stack; a row
     without a full batch at that step is masked (``torch.where`` keeps its entries). The graph reads
     and writes fixed buffers, which every phase of that key loads its stacked entries into. Only on
-    CUDA (the executor never builds this on a CPU)."""
+    CUDA (the executor never builds this on a CPU); ``capture=False`` runs the same masked step on the same
+    fixed buffers without a graph (how the CPU tests check it)."""
 
-    def __init__(self, size: int = 8):
+    def __init__(self, size: int = 8, capture: bool = True):
         self.cache: collections.OrderedDict = collections.OrderedDict()
-        self.size = size
+        self.size, self.capture = size, capture
         self.broken = ""
 
     def for_phase(self, phase: TrainPhase):
@@ -445,8 +451,8 @@ class CudaGraphs:
         entry = self.cache.get(key)
         if entry is None:
             try:
-                entry = _Captured(phase)
-            except RuntimeError as e:  # capture is not possible here: the eager steps, said once
+                entry = _Captured(phase, self.capture)
+            except Exception as e:  # noqa: BLE001  (capture is not possible here: the eager steps, said once)
                 self.broken = str(e).splitlines()[0]
                 print(f"note: CUDA graphs off for this run ({self.broken}); the batched steps run eagerly")
                 return None
@@ -484,7 +490,7 @@ def _copy_tree(dst, src) -> None:
 class _Captured:
     """One captured full-size step and the fixed buffers it works on."""
 
-    def __init__(self, phase: TrainPhase):
+    def __init__(self, phase: TrainPhase, capture: bool = True):
         s = phase.schedule
         self.train, self.const = _clone_tree(phase.train), _clone_tree(phase.const)
         self.state, self.lr, self.total = _clone_tree(phase.state), _clone_tree(phase.lr), phase.total.clone()
@@ -501,6 +507,9 @@ class _Captured:
                 t.copy_(torch.where(masks[n], new[n], t))
             self.total.add_(torch.where(self.mask, loss.detach(), torch.zeros_like(loss)))
 
+        self.step, self.graph, self.phase = step, None, phase
+        if not capture:
+            return
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.enable_grad(), torch.cuda.stream(side):
@@ -510,7 +519,6 @@ class _Captured:
         self.graph = torch.cuda.CUDAGraph()
         with torch.enable_grad(), torch.cuda.graph(self.graph):
             step()
-        self.phase = phase
 
     def load(self, phase: TrainPhase) -> None:
         _copy_tree(self.train, phase.train)
@@ -530,7 +538,11 @@ class _Captured:
         self.x.copy_(self.phase.x[s.index[i]])
         self.y.copy_(self.phase.y[s.index[i]])
         self.mask.copy_(s.full_mask[i])
-        self.graph.replay()
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            with torch.enable_grad():
+                self.step()
 
     def finish(self) -> None:
         """Nothing to do: later work on these buffers is ordered after the replays on the same stream."""
