@@ -69,9 +69,7 @@ def krum_scores(x: torch.Tensor, f: int) -> torch.Tensor:
     n = x.shape[0]
     if n <= 2 * f + 2:
         raise ValueError(f"Krum needs more than 2f + 2 = {2 * f + 2} uploads, got {n}")
-    d2 = torch.stack([(x - row).pow(2).sum(dim=1) for row in x])  # exact squares, not a rounded norm squared
-    d2.fill_diagonal_(float("inf"))  # a row is not its own neighbour
-    return d2.sort(dim=1).values[:, :n - f - 2].sum(dim=1)
+    return squared_distances(x).sort(dim=1).values[:, :n - f - 2].sum(dim=1)
 
 
 def krum_select(x: torch.Tensor, f: int, m: int) -> list[int]:
@@ -80,9 +78,16 @@ def krum_select(x: torch.Tensor, f: int, m: int) -> list[int]:
 
 
 def squared_distances(x: torch.Tensor) -> torch.Tensor:
-    """n x n matrix of exact squared distances between the rows of ``x``, +inf on the diagonal."""
-    d2 = torch.stack([(x - row).pow(2).sum(dim=1) for row in x])
-    return d2.fill_diagonal_(float("inf"))
+    """n x n matrix of squared distances between the rows of ``x``, +inf on the diagonal (a row is not its
+    own neighbour). From the Gram matrix G of the rows taken relative to the first one: G_ii + G_jj - 2 G_ij,
+    floored at 0. One matrix product instead of n passes over n x d differences (20 uploads of the CNN:
+    about 0.1 s instead of 2 s a round); translating by a row keeps the cancellation to the uploads' spread,
+    small integers stay exact, and equal rows are at distance exactly 0."""
+    c = x - x[0]
+    g = c @ c.T
+    g = (g + g.T) / 2  # the product need not be symmetric to the last bit
+    sq = g.diagonal()
+    return (sq[:, None] + sq[None, :] - 2 * g).clamp_min(0).fill_diagonal_(float("inf"))
 
 
 def bulyan_sizes(n: int, f: int) -> tuple[int, int]:
