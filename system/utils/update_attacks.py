@@ -89,26 +89,40 @@ def halving_search(accept: Callable[[float], bool], gamma_init: float = GAMMA_IN
     return best
 
 
-def _distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Pairwise Euclidean distances between the rows of ``a`` and ``b``, from exact row differences."""
-    return torch.stack([(b - row).norm(dim=1) for row in a])
+def _spread(benign: torch.Tensor, dev: torch.Tensor):
+    """μ, and for m = μ + γ ∇p the squared distance to each benign row as a function of γ:
+    ||b_i - μ||² - 2γ (b_i - μ)·∇p + γ² ||∇p||², from three precomputed terms (each oracle call of the
+    halving search is then O(rows), not a pass over the m x d matrix)."""
+    mu = benign.mean(dim=0)
+    c = benign - mu
+    a, b, e = c.pow(2).sum(dim=1), c @ dev, float(dev @ dev)
+    return mu, lambda g: (a - 2 * g * b + g * g * e).clamp_min(0)
+
+
+def _benign_distances(benign: torch.Tensor) -> torch.Tensor:
+    """Squared distances between the benign rows (0 on the diagonal), from their Gram matrix."""
+    from utils.robust import squared_distances
+
+    return squared_distances(benign).fill_diagonal_(0.0)
 
 
 def min_max(benign: torch.Tensor, kind: str = "std", gamma_init: float = GAMMA_INIT,
             tol: float = GAMMA_TOL) -> torch.Tensor:
     """μ + γ ∇p with the largest γ for which max_i ||m - b_i|| <= max_{i,j} ||b_i - b_j||."""
-    mu, dev = benign.mean(dim=0), perturbation(benign, kind)
-    bound = float(_distances(benign, benign).max())
-    gamma = halving_search(lambda g: float((benign - (mu + g * dev)).norm(dim=1).max()) <= bound, gamma_init, tol)
+    dev = perturbation(benign, kind)
+    mu, dist2 = _spread(benign, dev)
+    bound = float(_benign_distances(benign).max())
+    gamma = halving_search(lambda g: float(dist2(g).max()) <= bound, gamma_init, tol)
     return mu + gamma * dev
 
 
 def min_sum(benign: torch.Tensor, kind: str = "std", gamma_init: float = GAMMA_INIT,
             tol: float = GAMMA_TOL) -> torch.Tensor:
     """μ + γ ∇p with the largest γ for which sum_i ||m - b_i||² <= max_i sum_j ||b_i - b_j||²."""
-    mu, dev = benign.mean(dim=0), perturbation(benign, kind)
-    bound = float(_distances(benign, benign).pow(2).sum(dim=1).max())
-    gamma = halving_search(lambda g: float((benign - (mu + g * dev)).pow(2).sum()) <= bound, gamma_init, tol)
+    dev = perturbation(benign, kind)
+    mu, dist2 = _spread(benign, dev)
+    bound = float(_benign_distances(benign).sum(dim=1).max())
+    gamma = halving_search(lambda g: float(dist2(g).sum()) <= bound, gamma_init, tol)
     return mu + gamma * dev
 
 
