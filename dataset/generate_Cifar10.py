@@ -8,7 +8,7 @@ channels first. Writes, next to this file (or under ``--root``)::
 
 Examples (PFLlib's positional form and the named flags are equivalent)::
 
-    python dataset/generate_Cifar10.py noniid - dir --source ../shared/data/cifar10_partial.npz
+    python dataset/generate_Cifar10.py noniid - dir --source cifar10.npz
     python dataset/generate_Cifar10.py --partition pat --class-per-client 2 --source cifar10_partial.npz
     python dataset/generate_Cifar10.py noniid - pat          # downloads with torchvision
 

@@ -8,7 +8,7 @@ file (or under ``--root``)::
 
 Examples (PFLlib's positional form and the named flags are equivalent)::
 
-    python dataset/generate_FashionMNIST.py noniid - dir --source ../shared/data/fmnist.npz
+    python dataset/generate_FashionMNIST.py noniid - dir --source fmnist.npz
     python dataset/generate_FashionMNIST.py --partition dir --alpha 0.1 --num-clients 20 --source fmnist.npz
     python dataset/generate_FashionMNIST.py noniid - pat   # downloads with torchvision
 

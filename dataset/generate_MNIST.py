@@ -8,7 +8,7 @@ file (or under ``--root``)::
 
 Examples (PFLlib's positional form and the named flags are equivalent)::
 
-    python dataset/generate_MNIST.py noniid - dir --source ../shared/data/mnist.npz
+    python dataset/generate_MNIST.py noniid - dir --source mnist.npz
     python dataset/generate_MNIST.py --partition dir --alpha 0.1 --num-clients 20 --source mnist.npz
     python dataset/generate_MNIST.py noniid - pat          # downloads with torchvision
 

@@ -10,12 +10,12 @@
 #      equal rounds (--rounds), never at each cell's own last round.
 # Everything it writes goes under results/gpu_check/.
 #
-#   bash scripts/gpu_check.sh [DATA_DIR]        # DATA_DIR holds mnist.npz and fmnist.npz (default ../shared/data)
+#   bash scripts/gpu_check.sh DATA_DIR          # DATA_DIR holds mnist.npz and fmnist.npz (README: Generating client splits)
 #   TIMING_ROUNDS=3 CELL_SECONDS=300 DIR_ALGOS="FedAvg FedCP" PAT_ALGOS="FedCP" bash scripts/gpu_check.sh
 #   DEV=cpu ...                                  # the same steps on the CPU (a dry run of the script itself)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-DATA=${1:-../shared/data}
+DATA=${1:?"usage: bash scripts/gpu_check.sh DATA_DIR, a folder holding mnist.npz and fmnist.npz (the README's Generating client splits says how to make them)"}
 OUT=results/gpu_check
 DEV=${DEV:-cuda}
 TIMING_ROUNDS=${TIMING_ROUNDS:-3}

@@ -138,8 +138,9 @@ def read_run(path: Path) -> Run:
     return Run(path, meta, series)
 
 
-def load_runs(inputs: list[str], incomplete: bool = False, warn=None) -> list[Run]:
-    """Runs with a sidecar; incomplete ones (last evaluation before ``-gr``) only with ``incomplete``."""
+def load_runs(inputs: list[str], incomplete: bool = False, warn=None, untrained: bool = False) -> list[Run]:
+    """Runs with a sidecar; incomplete ones (last evaluation before ``-gr``) only with ``incomplete``, untrained
+    ones (``-gr 0``: the initial model evaluated) only with ``untrained``."""
     warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
     runs = []
     for path in find_files(inputs):
@@ -147,6 +148,10 @@ def load_runs(inputs: list[str], incomplete: bool = False, warn=None) -> list[Ru
             warn(f"{path.name} has no .json sidecar (configuration unknown); left out")
             continue
         run = read_run(path)
+        if not untrained and (run.meta.get("untrained") or run.config.get("global_rounds") == 0):
+            warn(f"{path.name} was not trained (-gr 0: the initial model's evaluation); left out (--untrained "
+                 f"includes it)")
+            continue
         if run.meta.get("status") == "diverged":
             warn(f"{path.name} diverged ({run.meta.get('status_reason')}); its evaluations until then are counted")
         if not run.complete:
@@ -422,11 +427,11 @@ def reproduce_command(config: dict, runs: list[int]) -> str:
 # ---- command line ---------------------------------------------------------------------------------------
 def build_table(inputs: list[str], group_keys: list[str], columns: list[str], fmt: str = "md",
                 target: float | None = None, commands: bool = False, incomplete: bool = False,
-                warn=None, drop_unrecorded: bool = False) -> str:
+                untrained: bool = False, warn=None, drop_unrecorded: bool = False) -> str:
     """The table as text. ``drop_unrecorded``: leave out the ``selected``, ``new`` and ``comm`` columns when
     no run recorded their series (``OPTIONAL_SERIES``)."""
     warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
-    runs = load_runs(inputs, incomplete, warn)
+    runs = load_runs(inputs, incomplete, warn, untrained)
     if drop_unrecorded:
         columns = [c for c in columns if c not in OPTIONAL_SERIES
                    or any(len(r.series.get(OPTIONAL_SERIES[c], [])) for r in runs)]
@@ -462,6 +467,7 @@ def main(argv=None) -> int:
     p.add_argument("--format", default="md", choices=["md", "latex", "csv"])
     p.add_argument("--commands", action="store_true", help="add the command that reproduces each row")
     p.add_argument("--incomplete", action="store_true", help="include runs that stopped before -gr")
+    p.add_argument("--untrained", action="store_true", help="include -gr 0 runs (the initial model evaluated)")
     p.add_argument("-o", "--output", type=Path, default=None, help="write the table here instead of stdout")
     args = p.parse_args(argv)
     target = None if args.target is None else args.target / 100 if args.target > 1 else args.target
@@ -480,7 +486,7 @@ def main(argv=None) -> int:
         if not group_keys:
             raise TableError("--group needs at least one key")
         text = build_table(args.inputs, group_keys, columns, args.format, target, args.commands, args.incomplete,
-                           drop_unrecorded=args.columns is None)
+                           args.untrained, drop_unrecorded=args.columns is None)
     except TableError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -26,6 +27,24 @@ def canonical_model(name: str) -> str:
     come back unchanged."""
     known = {**{a.lower(): m for a, m in ALIASES.items()}, **{m.lower(): m for m in ("auto", *MODELS)}}
     return known.get(name.lower(), name)
+
+
+def did_you_mean(message: str) -> str:
+    """argparse's "invalid choice: 'X' (choose from ...)" with the closest choices put first: ``-algo FedAwg``
+    answers "did you mean FedAvg?", ``-m resnet`` names resnet18 and its kin."""
+    import difflib
+
+    m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if not m:
+        return message
+    choices = re.findall(r"'([^']*)'", m.group(2)) or [c.strip() for c in m.group(2).split(",")]
+    folded = {c.lower(): c for c in choices}
+    close = [folded[c] for c in difflib.get_close_matches(m.group(1).lower(), list(folded), n=3, cutoff=0.6)]
+    close += [c for c in choices if c.lower().startswith(m.group(1).lower()) and c not in close][:3 - len(close)]
+    if not close:
+        return message
+    return (f"{message[:m.start()]}unknown value '{m.group(1)}'; did you mean {' or '.join(close)}? "
+            f"(choices: {', '.join(choices)})")
 
 
 def device_list(text: str) -> str:
@@ -104,7 +123,7 @@ class OneLineParser(argparse.ArgumentParser):
         return FlagGroup(self.add_argument_group(title), self.flags)
 
     def error(self, message):
-        self.exit(2, f"error: {message} (python system/main.py -h lists the flags)\n")
+        self.exit(2, f"error: {did_you_mean(message)} (python system/main.py -h lists the flags)\n")
 
     def _get_option_tuples(self, option_string):
         # argparse matches a single-dash flag by any prefix of its name even with allow_abbrev=False
@@ -207,8 +226,9 @@ def base_parser() -> OneLineParser:
     a("--overwrite", action="store_true",
       help="replace existing result files of the same name (without it, a run whose result file exists is refused)")
     a("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm progress bar")
-    a("--print_config", action=argparse.BooleanOptionalAction, default=True,
-      help="print every setting at start-up, marking values that differ from PFLlib's defaults")
+    a("--print_config", action=argparse.BooleanOptionalAction, default=False,
+      help="print every setting at start-up, marking values that differ from PFLlib's defaults (without it, "
+           "one summary line: the data, the model built, ALA, the schedule and where it runs)")
     g = p.flag_group("evaluation: new clients, few-shot, validation (README: Evaluation)")
     g.add_argument("-nnc", "--num_new_clients", type=int, default=0,
                    help="clients held out of training (the ones after the -nc trained ones; without -nc the "

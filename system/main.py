@@ -26,7 +26,7 @@ from cli import (  # noqa: E402,F401
 from flcore.registry import get_server_class  # noqa: E402
 from utils.config import Config  # noqa: E402
 from utils.errors import Diverged, FLError, Interrupted  # noqa: E402
-from utils.paths import DATASET_ROOT, OFFLINE_GENERATORS  # noqa: E402
+from utils.paths import GENERATORS_DIR, OFFLINE_GENERATORS  # noqa: E402
 
 
 def resolve_device(cfg: Config) -> Config:
@@ -41,27 +41,55 @@ def resolve_device(cfg: Config) -> Config:
     return cfg.replace(device=f"cuda:{cfg.device_id.split(',')[0]}")
 
 
-def ensure_split(cfg: Config) -> None:
-    """Generate a missing split with default settings when its data is offline: Digits, Synthetic, or a
-    dataset with a generator and ``--source``."""
+def generatable(cfg: Config) -> Path | None:
+    """The generator a missing split is made with by default: Digits and Synthetic need nothing, a dataset
+    with a generator needs ``--source``; None when the run cannot make it."""
+    if cfg.dataset in OFFLINE_GENERATORS:
+        return GENERATORS_DIR / OFFLINE_GENERATORS[cfg.dataset]
+    if cfg.source and (GENERATORS_DIR / f"generate_{cfg.dataset}.py").exists():
+        return GENERATORS_DIR / f"generate_{cfg.dataset}.py"
+    return None
+
+
+def resolve_split(cfg: Config) -> Config:
+    """Before anything else is checked: ``-data`` spelled in another case names the split or generator of that
+    name (``-data digits`` runs ``Digits``), and a split that is neither on disk nor generatable here is
+    reported as missing, with the command that makes it."""
+    from utils.data_utils import missing_split
+
     root = Path(cfg.dataset_root)
+    if not os.path.lexists(root / cfg.dataset):
+        on_disk = [d.name for d in root.iterdir() if (d / "config.json").is_file()] if root.is_dir() else []
+        known = [*on_disk, *OFFLINE_GENERATORS,
+                 *(f.stem[len("generate_"):] for f in GENERATORS_DIR.glob("generate_*.py"))]
+        same = sorted({k for k in known if k.lower() == cfg.dataset.lower()})
+        if len(same) == 1 and same[0] != cfg.dataset:
+            print(f"-data {cfg.dataset}: using split '{same[0]}'")
+            cfg = cfg.replace(dataset=same[0])
     folder = root / cfg.dataset
-    if (folder / "config.json").exists():
-        return
     if os.path.lexists(folder) and not folder.is_dir():
         raise FLError(f"split folder {folder} is not a folder (a file, a broken symlink or a symlink loop); "
                       f"remove it or choose another --dataset_root")
-    if cfg.dataset in OFFLINE_GENERATORS:
-        script, extra = DATASET_ROOT / OFFLINE_GENERATORS[cfg.dataset], []
-    elif cfg.source and (DATASET_ROOT / f"generate_{cfg.dataset}.py").exists():
-        script, extra = DATASET_ROOT / f"generate_{cfg.dataset}.py", ["--source", cfg.source]
-    else:
+    if not (folder / "config.json").exists() and generatable(cfg) is None:
+        raise missing_split(cfg.dataset, root)
+    return cfg
+
+
+def ensure_split(cfg: Config) -> None:
+    """Generate a missing split with default settings when its data is offline: Digits, Synthetic, or a
+    dataset with a generator and ``--source``. The generator's per-client table is left out (the split's
+    folder keeps it: ``config.json``); its summary lines are printed, and all of its output if it fails."""
+    root = Path(cfg.dataset_root)
+    if (root / cfg.dataset / "config.json").exists() or (script := generatable(cfg)) is None:
         return
+    extra = ["--source", cfg.source] if cfg.dataset not in OFFLINE_GENERATORS else []
     cmd = [str(script), "--root", str(root), "--out", cfg.dataset, *extra]
     print(f"split '{cfg.dataset}' is missing; generating it with default settings: python {' '.join(cmd)}")
-    done = subprocess.run([sys.executable, *cmd])
+    done = subprocess.run([sys.executable, *cmd], capture_output=True, text=True)
     if done.returncode != 0:
+        print(done.stdout + done.stderr, end="", file=sys.stderr)
         raise FLError(f"generating split '{cfg.dataset}' failed (see the message above)")
+    print("\n".join(line for line in done.stdout.splitlines() if line.startswith(("wrote ", "total: "))))
 
 
 def provenance(server) -> dict:
@@ -84,6 +112,18 @@ def provenance(server) -> dict:
     if server.client_model_names is not None:  # --client_models: each client's architecture, by id
         built["client_models_built"] = list(server.client_model_names)
     return {**built, "git_commit": commit, "torch_version": torch.__version__}
+
+
+def summary_line(cfg: Config, server, built: dict) -> str:
+    """The start-up line: what runs on what, the model actually built (``-m auto`` resolved), whether ALA
+    initialises the clients, the schedule and where it runs (``--print_config`` lists every setting)."""
+    ala = bool(cfg.ala or getattr(server.client_class, "use_ala", False))
+    model = built["model_built"] + (" (per client: --client_models)" if "client_models_built" in built else "")
+    runs = f", runs {cfg.prev}-{cfg.times - 1}" if cfg.times - cfg.prev > 1 else ""
+    return (f"{label(cfg)} on {cfg.dataset} ({cfg.num_clients} clients, {cfg.num_classes} classes): model {model} "
+            f"({built['model_parameters'] / 1e6:.3g} M parameters), ALA {'on' if ala else 'off'}, "
+            f"-gr {cfg.global_rounds} -ls {cfg.local_epochs} -lbs {cfg.batch_size} -lr {cfg.local_learning_rate} "
+            f"-jr {cfg.join_ratio}{runs}, executor {cfg.executor} on {cfg.device} (--print_config: every setting)")
 
 
 def label(cfg: Config) -> str:
@@ -135,6 +175,7 @@ def run(cfg: Config, executor=None) -> list[Path]:
     (workers start once): ``executor`` if given (the caller closes it), else one made from the flags."""
     from runtime.choose import executor_kind, make_executor
 
+    cfg = resolve_split(cfg)  # a missing split is reported as missing, before any result is looked at
     refuse_existing(cfg)  # before the split is generated or loaded
     cfg, data = set_up(cfg)
     # The executor that really runs (--executor auto resolved, or the one given), so the results say which.
@@ -189,6 +230,8 @@ def run_all(cfg: Config, data, executor) -> list[Path]:
                                   f"it again, or another -go to keep both")
             server = server_cls(cfg, data, r, recorder, executor=executor)
             recorder.meta.update(provenance(server))
+            if r == cfg.prev:
+                print(summary_line(cfg, server, recorder.meta))
             train_and_record(cfg, server, recorder)
         best, last = recorder.best_last()
         print(f"run {r}: best acc {best:.4f}, last acc {last:.4f}, {time.time() - start:.1f} s, "
@@ -230,6 +273,8 @@ def train_and_record(cfg: Config, server, recorder) -> None:
         raise
     # each client's local training time, one entry per round it trained (the cost side of a table)
     recorder.meta["client_train_time_s"] = [list(c.train_time) for c in server.clients]
+    if cfg.global_rounds == 0:  # the initial model evaluated: scripts/table.py leaves it out unless --untrained
+        recorder.meta["untrained"] = True
     recorder.finish("finished")
 
 

@@ -10,13 +10,26 @@ public methods (``run_round``, ``aggregate``, ``evaluate``, ``train``; a client'
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
-import torch
 
 REPO = Path(__file__).resolve().parents[1]
+# The offline copies of the real datasets, beside the repository on the project's own machines; tests that
+# read them carry the marker ``shared_data`` and skip where the folder is absent (a user's fresh clone).
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+# No test reads or writes the repository's own results/ or dataset/<split>/: the defaults of --results_dir,
+# --dataset_root and the generators' --root (utils/paths.py) point at this process's temporary folder, and
+# subprocesses inherit them. ``repository_untouched`` below checks that nothing appeared there anyway.
+SANDBOX = Path(tempfile.mkdtemp(prefix="pfl-tests-"))
+os.environ["PFL_RESULTS_DIR"] = str(SANDBOX / "results")
+os.environ["PFL_DATASET_ROOT"] = str(SANDBOX / "dataset")
+
+import torch  # noqa: E402
 
 # Two test processes on two cores spin-wait on each other's OpenMP threads; one thread each is faster.
 torch.set_num_threads(1)
@@ -24,14 +37,48 @@ torch.set_num_threads(1)
 
 def pytest_collection_modifyitems(config, items):
     """A test marked ``optional_deps("opacus", ...)`` needs those packages of requirements-optional.txt; it
-    skips with a reason where one is absent (``pytest -m optional_deps`` runs just these, as .ci/run does)."""
+    skips with a reason where one is absent (``pytest -m optional_deps`` runs just these, as .ci/run does).
+    A test marked ``shared_data`` reads the offline datasets beside the repository and skips without them."""
     found: dict[str, bool] = {}
     for item in items:
+        if item.get_closest_marker("shared_data") and not SHARED_DATA.is_dir():
+            item.add_marker(pytest.mark.skip(reason=f"needs the offline datasets in {SHARED_DATA}"))
         for mark in item.iter_markers("optional_deps"):
             absent = [p for p in mark.args if not found.setdefault(p, importlib.util.find_spec(p) is not None)]
             if absent:
                 item.add_marker(pytest.mark.skip(
                     reason=f"needs {', '.join(absent)} (pip install -r requirements-optional.txt)"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(SANDBOX, ignore_errors=True)
+
+
+def _listing(folder: Path) -> set[tuple[str, int, int]]:
+    """(path, size, mtime) of every file under ``folder``, the library's own source and byte code left out
+    (editing a generator while the suite runs is not a test's doing)."""
+    out = set()
+    for top, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for f in files:
+            if f.endswith(".py"):
+                continue
+            st = os.lstat(os.path.join(top, f))
+            out.add((os.path.relpath(os.path.join(top, f), folder), st.st_size, st.st_mtime_ns))
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def repository_untouched():
+    """The repository's results/ and dataset/ are as the session found them (a test that wrote there would
+    read a user's own files on the next run, or leave files in their clone)."""
+    watched = [REPO / "results", REPO / "dataset"]
+    before = [_listing(f) for f in watched]
+    yield
+    for folder, was in zip(watched, before):
+        now = _listing(folder)
+        assert now == was, (f"tests changed {folder}: added or changed {sorted(p for p, *_ in now - was)[:5]}, "
+                            f"removed {sorted(p for p, *_ in was - now)[:5]}")
 
 
 @pytest.fixture(scope="session")

@@ -196,7 +196,7 @@ def test_perfedavg_training_step_updates_w_with_beta(digits_root):
         assert torch.allclose(p.detach(), p0.detach() - beta * q.grad, atol=1e-6)
 
 
-@pytest.mark.parametrize("dp", [False, True])
+@pytest.mark.parametrize("dp", [False, pytest.param(True, marks=pytest.mark.optional_deps("opacus"))])
 def test_perfedavg_meta_steps_take_batches_of_twice_lbs(digits_root, dp):
     bs = 7
     client = make_server(digits_root, "Per-FedAvg", "-lbs", str(bs), *(("-dp",) if dp else ())).clients[1]
@@ -210,6 +210,7 @@ def test_perfedavg_meta_steps_take_batches_of_twice_lbs(digits_root, dp):
     assert len(sizes) == client.steps_per_round()
 
 
+@pytest.mark.optional_deps("opacus")
 def test_perfedavg_dp_meta_step_is_the_fo_maml_step_on_the_two_releases(digits_root):
     # The releases themselves are DP-SGD's (tests/test_privacy.py); here each is replaced by the exact batch
     # gradient, which leaves the step's composition: w' = w - α g(w; D), then w ← w - β g(w'; D').
@@ -244,7 +245,8 @@ def test_perfedavg_dp_meta_step_is_the_fo_maml_step_on_the_two_releases(digits_r
 
 
 # -dp: a clip no per-sample gradient reaches and negligible noise, so the release is the batch gradient.
-@pytest.mark.parametrize("dp,atol,rtol", [((), 1e-6, 1e-5), (("-dp", "--dp_clip", "1000", "-dps", "1e-9"), 1e-5, 1e-4)])
+@pytest.mark.parametrize("dp,atol,rtol", [((), 1e-6, 1e-5), pytest.param(("-dp", "--dp_clip", "1000", "-dps", "1e-9"), 1e-5,
+                                                                   1e-4, marks=pytest.mark.optional_deps("opacus"))])
 def test_perfedavg_personalisation_is_one_step_on_a_copy(digits_root, dp, atol, rtol):
     alpha, bs = 0.05, 10
     server = make_server(digits_root, "Per-FedAvg", "-lr", str(alpha), "-lbs", str(bs), *dp)

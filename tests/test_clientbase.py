@@ -91,6 +91,7 @@ def test_run_epochs_options_are_keywords():
     assert all(p[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("optimizer", "objective", "generator", "step"))
 
 
+@pytest.mark.optional_deps("opacus")
 def test_epsilon_is_zero_without_dp_sgd_and_before_its_first_step(digits_tiny_root, tmp_path):
     plain = build(digits_tiny_root, tmp_path)
     plain.run_round(0)
@@ -165,6 +166,7 @@ def test_each_clients_streams_are_its_own_seeded_draws(digits_tiny_root, tmp_pat
         assert torch.equal(c.ala.generator.get_state(), torch_gen(3, 1, "ala", c.id).get_state())
 
 
+@pytest.mark.optional_deps("opacus")
 def test_each_clients_dp_noise_is_its_own_seeded_stream(digits_tiny_root, tmp_path):
     from utils.seeding import torch_gen
 

@@ -14,7 +14,7 @@ from dataset import generate_Cifar10, generate_Digits, generate_MNIST, generate_
 from dataset.utils import dataset_utils as du
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared/data/mnist.npz"
+SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared/data/mnist.npz"  # conftest.SHARED_DATA
 
 
 def tagged_images(n, shape, seed=0):
@@ -312,7 +312,7 @@ def test_generator_runs_as_a_script_from_another_directory(tmp_path):
     assert (tmp_path / "out" / "Synthetic" / "config.json").is_file()
 
 
-@pytest.mark.skipif(not SHARED_MNIST.is_file(), reason="shared MNIST npz not available")
+@pytest.mark.shared_data
 def test_real_mnist_dir_split(tmp_path):
     gen_mnist(tmp_path, SHARED_MNIST, "noniid", "-", "dir")
     config = json.loads((tmp_path / "MNIST" / "config.json").read_text())

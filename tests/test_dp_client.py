@@ -99,6 +99,7 @@ def test_the_wrapped_aggregation_sees_only_the_release():
     assert [u.weight for u in got] == [1.0, 1.0]
 
 
+@pytest.mark.optional_deps("opacus")
 def test_the_round_aggregates_through_the_wrapper(digits_tiny_root, tmp_path):
     """``--dp_level client`` wraps the round's aggregation step in one place: the algorithm's ``aggregate``
     receives the release (one model, weight 1 each) instead of the uploads (which differ without DP)."""

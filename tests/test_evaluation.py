@@ -198,16 +198,18 @@ def test_every_help_line_states_exactly_one_default(algo):
 
 # ---- friction ---------------------------------------------------------------------------------------------
 def test_an_existing_result_is_refused_before_any_work(tmp_path, capsys):
-    """The name check comes before the split is looked for (none exists here) and before the configuration
-    echo; the line names the flags that proceed and a free -go tag."""
-    (tmp_path / "Nowhere_FedAvg_test_0.h5").write_bytes(b"")
-    (tmp_path / "Nowhere_FedAvg_test2_0.h5").write_bytes(b"")
-    argv = ["-data", "Nowhere", "--dataset_root", str(tmp_path / "none"), "--results_dir", str(tmp_path), "-dev", "cpu"]
+    """The name check comes once the split is known to exist or be makeable (Digits is generated when
+    missing), before it is generated or loaded and before any output; the line names the flags that proceed
+    and a free -go tag."""
+    (tmp_path / "Digits_FedAvg_test_0.h5").write_bytes(b"")
+    (tmp_path / "Digits_FedAvg_test2_0.h5").write_bytes(b"")
+    argv = ["-data", "Digits", "--dataset_root", str(tmp_path / "none"), "--results_dir", str(tmp_path), "-dev", "cpu"]
     assert main.main(argv) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err.strip() == (f"error: {tmp_path / 'Nowhere_FedAvg_test_0.h5'} already exists; pass --overwrite to "
+    assert err.strip() == (f"error: {tmp_path / 'Digits_FedAvg_test_0.h5'} already exists; pass --overwrite to "
                            f"replace it, --resume to continue it, or -go test3 to keep both")
+    assert not (tmp_path / "none").exists()  # not generated
 
 
 def test_offline_download_names_the_folder_and_leaves_nothing(tmp_path, monkeypatch):
@@ -223,7 +225,7 @@ def test_offline_download_names_the_folder_and_leaves_nothing(tmp_path, monkeypa
     monkeypatch.setattr(datasets, "MNIST", offline)
     root = tmp_path / "data"
     root.mkdir()
-    with pytest.raises(DatasetError, match=r"--source FILE\.npz .*\.\./shared/data/ beside the repository"):
+    with pytest.raises(DatasetError, match=r"pass --source FILE\.npz .*README's 'Generating client splits'"):
         generate_MNIST.main(["--root", str(root)])
     assert not list(root.iterdir())  # no empty MNIST/rawdata left behind
 

@@ -99,6 +99,7 @@ def test_dp_counts_the_fine_tune_steps(digits_noniid_root):
     assert sum(steps for _, _, steps in client.dp.history) == 5 * per_epoch
 
 
+@pytest.mark.optional_deps("opacus")
 def test_fine_tune_streams_are_the_named_ones(digits_noniid_root):
     """The fine-tune's batches and its -dp noise come from the streams named (seed, run, "fine-tune", id)
     and (seed, run, "fine-tune-noise", id): a published -dp figure reproduces from its seed."""

@@ -641,6 +641,7 @@ def test_dp_sgd_sampling_rate_by_hand():
     assert dp.history == [(0.0, 0.5, 1), (0.0, 0.4, 3), (0.0, 0.5, 1)]
 
 
+@pytest.mark.optional_deps("opacus")
 def test_dp_sgd_streams_and_refusal_name_by_hand():
     """The training noise stream is (seed, run, "dp-noise", client id); --dp_secure_rng replaces it with an
     OS-seeded one, a config without that flag keeps the seeded stream; a BatchNorm refusal names the first

@@ -116,7 +116,7 @@ def test_local_keeps_models_apart(digits_noniid_root, tmp_path):
             torch.testing.assert_close(got, want, msg=f"client {c.id}: {name}")
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "mnist.npz").exists(), reason="shared MNIST data not present")
+@pytest.mark.shared_data
 def test_fedavg_on_real_mnist(tmp_path):
     """FedAvg on a 6,000-image MNIST sample from the shared data (Dir(0.5) over 10 clients)."""
     from dataset import generate_MNIST

@@ -209,6 +209,7 @@ def test_checkpoint_interval_from_the_file_or_the_command_line(tmp_path, capsys)
     assert capsys.readouterr().err.strip().count("\n") == 0
 
 
+@pytest.mark.optional_deps("opacus")
 def test_every_sweep_file_of_the_docs_builds_its_jobs_and_the_reports_find_them():
     """The docs' experiments are sweep files: each builds its jobs with no grid point main.py refuses, and the
     report scripts name the runs they read from the sweep's own jobs (the FIGURES panels of docs/privacy.md

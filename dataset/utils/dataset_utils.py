@@ -32,7 +32,8 @@ from dataset.utils.partition import LAYOUTS, SCHEMES, PartitionError, partition,
 
 FORMAT_VERSION = 1
 EXDIR_LEAST_SAMPLES = 10  # PFLlib's exdir minimum client size (its min_require_size)
-DATASET_ROOT = Path(__file__).resolve().parents[1]
+# Where splits go without --root: dataset/ itself, or PFL_DATASET_ROOT (the same default the runs read from).
+DATASET_ROOT = Path(os.environ.get("PFL_DATASET_ROOT") or Path(__file__).resolve().parents[1])
 DERIVED_KEYS = ("train_samples", "test_samples", "label_counts")
 
 
@@ -268,8 +269,9 @@ def download_torchvision(class_name, raw_dir, name):
     except (OSError, RuntimeError):
         if not existed:
             shutil.rmtree(made, ignore_errors=True)
-        raise DatasetError(f"could not download {name} (offline?); pass --source FILE.npz with arrays x, y "
-                           f"(offline copies, where present: ../shared/data/ beside the repository)") from None
+        raise DatasetError(f"could not download {name} (offline?); make {name}'s arrays into an npz once on a "
+                           f"machine that has them and pass --source FILE.npz (x: uint8 images, y: integer "
+                           f"labels; the README's 'Generating client splits' says how)") from None
     x = np.concatenate([np.asarray(p.data) for p in parts])
     y = np.concatenate([np.asarray(p.targets, dtype=np.int64) for p in parts])
     return x, y, tuple(parts[0].classes)

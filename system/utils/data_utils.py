@@ -19,7 +19,7 @@ import torch
 
 from utils.backdoor import white_value
 from utils.errors import FLError
-from utils.paths import DATASET_ROOT, OFFLINE_GENERATORS, REPO_ROOT  # noqa: F401 - re-exported
+from utils.paths import DATASET_ROOT, GENERATORS_DIR, OFFLINE_GENERATORS, REPO_ROOT  # noqa: F401 - re-exported
 
 
 
@@ -54,9 +54,16 @@ class FederatedData:
 
 def generator_command(name: str) -> str:
     script = OFFLINE_GENERATORS.get(name, f"generate_{name}.py")
-    if not (DATASET_ROOT / script).exists():
+    if not (GENERATORS_DIR / script).exists():
         script = "generate_<Name>.py"
     return f"python dataset/{script} --out {name} ..."
+
+
+def missing_split(name: str, root: Path | str) -> FLError:
+    """The one line for a split that is not on disk: the command that makes it, and how to make it offline."""
+    return FLError(f"split '{name}' not found in {Path(root)}; generate it first: {generator_command(name)} "
+                   f"(offline: add --source FILE with a local copy of the data, README 'Generating client splits'; "
+                   f"main.py takes --source too and generates the split with default settings)")
 
 
 FORMAT_VERSION = 1  # the newest split format this library reads
@@ -196,7 +203,7 @@ def load_split(name: str, root: Path | str = DATASET_ROOT, num_clients: int | No
     d = Path(root) / name
     cfg_path = d / "config.json"
     if not cfg_path.exists():
-        raise FLError(f"split '{name}' not found in {Path(root)}; generate it first: {generator_command(name)}")
+        raise missing_split(name, root)
     config, raw = read_config(name, d)
     have = config["num_clients"]
     n = have - new_clients if num_clients is None else int(num_clients)

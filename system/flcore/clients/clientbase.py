@@ -314,6 +314,7 @@ class Client:
         with autocast(self.cfg, self.device):
             logits = predict(model, self.x_test, self.cfg.eval_batch_size)
         model.train(was_training)
+        self.check_finite(logits, "test")
         correct = int((logits.argmax(1) == self.y_test).sum())
         auc = auc_ovr(torch.softmax(logits.float(), 1).cpu().numpy(), self.y_test.cpu().numpy(), self.num_classes)
         return correct, self.test_samples, auc
@@ -359,6 +360,13 @@ class Client:
         return self.test_metrics(model)
 
     @torch.no_grad()
+    def check_finite(self, logits: torch.Tensor, split: str) -> None:
+        """An evaluation of a model whose outputs are not finite ends the run as diverged (its accuracy would
+        be argmax over NaN, a number that means nothing)."""
+        if not bool(torch.isfinite(logits).all()):
+            raise Diverged(f"client {self.id}: the evaluated model's outputs on its {split} split are not finite; "
+                           f"lower -lr (now {self.cfg.local_learning_rate}) or check the model and the data")
+
     def train_metrics(self) -> tuple[float, int]:
         """(summed cross-entropy, samples) of the personalised model over its whole training split, or
         with ``--train_loss_eval sampled`` its mean over this client's fixed loss sample times its
@@ -374,6 +382,7 @@ class Client:
             with autocast(self.cfg, self.device):
                 logits = predict(model, x, self.cfg.eval_batch_size)
         model.train(was_training)
+        self.check_finite(logits, "training")
         loss = nn.functional.cross_entropy(logits.float(), y, reduction="sum")
         if idx is not None:
             loss = loss * (self.train_samples / len(y))

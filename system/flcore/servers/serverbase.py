@@ -53,7 +53,7 @@ from utils.attacks import Attack
 from utils.comm import payload_bytes
 from utils.data_utils import FederatedData
 from utils.dp_support import DPSupport
-from utils.errors import FLError
+from utils.errors import Diverged, FLError
 from utils.metrics import summarize
 from utils.model_support import ModelSupport, check_same_shape
 from utils.privacy_monitor import PrivacyMonitor
@@ -345,6 +345,9 @@ class Server:
         tests = np.array(tests, dtype=np.float64)
         trains = np.array(trains, dtype=np.float64) if train_loss else np.zeros((len(self.clients), 2))
         summary = summarize(tests[:, 0], tests[:, 1], tests[:, 2], trains[:, 0], trains[:, 1])
+        if train_loss and not np.isfinite(summary["train_loss"]):  # as a non-finite training loss does
+            raise Diverged(f"round {self.round_idx}: the evaluated train loss is {summary['train_loss']}; lower -lr "
+                           f"(now {self.cfg.local_learning_rate}) or check the model and the data")
         if self.attack is not None:  # the same summary over the benign clients only (benign_test_acc, ...)
             ok = self.attack.benign_mask([c.id for c in self.clients])
             benign = summarize(tests[ok, 0], tests[ok, 1], tests[ok, 2], trains[ok, 0], trains[ok, 1])
