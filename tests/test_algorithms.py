@@ -8,6 +8,8 @@ from conftest import cli
 from flcore.registry import ALGORITHMS
 from utils.results import read_h5
 
+pytestmark = pytest.mark.quick  # the quick tier: every registered algorithm, once per seed
+
 FLAGS = {"FedCP": ("-lam", "1")}  # FedCP's default λ 5 holds Digits' small features in place: see test_behaviour.py
 
 
