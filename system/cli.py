@@ -345,9 +345,10 @@ def base_parser() -> OneLineParser:
                    help="share of the clients that are malicious, a fixed set drawn from --seed "
                         "(default: 0.2 with --attack)")
     g.add_argument("--attack_scale", type=float, default=None,
-                   help="s of the upload attacks (default: 1 signflip, 1 gaussian, 10 scaled); IPM's ε (default "
-                        "0.1; the paper's other setting: 100); backdoor's boost γ (default: n / (η k), "
-                        "the round's k attackers replace the model together; one attacker: the paper's n / η)")
+                   help="s of the upload attacks, IPM's ε, or the backdoor's boost γ (the paper's other IPM setting: "
+                        "100; the backdoor's k attackers of a round replace the model together, so one attacker "
+                        "boosts by the paper's n / η) (default: per attack: 1 signflip, 1 gaussian, 10 scaled, "
+                        "0.1 ipm, n / (η k) backdoor)")
     g.add_argument("--backdoor_target", type=int, default=0,
                    help="--attack backdoor: the class triggered images are labelled and should be classified as")
     g.add_argument("--backdoor_frac", type=float, default=0.3,
