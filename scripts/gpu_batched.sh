@@ -12,9 +12,9 @@ OUT=${OUT:-results/gpu_batched}
 DEV=${DEV:-cuda}
 mkdir -p "$OUT"
 SMALL=()
-if [ "$DEV" = cpu ]; then SMALL=(--small --clients 20,100); fi
+if [ "$DEV" = cpu ]; then SMALL=(--small --clients 20,100); export OMP_NUM_THREADS=1; fi  # shared CPUs: one thread
 if [ "$DEV" = cuda ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 fi
 timeout -s INT "${LIMIT:-350}" python3 scripts/gpu_batched.py --dev "$DEV" "${SMALL[@]}" --out "$OUT" \
-        --budget "${BUDGET:-300}" 2>&1 | tee "$OUT/gpu_batched.log" | grep -v "^round "
+        --budget "${BUDGET:-300}" 2>&1 | tee "$OUT/gpu_batched.log" | grep --line-buffered -v "^round "

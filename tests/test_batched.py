@@ -208,7 +208,7 @@ def test_a_phase_the_stack_cannot_express_runs_alone(digits_tiny_root, counted, 
 
 
 @pytest.mark.parametrize("algo, flags", [("FedAvg", ("-ls", "2", "-lbs", "16")), ("APFL", ("-al", "0.0")),
-                                         ("Ditto", ())])
+                                         ("Ditto", ()), ("FedALA", ()), ("FedPer", ("-ala", "-p", "4"))])
 def test_the_graphed_step_masks_clients_without_a_batch(algo, flags, digits_tiny_root):
     """The step CUDA graphs capture (every client of the stack, those without a full batch masked), run
     eagerly on its fixed buffers: the same numbers, round after round with the buffers reused."""
@@ -219,5 +219,22 @@ def test_the_graphed_step_masks_clients_without_a_batch(algo, flags, digits_tiny
     for t in range(2):
         server.run_round(t)
         summaries.append(server.evaluate())
-    assert server.executor.graphs.cache and not server.executor.graphs.broken
+    graphs = server.executor.graphs
+    assert graphs.cache and not graphs.broken
+    kinds = {key[0][0] for key in graphs.cache}  # the training step's keys, and ALA's W step's where ALA runs
+    assert kinds == ({"train", "ala"} if server.clients[0].ala is not None else {"train"})
     assert_close_runs(seq, (server, summaries))
+
+
+def test_auto_falls_back_to_the_sequential_loop_for_a_model_it_cannot_stack(digits_tiny_root, capsys):
+    """--executor auto resolved to batched on CUDA, then a BatchNorm model: the sequential loop, said once."""
+    from runtime.batched import BatchedExecutor
+
+    flags = ("-m", "BNCNN")
+    seq = rounds(digits_tiny_root, "FedAvg", "sequential", *flags, n=1)
+    server = build_server(digits_tiny_root, digits_tiny_root, "-algo", "FedAvg", *flags)  # to copy its config
+    executor = BatchedExecutor(server.cfg.replace(executor="batched"), auto=True)
+    server = type(server)(server.cfg, server.data, 0, None, executor=executor)
+    assert executor.plain and "note: --executor auto: the sequential loop" in capsys.readouterr().out
+    server.run_round(0)
+    assert all(torch.equal(a, b) for a, b in zip(states(seq[0]).values(), states(server).values()))

@@ -265,7 +265,7 @@ class Session:
             out = predict_many([s.request[1] for s, _ in members], [s.request[2] for s, _ in members],
                                members[0][0].request[3])
         else:
-            out = ALAEpoch([s.request[1:] for s, _ in members]).run()
+            out = ALAEpoch([s.request[1:] for s, _ in members], self.executor.graphs).run()
         for (s, _), r in zip(members, out):
             s.result = r
 

@@ -283,19 +283,38 @@ class TrainPhase:
         else:
             self.total.index_add_(0, rows, loss.detach())
 
+    def masked_step(self, b: dict, x, y, mask) -> None:
+        """The step a CUDA graph captures: every row of the stack, those not in ``mask`` left as they are."""
+        grads, loss = self.vg(b["train"], b["const"], b["state"], x, y)
+        new = self.update(b["train"], grads, b["lr"])
+        for n, t in b["train"].items():
+            t.copy_(torch.where(row_mask(mask, t), new[n], t))
+        b["total"].add_(torch.where(mask, loss.detach(), torch.zeros_like(loss)))
+
+    def use_graph(self):
+        """With CUDA graphs: the graph of this phase's key, its buffers now this phase's stacked entries."""
+        s = self.schedule
+        if self.graphs is None or s.length == 0:
+            return None
+        buffers = {"train": self.train, "const": self.const, "state": self.state, "lr": self.lr, "total": self.total}
+        graph = self.graphs.get((self.plans[0].key, s.n), buffers, self.masked_step, self.x[s.index[0]],
+                                self.y[s.index[0]])
+        if graph is not None:
+            b = graph.buffers
+            self.train, self.const, self.state, self.lr, self.total = b["train"], b["const"], b["state"], b["lr"], b["total"]
+        return graph
+
     def run(self) -> list:
         s = self.schedule
-        graph = self.graphs.for_phase(self) if self.graphs is not None else None
+        graph = self.use_graph()
         with torch.enable_grad():
             for i in range(s.length):
                 for rows, idx in s.steps(i):
                     if idx is None and graph is not None:
-                        graph.replay(i)
+                        graph.replay(self.x[s.index[i]], self.y[s.index[i]], s.full_mask[i])
                         continue
                     idx = s.index[i, rows] if idx is None else idx
                     self.step(rows, self.x[idx], self.y[idx])
-        if graph is not None:
-            graph.finish()
         with torch.no_grad():
             for r, p in enumerate(self.order):
                 params = dict(p.wrapper.named_parameters())
@@ -360,10 +379,8 @@ class ALAEpoch:
     adapted tensors stacked, the frozen lower layers stacked unless every client holds the same tensors
     (then shared). Returns each client's mean batch loss; each ALA's ``weights`` are replaced."""
 
-    def __init__(self, requests: list):
-        from utils.ALA import combine, weight_step  # noqa: F401  (the sequential path's own functions)
-
-        self.requests = requests
+    def __init__(self, requests: list, graphs=None):
+        self.requests, self.graphs = requests, graphs
         ala0, fwd0 = requests[0][0], requests[0][1]
         self.names, self.eta, self.cut, self.module = list(ala0.names), ala0.eta, fwd0.cut, fwd0.module
         inputs = [r[4] for r in requests]
@@ -393,14 +410,41 @@ class ALAEpoch:
         top = {k[self.cut:]: combine(local[k], glob[k], w[k]) for k in self.names}
         return nn.functional.cross_entropy(functional_call(self.module, {**frozen, **top}, (x,)), y)
 
+    def masked_step(self, b: dict, x, y, mask) -> None:
+        """The W step a CUDA graph captures: every row, those not in ``mask`` left as they are."""
+        from utils.ALA import weight_step
+
+        grads, loss = self.vg(b["w"], b["local"], b["glob"], b["frozen"], x, y)
+        for k, w in b["w"].items():
+            w.copy_(torch.where(row_mask(mask, w), weight_step(w, grads[k], self.eta), w))
+        b["loss"].copy_(loss.detach())
+
+    def use_graph(self):
+        s = self.schedule
+        if self.graphs is None or s.length == 0:
+            return None
+        buffers = {"w": self.w, "local": self.local, "glob": self.glob, "frozen": self.frozen,
+                   "loss": torch.zeros(s.n, device=self.y.device)}
+        graph = self.graphs.get((ala_key(self.requests[0]), self.shared, s.n), buffers, self.masked_step,
+                                self.x[s.index[0]], self.y[s.index[0]])
+        if graph is not None:
+            b = graph.buffers
+            self.w, self.local, self.glob, self.frozen = b["w"], b["local"], b["glob"], b["frozen"]
+        return graph
+
     def run(self) -> list[float]:
         from utils.ALA import weight_step
 
         s = self.schedule
         losses = torch.zeros(s.length, s.n, device=self.y.device)
+        graph = self.use_graph()
         with torch.enable_grad():
             for i in range(s.length):
                 for rows, idx in s.steps(i):
+                    if idx is None and graph is not None:
+                        graph.replay(self.x[s.index[i]], self.y[s.index[i]], s.full_mask[i])
+                        losses[i] = torch.where(s.full_mask[i], graph.buffers["loss"], losses[i])
+                        continue
                     idx = s.index[i, rows] if idx is None else idx
                     w = {k: t[rows] for k, t in self.w.items()}
                     frozen = self.frozen if self.shared else select_tree(self.frozen, rows)
@@ -431,38 +475,39 @@ def ala_key(request) -> tuple:
 
 # ---- CUDA graphs over the full-size step ------------------------------------------------------------------
 class CudaGraphs:
-    """The full-size step of a training phase captured as a CUDA graph, once per (phase key, clients) and
-    replayed every step and every round after: at batch 10 a step is a few hundred small kernels, whose
-    launches cost more than their work. The captured step runs over every client of the stack; a row
-    without a full batch at that step is masked (``torch.where`` keeps its entries). The graph reads
-    and writes fixed buffers, which every phase of that key loads its stacked entries into. Only on
-    CUDA (the executor never builds this on a CPU); ``capture=False`` runs the same masked step on the same
-    fixed buffers without a graph (how the CPU tests check it)."""
+    """The full-size step of a stacked computation (a training phase's SGD step, an ALA epoch's W step)
+    captured as a CUDA graph once per (key, clients) and replayed every step and every round after: at batch
+    10 a step is a few hundred small kernels, whose launches cost more than their work. The captured step runs
+    over every client of the stack; a row without a full batch at that step is masked (``torch.where`` keeps
+    its entries). The graph reads and writes fixed buffers, which every computation of that key loads its
+    stacked entries into. Only on CUDA (the executor never builds this on a CPU); ``capture=False`` runs the
+    same masked step on the same fixed buffers without a graph (how the CPU tests check it)."""
 
     def __init__(self, size: int = 8, capture: bool = True):
         self.cache: collections.OrderedDict = collections.OrderedDict()
         self.size, self.capture = size, capture
         self.broken = ""
 
-    def for_phase(self, phase: TrainPhase):
-        if self.broken or phase.schedule.length == 0:
+    def get(self, key: tuple, buffers: dict, step, x: torch.Tensor, y: torch.Tensor):
+        """The graph of ``key``, its buffers loaded from ``buffers`` (the caller then works on
+        ``graph.buffers``); None once capture has failed in this run. ``step(buffers, x, y, mask)`` is the
+        masked step; ``x``, ``y``: a full step's inputs (their shapes)."""
+        if self.broken:
             return None
-        key = (phase.plans[0].key, phase.schedule.n)
         entry = self.cache.get(key)
         if entry is None:
             try:
-                entry = _Captured(phase, self.capture)
+                entry = StepGraph(buffers, step, x, y, self.capture)
             except Exception as e:  # noqa: BLE001  (capture is not possible here: the eager steps, said once)
-                self.broken = str(e).splitlines()[0]
+                self.broken = str(e).splitlines()[0] if str(e) else type(e).__name__
                 print(f"note: CUDA graphs off for this run ({self.broken}); the batched steps run eagerly")
                 return None
             self.cache[key] = entry
             while len(self.cache) > self.size:
                 self.cache.popitem(last=False)
         else:
-            entry.load(phase)
+            entry.load(buffers)
             self.cache.move_to_end(key)
-        entry.bind(phase)
         return entry
 
 
@@ -487,62 +532,45 @@ def _copy_tree(dst, src) -> None:
             _copy_tree(d, s)
 
 
-class _Captured:
-    """One captured full-size step and the fixed buffers it works on."""
+def row_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``mask`` (one flag per row) shaped to broadcast against a stacked entry."""
+    return mask.view(-1, *[1] * (like.dim() - 1))
 
-    def __init__(self, phase: TrainPhase, capture: bool = True):
-        s = phase.schedule
-        self.train, self.const = _clone_tree(phase.train), _clone_tree(phase.const)
-        self.state, self.lr, self.total = _clone_tree(phase.state), _clone_tree(phase.lr), phase.total.clone()
-        self.x = phase.x[s.index[0]].clone()
-        self.y = phase.y[s.index[0]].clone()
-        self.mask = torch.zeros(s.n, dtype=torch.bool, device=self.total.device)
-        masks = {n: self.mask.view(-1, *[1] * (t.dim() - 1)) for n, t in self.train.items()}
-        update, vg = phase.update, phase.vg
 
-        def step():
-            grads, loss = vg(self.train, self.const, self.state, self.x, self.y)
-            new = update(self.train, grads, self.lr)
-            for n, t in self.train.items():
-                t.copy_(torch.where(masks[n], new[n], t))
-            self.total.add_(torch.where(self.mask, loss.detach(), torch.zeros_like(loss)))
+class StepGraph:
+    """One captured step and the fixed buffers it works on: ``buffers`` (a tree of stacked tensors), the
+    step's inputs ``x``, ``y`` and its row ``mask``."""
 
-        self.step, self.graph, self.phase = step, None, phase
+    def __init__(self, buffers: dict, step, x: torch.Tensor, y: torch.Tensor, capture: bool = True):
+        self.buffers = _clone_tree(buffers)
+        self.x, self.y = x.clone(), y.clone()
+        self.mask = torch.zeros(len(x), dtype=torch.bool, device=x.device)
+
+        def run():
+            with torch.enable_grad():
+                step(self.buffers, self.x, self.y, self.mask)
+
+        self.run, self.graph = run, None
         if not capture:
             return
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.enable_grad(), torch.cuda.stream(side):
+        with torch.cuda.stream(side):
             for _ in range(3):  # warm-up with every row masked: nothing moves
-                step()
+                run()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.enable_grad(), torch.cuda.graph(self.graph):
-            step()
+        with torch.cuda.graph(self.graph):
+            run()
 
-    def load(self, phase: TrainPhase) -> None:
-        _copy_tree(self.train, phase.train)
-        _copy_tree(self.const, phase.const)
-        _copy_tree(self.state, phase.state)
-        _copy_tree(self.lr, phase.lr)
-        self.total.zero_()
+    def load(self, buffers: dict) -> None:
+        _copy_tree(self.buffers, buffers)
 
-    def bind(self, phase: TrainPhase) -> None:
-        """``phase`` works on these buffers from now on (its eager steps of other batch sizes too)."""
-        phase.train, phase.const, phase.state, phase.lr, phase.total = (self.train, self.const, self.state,
-                                                                        self.lr, self.total)
-        self.phase = phase
-
-    def replay(self, i: int) -> None:
-        s = self.phase.schedule
-        self.x.copy_(self.phase.x[s.index[i]])
-        self.y.copy_(self.phase.y[s.index[i]])
-        self.mask.copy_(s.full_mask[i])
+    def replay(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> None:
+        self.x.copy_(x)
+        self.y.copy_(y)
+        self.mask.copy_(mask)
         if self.graph is not None:
             self.graph.replay()
         else:
-            with torch.enable_grad():
-                self.step()
-
-    def finish(self) -> None:
-        """Nothing to do: later work on these buffers is ordered after the replays on the same stream."""
+            self.run()
