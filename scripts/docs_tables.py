@@ -13,6 +13,7 @@ kept by hand:
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -58,6 +59,25 @@ def algorithms_table() -> str:
     return ALGORITHMS_HEADER + "".join(algorithm_row(n, get_server_class(n)) for n in ALGORITHMS)
 
 
+README_ALGORITHMS_HEADER = "| -algo | paper | family | its own flags |\n|---|---|---|---|\n"
+
+
+def readme_algorithms_table() -> str:
+    """The README's short table: each algorithm's paper without its link, the first clause of its family and
+    the names of its own flags (docs/algorithms.md has the whole row)."""
+    from flcore.registry import ALGORITHMS, get_server_class
+
+    rows = []
+    for name in ALGORITHMS:
+        cls = get_server_class(name)
+        cells = algorithm_row(name, cls).strip().strip("|").split(" | ")
+        paper = re.sub(r",?\s*\[[^\]]*\]\([^)]*\)", "", cells[1]).strip().rstrip(",")
+        family = re.split(r";|\s\(", cells[2])[0].strip()
+        flags = " ".join(f for f, _ in own_flags(cls)) or "—"
+        rows.append(f"| {name} | {paper} | {family} | {flags} |\n")
+    return README_ALGORITHMS_HEADER + "".join(rows)
+
+
 def split_at_table(text: str, header: str) -> tuple[str, str, str]:
     """(before, the table starting with ``header``, after) of a markdown text."""
     start = text.index(header)
@@ -87,6 +107,7 @@ def tables() -> list[tuple[Path, str, str]]:
     import dp_coverage
 
     return [(ALGORITHMS_DOC, ALGORITHMS_HEADER.splitlines(keepends=True)[0], algorithms_table()),
+            (REPO / "README.md", README_ALGORITHMS_HEADER.splitlines(keepends=True)[0], readme_algorithms_table()),
             (dp_coverage.DOC, dp_coverage.HEADER, dp_coverage.expected_table()),
             readme_models_table(), batched_table()]
 

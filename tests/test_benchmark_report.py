@@ -99,14 +99,20 @@ def test_export_holds_each_runs_curve_and_command(digits_tiny_root, tmp_path):
         assert r["executor"] == "sequential" == sidecar["config"]["executor"]
 
 
-def test_a_run_without_a_timed_round_exports_null_seconds_and_shows_a_dash(digits_tiny_root, tmp_path):
+def test_a_run_without_a_timed_round_exports_null_seconds_and_shows_a_dash(digits_tiny_root, tmp_path, monkeypatch):
     """A run that stopped after its round-0 evaluation (one that diverged in its first round) timed no
     round: its seconds are JSON null, not NaN (which strict JSON readers refuse), and its cell is "-"."""
     import main
     from conftest import cli
+    from flcore.clients.clientbase import Client
+    from utils.errors import Diverged
 
+    def diverge(self, round_idx):
+        raise Diverged(f"client {self.id}: training loss became nan")
+
+    monkeypatch.setattr(Client, "train", diverge)
     out = tmp_path / "res"
-    assert main.main(cli(digits_tiny_root, out, "-gr", "0", "--executor", "sequential")) == 0
+    assert main.main(cli(digits_tiny_root, out, "-gr", "3", "--executor", "sequential")) == 2
     data = br.write_export(str(out), tmp_path / "export.json", "benchmark_converged.json")
     json.loads((tmp_path / "export.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the export"))
     r, = data["splits"]["Digits"]["FedAvg"]["runs"]
