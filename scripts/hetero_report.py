@@ -19,6 +19,18 @@ model, taken from the quick protocol's export (``docs/benchmarks/quick.json``) w
 on the same split (the same config hash), else from the one-model export under the same rule, else "-";
 it gives the CPU seconds its runs took. The tables replace the block between ``<!-- hetero:begin -->`` and
 ``<!-- hetero:end -->``.
+
+At convergence (``--converged``): the same algorithms on Protocol B's two splits (150 rounds at ``-lr 0.005``,
+``benchmark_hetero_converged.json``), into ``docs/benchmarks/hetero_converged.json`` and the block
+``<!-- hetero-converged:begin -->``, while the sweep runs:
+
+    nice -n 19 python scripts/sweep.py --config scripts/benchmark_hetero_converged.json -j 1 --checkpoint-every 10
+    python scripts/hetero_report.py --converged
+
+Every (split, algorithm) of the sweep file gets a row. Its accuracies appear only once each of the file's
+seeds has ended (finished, or diverged): "pending" until then, never a mean of some seeds. Beside each, the
+same algorithm with one shared model from Protocol B's export (``docs/benchmarks/converged.json``), where
+its runs there were made on the split of the heterogeneous runs (the same config hash).
 """
 from __future__ import annotations
 
@@ -26,6 +38,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+import numpy as np
 
 import benchmark_report as report
 import table
@@ -36,6 +50,9 @@ ONE_EXPORT = REPO / "docs" / "benchmarks" / "hetero_one.json"
 CONFIG = "benchmark_hetero.json"
 ONE_CONFIG = "benchmark_hetero_one.json"
 QUICK_NAME, ONE_NAME = "docs/benchmarks/quick.json", "docs/benchmarks/hetero_one.json"  # the one-model sources
+CONVERGED_EXPORT = REPO / "docs" / "benchmarks" / "hetero_converged.json"
+CONVERGED_CONFIG = "benchmark_hetero_converged.json"
+ENDED = ("finished", "diverged")  # a run in either state is over: a rerun would give the same curve
 
 
 def split_hashes(entries: dict) -> set:
@@ -126,18 +143,136 @@ def read_or_write(results: str, export: Path, config: str, from_export: bool) ->
     return report.write_export(results, export, config)
 
 
+# ---- at convergence (Protocol B) -------------------------------------------------------------------------
+def sweep_cells(config: dict) -> tuple[list[str], list[str], list[int]]:
+    """(splits, algorithms, seeds) of a sweep file whose grids name ``-data`` and ``-algo``: the rows a
+    table owes, whether or not a run of them has ended."""
+    splits, algos = [], []
+    for grid in config["grids"]:
+        splits += [d for d in grid["-data"] if d not in splits]
+        algos += [a for a in grid["-algo"] if a not in algos]
+    return splits, algos, [int(i) for i in config["seeds"]]
+
+
+def ended_runs(entry: dict | None, seeds: list[int]) -> list[dict]:
+    """The runs of ``entry`` among ``seeds`` that have ended (finished or diverged), in seed order."""
+    runs = {r["run"]: r for r in (entry or {"runs": []})["runs"] if r.get("status") in ENDED and r["run"] in seeds}
+    return [runs[i] for i in sorted(runs)]
+
+
+def mean_std(values: np.ndarray) -> str:
+    return f"{values.mean():.2f} ± {values.std():.2f}"
+
+
+def converged_row(name: str, entry: dict | None, one: dict | None, seeds: list[int]) -> tuple[str, list[dict]]:
+    """One row: best and last accuracy with different models (mean ± population std over ``seeds``, only
+    once every one of them has ended, else "pending"), the same with one model (``one``, "-" when absent),
+    the difference of the best means, how much the best still rose over the last 20 % of the rounds, CPU
+    seconds per ended run and how many seeds have ended. Returns (row, ended runs)."""
+    runs = ended_runs(entry, seeds)
+    complete = len(runs) == len(seeds)
+    hetero = report.best_last({"runs": runs}) if complete else None
+    shared = report.best_last(one) if one else None
+    cells = [mean_std(hetero[0]), mean_std(hetero[1])] if complete else ["pending", "pending"]
+    cells += [mean_std(shared[0]), mean_std(shared[1])] if one else ["-", "-"]
+    cells.append(f"{hetero[0].mean() - shared[0].mean():+.2f}" if complete and one else "-")
+    rise = report.flatness({"runs": runs}) if complete else float("nan")
+    cells.append("-" if np.isnan(rise) else f"{rise:.2f}")
+    cpu = [r["cpu_s"] for r in runs if r.get("cpu_s") is not None]
+    cells.append(f"{np.mean(cpu):.0f}" if cpu else "-")
+    cells.append(f"{len(runs)} of {len(seeds)}")
+    return f"| {name} | " + " | ".join(cells) + " |", runs
+
+
+def converged_split_markdown(split: str, entries: dict, one_model: dict, algorithms: list[str],
+                             seeds: list[int]) -> tuple[str, list[dict], int]:
+    """One split's table over ``algorithms`` (registry order); the one-model column from ``one_model``'s
+    entries of the split, each only where its runs' split hash is that of every heterogeneous run that has
+    ended on the split (any when none has). Returns (table, ended runs, complete cells)."""
+    hashes = {r.get("split_hash") for e in entries.values() for r in ended_runs(e, seeds)}
+    lines = [f"**{split}**\n",
+             "| algorithm | best, different models (%) | last, different models (%) | best, one model (%) | "
+             "last, one model (%) | best: different - one (pt) | still rising (pt) | CPU-s/run | seeds ended |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    ended, complete = [], 0
+    for n in report.ordered({a: None for a in algorithms}):
+        one = one_model.get(n)
+        if one is not None and hashes and {r.get("split_hash") for r in one["runs"]} != hashes:
+            one = None  # made on another split of this name: not comparable
+        row, runs = converged_row(n, entries.get(n), one, seeds)
+        lines.append(row)
+        ended += runs
+        complete += len(runs) == len(seeds)
+    return "\n".join(lines), ended, complete
+
+
+def converged_markdown(data: dict, one_model: dict, config: dict) -> str:
+    """Both splits' tables (``converged_split_markdown``) for the cells of the sweep file ``config``, the
+    heterogeneous runs from the export ``data`` and the one-model runs from Protocol B's export
+    ``one_model``; then what has ended and the CPU time it took."""
+    splits, algorithms, seeds = sweep_cells(config)
+    blocks, ended, complete = [], [], 0
+    for split in splits:
+        text, runs, done = converged_split_markdown(split, data.get("splits", {}).get(split, {}),
+                                                    one_model.get("splits", {}).get(split, {}), algorithms, seeds)
+        blocks.append(text)
+        ended += runs
+        complete += done
+    cpu = sum(r["cpu_s"] or 0.0 for r in ended)
+    unrecorded = sum(r.get("cpu_s") is None for r in ended)
+    total = (f"{complete} of {len(splits) * len(algorithms)} cells complete ({len(seeds)} seeds ended each), "
+             f"{len(ended)} of {len(splits) * len(algorithms) * len(seeds)} runs ended, {cpu / 3600:.3f} "
+             f"CPU-hours in all (the sweep's records: user + system time of each ended run)")
+    if unrecorded:
+        total += f"; {unrecorded} ended run{'s' if unrecorded > 1 else ''} without a record"
+    return "\n\n".join(blocks) + "\n\n" + total + "."
+
+
+def converged_data(results: str, export: Path, from_export: bool) -> dict:
+    """The export at convergence, updated from the runs under ``results`` that have ended; the export as
+    it stands (empty when absent) with ``from_export`` or while no run under ``results`` has ended."""
+    if not from_export:
+        try:
+            return report.write_export(results, export, CONVERGED_CONFIG)
+        except table.TableError as e:
+            print(f"note: {e}: the rows come from the export as it stands", file=sys.stderr)
+    return json.loads(export.read_text()) if export.exists() else {"splits": {}}
+
+
+def main_converged(args) -> int:
+    config = json.loads((REPO / "scripts" / CONVERGED_CONFIG).read_text())
+    data = converged_data(args.results, args.export, args.from_export)
+    one_model = json.loads(report.EXPORT.read_text())
+    text = converged_markdown(data, one_model, config)
+    if args.print:
+        print(text)
+    else:
+        report.write_block(args.doc, "hetero-converged", text)
+        print(f"export: {args.export}; rows written to {args.doc}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", default=str(REPO / "results" / "benchmark_hetero"), help="the sweep's folder")
+    p.add_argument("--converged", action="store_true",
+                   help="the rows at convergence (Protocol B: benchmark_hetero_converged.json) instead")
+    p.add_argument("--results", default=None, help="the sweep's folder (default: results/benchmark_hetero, "
+                                                   "with --converged results/benchmark_hetero_converged)")
     p.add_argument("--one-results", default=str(REPO / "results" / "benchmark_hetero_one"),
                    help="the one-model sweep's folder")
     p.add_argument("--doc", type=Path, default=REPO / "docs" / "benchmark.md")
-    p.add_argument("--export", type=Path, default=EXPORT)
+    p.add_argument("--export", type=Path, default=None,
+                   help="default: docs/benchmarks/hetero.json, with --converged hetero_converged.json")
     p.add_argument("--one-export", type=Path, default=ONE_EXPORT)
     p.add_argument("--from-export", action="store_true", help="the rows from the exports alone")
     p.add_argument("--print", action="store_true", help="print the rows instead of writing the document")
     args = p.parse_args(argv)
+    folder, export = ("benchmark_hetero_converged", CONVERGED_EXPORT) if args.converged else ("benchmark_hetero", EXPORT)
+    args.results = args.results or str(REPO / "results" / folder)
+    args.export = args.export or export
     try:
+        if args.converged:
+            return main_converged(args)
         data = (json.loads(args.export.read_text()) if args.from_export
                 else report.write_export(args.results, args.export, CONFIG))
         one = read_or_write(args.one_results, args.one_export, ONE_CONFIG, args.from_export)
