@@ -4,19 +4,24 @@ everything it needs in the tree, a time budget it keeps.
     python scripts/gpu_batched.py --out results/gpu_batched                  # on a CUDA machine (about 6 min)
     python scripts/gpu_batched.py --dev cpu --small --out /tmp/dry           # the same steps, small, on the CPU
 
-Steps, most important first, each skipped (and said so in the JSON) once ``--budget`` seconds are spent:
+Steps, most important first (``plan``), each skipped (and said so in the JSON) once it no longer fits in
+``--budget`` seconds:
 
 1. full-scale MNIST Dir(0.1), 20 clients (``dataset/generate_MNIST.py --source MNIST_NPZ``), the 4-layer CNN,
    batch 10, one local epoch, -lr 0.005, full evaluation every round: seconds per round and training
    samples/s (``scripts/benchmark.py``'s instrumented server: phases timed, a batch-200 reference after
-   every round) of FedAvg, FedALA, Ditto and FedRep on the batched executor with CUDA graphs and without;
+   every round, the utilisation being training samples/s over it) of FedAvg, FedALA, Ditto and FedRep
+   (``-pls 1``: PFLlib's default) on the batched executor with CUDA graphs;
 2. PFLlib's own FedAvg (its repository's ``system/`` under ``--pfllib``, not part of this repository) on the
    same split written in its file format, its own "time cost" per round parsed from its output;
-3. the sequential executor on the same four algorithms (FedALA to its steady round 2);
+3. FedAvg on the sequential executor;
 4. peak GPU memory of one batched FedAvg round (training and full evaluation) with 20, 100 and 500 clients
-   of CIFAR-10's shape (synthetic: 50,000 training and 10,000 test images split evenly, labels at random);
-5. worker processes sharing the GPU (``--executor ray --gpus_per_worker 1/W``, W = 2, 4), where Ray is
-   installed.
+   of CIFAR-10's shape (synthetic: 50,000 training and 10,000 test images split evenly, labels at random),
+   500 also with ``--batch_clients 100``;
+5. FedAvg and FedALA batched without CUDA graphs; Ditto and FedRep sequential;
+6. worker processes sharing the GPU (``--executor ray --gpus_per_worker 1/W``, W = 2, 4), where Ray is
+   installed;
+7. FedALA sequential to its steady round 2 (its start phase alone took 53 s on an H200).
 
 Writes ``<out>/gpu_batched.json`` (everything measured, the errors of steps that failed, the GPU's name,
 the torch and Python versions) and prints one summary table. Nothing is downloaded.
@@ -24,6 +29,7 @@ the torch and Python versions) and prints one summary table. Nothing is download
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -38,6 +44,9 @@ sys.path.insert(0, str(REPO / "system"))
 sys.path.insert(0, str(REPO / "scripts"))
 
 ALGOS = ("FedAvg", "FedALA", "Ditto", "FedRep")
+# Ditto's and FedRep's personal epochs at PFLlib's default (1; FedRep's paper uses 10 head epochs, which would
+# make its sequential round alone outlast the check)
+OWN = {"FedAvg": (), "FedALA": (), "Ditto": ("-pls", "1"), "FedRep": ("-pls", "1")}
 
 
 class Clock:
@@ -123,7 +132,7 @@ stubbed = []
 for name in ("cvxpy", "calmsize"):
     if importlib.util.find_spec(name) is None:
         stub = types.ModuleType(name)
-        stub.size = lambda n: str(n)
+        stub.size = float
         sys.modules[name] = stub
         stubbed.append(name)
 print("stubbed:", ",".join(stubbed) or "none", flush=True)
@@ -149,9 +158,9 @@ def pfllib_run(args, split: str, rounds: int, timeout: float) -> dict:
 
 
 # ---- memory with many clients ------------------------------------------------------------------------------
-def memory_run(args, split: str, clients: int, executor: str = "batched") -> dict:
+def memory_run(args, split: str, clients: int, group: int = 0, executor: str = "batched") -> dict:
     """Peak GPU memory of one round (training + full evaluation) of FedAvg with ``clients`` clients of
-    CIFAR-10's shape (3x32x32, 10 classes), synthetic data, the CNN, batch 10."""
+    CIFAR-10's shape (3x32x32, 10 classes), synthetic data, the CNN, batch 10; ``group``: --batch_clients."""
     import main
     import torch
     from flcore.servers.serveravg import FedAvgServer
@@ -168,7 +177,7 @@ def memory_run(args, split: str, clients: int, executor: str = "batched") -> dic
         datas.append(ClientData(x[:per_train].to(device), y[:per_train].to(device), x[per_train:].to(device),
                                 y[per_train:].to(device)))
     data = FederatedData("Cifar10_synthetic", {"num_classes": 10, "input_shape": [3, 32, 32]}, "synthetic", datas)
-    cfg = main.parse_config(flags(args, split, "FedAvg", 1) + ["--executor", executor])
+    cfg = main.parse_config(flags(args, split, "FedAvg", 1) + ["--executor", executor, "--batch_clients", str(group)])
     cfg = cfg.replace(num_classes=10, num_clients=clients)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -179,7 +188,7 @@ def memory_run(args, split: str, clients: int, executor: str = "batched") -> dic
     server = FedAvgServer(cfg, data, 0, None)
     server.run_round(0)
     server.evaluate()
-    out = {"clients": clients, "executor": executor, "train_samples": per_train * clients,
+    out = {"clients": clients, "batch_clients": group, "executor": executor, "train_samples": per_train * clients,
            "round_s": time.perf_counter() - start}
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -191,7 +200,44 @@ def memory_run(args, split: str, clients: int, executor: str = "batched") -> dic
     return out
 
 
-# ---- the driver --------------------------------------------------------------------------------------------
+# ---- the driver ---------------------------------------------------------------------------------------------
+def plan(args, split: str, steps: set[str]) -> list[tuple]:
+    """(name, seconds it needs about, function, report key) of every step, the most important first: the
+    batched executor with graphs, PFLlib, the sequential FedAvg round, memory, the batched executor without
+    graphs, the other sequential runs, worker processes; FedALA's sequential start phase (about 50 s) last."""
+    cuda = args.dev == "cuda"
+    rounds = 3 - args.small
+    out = []
+    if "batched" in steps:
+        out += [(f"{a} batched", 25, lambda a=a: library_run(args, split, a, "batched", rounds + (a == "FedALA"), OWN[a]),
+                 "library") for a in ALGOS]
+    if "pfllib" in steps and args.pfllib.exists():
+        out.append(("PFLlib FedAvg", 45, lambda: pfllib_run(args, split, 1, 120), "pfllib"))
+    if "sequential" in steps:
+        out.append(("FedAvg sequential", 30, lambda: library_run(args, split, "FedAvg", "sequential", 2), "library"))
+    for spec in args.clients.split(",") if "memory" in steps else ():
+        n, _, k = spec.partition(":")
+        out.append((f"memory {n} clients, --batch_clients {k or 0}", 15 if int(n) < 500 else 30,
+                    lambda n=int(n), k=int(k or 0): memory_run(args, split, n, k), "memory"))
+    if "batched" in steps and cuda:
+        out += [(f"{a} batched --no-cuda_graphs", 30,
+                 lambda a=a: library_run(args, split, a, "batched", rounds + (a == "FedALA"),
+                                         (*OWN[a], "--no-cuda_graphs")), "library") for a in ("FedAvg", "FedALA")]
+    if "sequential" in steps:
+        out += [(f"{a} sequential", 35, lambda a=a: library_run(args, split, a, "sequential", 1, OWN[a]), "library")
+                for a in ("Ditto", "FedRep")]
+    if "workers" in steps and importlib.util.find_spec("ray") is not None:
+        for w in (2, 4):
+            share = ("--gpus_per_worker", f"{1 / w:.4f}") if cuda else ()
+            out.append((f"FedAvg ray {w} workers", 50,
+                        lambda w=w, share=share: library_run(args, split, "FedAvg", "ray", 2, ("--workers", str(w), *share)),
+                        "workers"))
+    if "sequential" in steps:
+        out.append(("FedALA sequential", 80, lambda: library_run(args, split, "FedALA", "sequential", 3), "library"))
+    return out
+
+
+# ---- running the steps --------------------------------------------------------------------------------------------
 def step(report: dict, clock: Clock, name: str, estimate: float, fn):
     """Run ``fn`` if ``estimate`` seconds fit in the budget; its result or its error goes into the report."""
     if clock.left() < estimate:
@@ -222,7 +268,8 @@ def summary(report: dict) -> str:
     if p and p.get("steady_round_s"):
         lines.append(f"| FedAvg | PFLlib | {p['steady_round_s']:.3f} | - | - |")
     for m in report["memory"]:
-        lines.append(f"memory, {m['clients']} CIFAR-10-shaped clients: peak {m.get('peak_allocated_mb', float('nan')):.0f} "
+        lines.append(f"memory, {m['clients']} CIFAR-10-shaped clients (--batch_clients {m['batch_clients']}): peak "
+                     f"{m.get('peak_allocated_mb', float('nan')):.0f} "
                      f"MB allocated, {m.get('peak_reserved_mb', float('nan')):.0f} MB reserved, round {m['round_s']:.2f} s")
     return "\n".join(lines)
 
@@ -238,7 +285,10 @@ def main_check(argv=None) -> int:
     p.add_argument("--pfllib", type=Path, default=REPO / ".gpu" / "pfllib" / "system", help="PFLlib's system/ folder")
     p.add_argument("--root", type=Path, default=REPO / ".gpu" / "dataset", help="where the split is written")
     p.add_argument("--ref_seconds", type=float, default=0.5, help="each batch-200 reference measurement")
-    p.add_argument("--clients", default="20,100,500", help="client counts of the memory step")
+    p.add_argument("--clients", default="20,100,500,500:100",
+                   help="client counts of the memory step (N:K stacks at most K at a time, --batch_clients K)")
+    p.add_argument("--steps", default="batched,pfllib,sequential,memory,workers",
+                   help="which steps to run (comma-separated, in this order whatever the order given)")
     args = p.parse_args(argv)
     import torch
 
@@ -253,41 +303,18 @@ def main_check(argv=None) -> int:
         report["gpu"] = torch.cuda.get_device_name(0)
         report["gpu_memory_mb"] = torch.cuda.get_device_properties(0).total_memory / 2**20
     print(f"python {report['python']}, torch {report['torch']}, {report.get('gpu', args.dev)}", flush=True)
+    steps = set(args.steps.split(","))
     split = generate_split(args)
-    graphs = [("batched", ()), ("batched", ("--no-cuda_graphs",))] if args.dev == "cuda" else [("batched", ())]
-    for algo in ALGOS:  # 1. batched, graphs and eager
-        for executor, extra in graphs:
-            r = step(report, clock, f"{algo} {executor} {' '.join(extra)}", 25,
-                     lambda: library_run(args, split, algo, executor, (4 if algo == "FedALA" else 3) - args.small, extra))
-            if r:
-                report["library"].append(r)
-    if args.pfllib.exists():  # 2. PFLlib's own FedAvg
-        report["pfllib"] = step(report, clock, "PFLlib FedAvg", 60,
-                                lambda: pfllib_run(args, split, 3, max(30.0, clock.left() - 120)))
-    else:
+    if "pfllib" in steps and not args.pfllib.exists():
         report["skipped"].append(f"PFLlib: no {args.pfllib}")
-    for algo, rounds in (("FedAvg", 2), ("FedALA", 3), ("Ditto", 1), ("FedRep", 1)):  # 3. sequential
-        r = step(report, clock, f"{algo} sequential", 40 if rounds < 3 else 70,
-                 lambda: library_run(args, split, algo, "sequential", rounds))
-        if r:
-            report["library"].append(r)
-    for n in [int(c) for c in args.clients.split(",")]:  # 4. memory
-        m = step(report, clock, f"memory {n} clients", 15 if n < 500 else 30, lambda: memory_run(args, split, n))
-        if m:
-            report["memory"].append(m)
-    try:  # 5. worker processes sharing the GPU
-        import ray  # noqa: F401
-        workers = (2, 4)
-    except ImportError:
-        workers = ()
+    if "workers" in steps and importlib.util.find_spec("ray") is None:
         report["skipped"].append("worker processes: Ray is not installed")
-    for w in workers:
-        share = ("--gpus_per_worker", f"{1 / w:.4f}") if args.dev == "cuda" else ()
-        r = step(report, clock, f"FedAvg ray {w} workers", 60,
-                 lambda: library_run(args, split, "FedAvg", "ray", 2, ("--workers", str(w), *share)))
-        if r:
-            report["workers"].append(r)
-            report["library"].append(r)
+    for name, estimate, fn, kind in plan(args, split, steps):
+        out = step(report, clock, name, estimate, fn)
+        if out is not None:
+            report[kind] = out if kind == "pfllib" else report[kind] + [out]
+            if kind == "workers":
+                report["library"].append(out)
     report["elapsed_s"] = time.perf_counter() - clock.start
     (args.out / "gpu_batched.json").write_text(json.dumps(report, indent=1, default=float))
     print(summary(report))

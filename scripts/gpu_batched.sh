@@ -12,7 +12,7 @@ OUT=${OUT:-results/gpu_batched}
 DEV=${DEV:-cuda}
 mkdir -p "$OUT"
 SMALL=()
-if [ "$DEV" = cpu ]; then SMALL=(--small --clients 20,100); export OMP_NUM_THREADS=1; fi  # shared CPUs: one thread
+if [ "$DEV" = cpu ]; then SMALL=(--small --clients 20,100,500:100); export OMP_NUM_THREADS=1; fi  # shared CPUs: one thread
 if [ "$DEV" = cuda ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 fi
