@@ -92,7 +92,19 @@ def library_run(args, split: str, algo: str, executor: str, rounds: int, extra=(
     train_flops = benchmark.flops_per_sample(model, x, y, train=True)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    run = benchmark.run_one(cfg, data, model, x, y, train_flops, args.ref_seconds)
+    made, make = [], benchmark.make_executor  # keep the executor, to report whether its CUDA graphs held
+
+    def keep(cfg):
+        made.append(make(cfg))
+        return made[-1]
+
+    benchmark.make_executor = keep
+    try:
+        run = benchmark.run_one(cfg, data, model, x, y, train_flops, args.ref_seconds)
+    finally:
+        benchmark.make_executor = make
+    graphs = getattr(made[0], "graphs", None) if made else None
+    run["cuda_graphs"] = None if graphs is None else {"captured": len(graphs.cache), "failed": graphs.broken}
     steady = 2 if algo == "FedALA" and rounds > 2 else min(1, rounds - 1)
     run["steady_from"] = steady
     run["steady_round_s"] = benchmark.steady_mean(run["rounds"], steady)
@@ -258,15 +270,18 @@ def step(report: dict, clock: Clock, name: str, estimate: float, fn):
 
 
 def summary(report: dict) -> str:
-    lines = ["| algorithm | executor | steady s/round | training samples/s | utilisation vs batch-200 |",
-             "|---|---|---|---|---|"]
+    lines = ["| algorithm | executor | steady s/round | training samples/s | utilisation vs batch-200 | accuracy by round |",
+             "|---|---|---|---|---|---|"]
     for r in report["library"]:
         util = r.get("utilisation_vs_reference") or []
+        accs = ", ".join(f"{100 * c['acc']:.2f}" for c in r.get("curve", []))
         lines.append(f"| {r['algorithm']} | {r['executor']} {' '.join(r['flags'])} | {r['steady_round_s']:.3f} | "
-                     f"{r['steady_train_samples_per_s']:.0f} | {100 * (util[-1] if util else float('nan')):.1f} % |")
+                     f"{r['steady_train_samples_per_s']:.0f} | {100 * (util[-1] if util else float('nan')):.1f} % | "
+                     f"{accs} |")
     p = report.get("pfllib")
     if p and p.get("steady_round_s"):
-        lines.append(f"| FedAvg | PFLlib | {p['steady_round_s']:.3f} | - | - |")
+        accs = ", ".join(f"{100 * a:.2f}" for a in p.get("test_acc", []))
+        lines.append(f"| FedAvg | PFLlib | {p['steady_round_s']:.3f} | - | - | {accs} |")
     for m in report["memory"]:
         lines.append(f"memory, {m['clients']} CIFAR-10-shaped clients (--batch_clients {m['batch_clients']}): peak "
                      f"{m.get('peak_allocated_mb', float('nan')):.0f} "
@@ -309,14 +324,20 @@ def main_check(argv=None) -> int:
         report["skipped"].append(f"PFLlib: no {args.pfllib}")
     if "workers" in steps and importlib.util.find_spec("ray") is None:
         report["skipped"].append("worker processes: Ray is not installed")
-    for name, estimate, fn, kind in plan(args, split, steps):
-        out = step(report, clock, name, estimate, fn)
-        if out is not None:
-            report[kind] = out if kind == "pfllib" else report[kind] + [out]
-            if kind == "workers":
-                report["library"].append(out)
+    result = args.out / "gpu_batched.json"
+    try:
+        for name, estimate, fn, kind in plan(args, split, steps):
+            out = step(report, clock, name, estimate, fn)
+            if out is not None:
+                report[kind] = out if kind == "pfllib" else report[kind] + [out]
+                if kind == "workers":
+                    report["library"].append(out)
+            report["elapsed_s"] = time.perf_counter() - clock.start
+            result.write_text(json.dumps(report, indent=1, default=float))  # after every step: a cut run keeps it
+    except KeyboardInterrupt:  # the wrapper's time limit (SIGINT): what was measured is already written
+        report["skipped"].append("interrupted by the time limit")
     report["elapsed_s"] = time.perf_counter() - clock.start
-    (args.out / "gpu_batched.json").write_text(json.dumps(report, indent=1, default=float))
+    result.write_text(json.dumps(report, indent=1, default=float))
     print(summary(report))
     print(f"errors: {len(report['errors'])}, skipped: {report['skipped']}, {report['elapsed_s']:.0f} s")
     return 0
