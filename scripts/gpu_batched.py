@@ -239,7 +239,7 @@ def plan(args, split: str, steps: set[str]) -> list[tuple]:
         out += [(f"{a} sequential", 35, lambda a=a: library_run(args, split, a, "sequential", 1, OWN[a]), "library")
                 for a in ("Ditto", "FedRep")]
     if "workers" in steps and importlib.util.find_spec("ray") is not None:
-        for w in (2, 4):
+        for w in [w for w in (2, 4) if w <= (os.cpu_count() or 1)]:  # a Ray worker takes a CPU
             share = ("--gpus_per_worker", f"{1 / w:.4f}") if cuda else ()
             out.append((f"FedAvg ray {w} workers", 50,
                         lambda w=w, share=share: library_run(args, split, "FedAvg", "ray", 2, ("--workers", str(w), *share)),

@@ -95,7 +95,7 @@ def test_batched_equals_sequential(algo, digits_tiny_root, counted):
     ("FedALA", "-jr", "0.6", "-cdr", "0.3"),  # a partial, uneven selection with drop-outs; ALA batched
     ("FedPer", "-ala", "-p", "4"),  # ALA over the whole shared part: the full-model forward, stacked
     ("FedAvg", "-ls", "2", "-lbs", "16", "--batch_clients", "2"),  # two epochs; groups of two clients
-    ("Ditto", "--client_state", "cpu", "-jr", "0.4"),  # idle clients parked in host memory
+    ("FedProx", "--client_state", "cpu", "-jr", "0.4"),  # idle clients parked in host memory
     ("FedAvg", "--server_opt", "adam", "--aggregator", "median"),  # server-side rules act on the uploads
     ("Local", "--client_models", "CNN1,CNN3"),  # two architectures, batched per architecture
     ("APFL", "-al", "0.0"),  # α at its bound: its projection (batched_step) acts
@@ -141,7 +141,7 @@ def test_checkpoint_and_resume_mid_run(digits_tiny_root, tmp_path, stop_in_round
 
 @pytest.mark.parametrize("flags, says", [
     (("-algo", "SCAFFOLD"), "SCAFFOLD cannot train batched: its local update is not declared batchable"),
-    (("-algo", "FedAvg", "-dp", "-dps", "1.0"), "-dp's DP-SGD"),
+    pytest.param(("-algo", "FedAvg", "-dp", "-dps", "1.0"), "-dp's DP-SGD", marks=pytest.mark.optional_deps("opacus")),
     (("-algo", "FedAvg", "--amp", "bf16"), "--amp"),
     (("-algo", "FedAvg", "-m", "BNCNN"), "BatchNorm2d layers"),
     (("-algo", "FedAvg", "--batch_clients", "-1"), "--batch_clients must be >= 0"),
@@ -152,6 +152,7 @@ def test_what_cannot_batch_is_refused_with_one_line(flags, says, digits_tiny_roo
     assert len(err) == 1 and says in err[0], err
 
 
+@pytest.mark.optional_deps("opacus")
 def test_client_level_dp_runs_batched(digits_tiny_root, counted):
     flags = ("-dp", "--dp_level", "client", "-dps", "0.5", "-jr", "0.6", "-lr", "0.01")
     assert_close_runs(rounds(digits_tiny_root, "FedAvg", "sequential", *flags),
