@@ -17,8 +17,9 @@ client's smaller last batch of an epoch runs in a separate call with the other c
 client draws its batches from its own stream exactly as the sequential executor does, so the numbers are
 the sequential ones up to float rounding (vmap batches the kernels, e.g. convolutions become grouped ones).
 
-On CUDA with CUDA graphs the full-size step is captured once per phase shape and replayed: it runs over
-every client of the stack, those without a batch at that step masked (their entries do not move).
+On CUDA with CUDA graphs the full-size step (of training, and of ALA's W) is captured once per shape and
+replayed: it runs over every client of the stack, those without a full batch at that step masked (their
+entries do not move), on fixed buffers (``CudaGraphs``, ``StepGraph``).
 """
 from __future__ import annotations
 
