@@ -21,7 +21,6 @@ dotted), every seed's clients pooled. ``split``: the label count of every client
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -45,12 +44,20 @@ STYLE = {"figure.figsize": (6.4, 4.2), "figure.dpi": 150, "font.size": 11, "axes
 
 
 def save(fig, out: Path, name: str) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{name}.png", out / f"{name}.pdf"]
-    for p in paths:  # no creation date in the PDF: the same curves give the same file, so no diff in git
-        fig.savefig(p, metadata={"CreationDate": None} if p.suffix == ".pdf" else None)
-    plt.close(fig)
-    return paths
+    """The figure as ``<name>.png`` and ``.pdf`` in ``out``, each written through ``fileio.Folder`` (a
+    temporary file renamed into place; a symlink there is replaced, not followed)."""
+    from utils import fileio
+
+    try:
+        folder = fileio.Folder(out, what="--out")
+        for ext in ("png", "pdf"):  # no creation date in the PDF: the same curves give the same file, so no diff in git
+            folder.replace([(f"{name}.{ext}", lambda f, ext=ext: fig.savefig(
+                f, format=ext, metadata={"CreationDate": None} if ext == "pdf" else None))])
+    except fileio.FileIOError as e:
+        raise TableError(str(e)) from None
+    finally:
+        plt.close(fig)
+    return [out / f"{name}.png", out / f"{name}.pdf"]
 
 
 def row_name(row) -> str:
@@ -167,14 +174,23 @@ def plot_spread(inputs: list[str], group_keys: list[str], out: Path, incomplete:
 
 def label_counts(split: Path, part: str) -> np.ndarray:
     """Clients x classes label counts of a split folder (``config.json``, ``train/<i>.npz``, ``test/<i>.npz``)."""
-    config = json.loads((split / "config.json").read_text())
-    n, k = int(config["num_clients"]), int(config["num_classes"])
-    counts = np.zeros((n, k), dtype=np.int64)
-    parts = ["train", "test"] if part == "all" else [part]
-    for i in range(n):
-        for p in parts:
-            with np.load(split / p / f"{i}.npz", allow_pickle=False) as f:
-                counts[i] += np.bincount(f["y"].astype(np.int64), minlength=k)[:k]
+    from utils.data_utils import read_config
+    from utils import fileio
+    from utils.errors import FLError
+
+    try:  # the split's schema (utils/data_utils.py), its files read through utils/fileio.py
+        config, _ = read_config(split.name, split)
+        n, k = config["num_clients"], config["num_classes"]
+        counts = np.zeros((n, k), dtype=np.int64)
+        parts = ["train", "test"] if part == "all" else [part]
+        for i in range(n):
+            for p in parts:
+                y = fileio.read_npz(split / p / f"{i}.npz", ("y",), "client file")["y"]
+                if y.ndim != 1 or y.dtype.kind not in "iu" or (len(y) and (y.min() < 0 or y.max() >= k)):
+                    raise FLError(f"client file {split / p / f'{i}.npz'} holds labels that are not 0..{k - 1}")
+                counts[i] += np.bincount(y.astype(np.int64), minlength=k)[:k]
+    except FLError as e:
+        raise TableError(" ".join(str(e).split())) from None
     return counts
 
 

@@ -40,6 +40,7 @@ import hashlib
 import io
 import itertools
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -52,6 +53,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "system"))
+
+from utils import fileio  # noqa: E402
+from utils.errors import FLError  # noqa: E402
 
 MAIN = REPO / "system" / "main.py"
 # Config keys that do not change a run's numbers (where and how it runs, paths, checkpointing) or that
@@ -110,19 +114,27 @@ def flag_value(argv: list[str], flag: str) -> str | None:
 def exported_runs(path: Path | None) -> frozenset:
     """The (``-go``, run index) of every run an export (``scripts/benchmark_report.py``) holds as finished
     or diverged: a sweep whose raw results are gone (another machine, a fresh clone) does not rerun them."""
-    if path is None or not path.exists():
+    if path is None or not os.path.lexists(path):
         return frozenset()
     try:
-        data = json.loads(path.read_text())
-    except ValueError as e:
-        raise SweepError(f"cannot read the export {path}: {e}") from None
-    done = set()
-    for entries in data.get("splits", {}).values():
-        for entry in entries.values():
-            goal = flag_value(shlex.split(entry.get("command", "")), "-go")
-            done |= {(goal, int(r["run"])) for r in entry.get("runs", ())
-                     if r.get("status") in ("finished", "diverged")}
+        data = fileio.read_json(path, "export")
+        done = set()
+        for entries in _typed(data, dict, "export").get("splits", {}).values():
+            for entry in _typed(entries, dict, "export split").values():
+                command = _typed(_typed(entry, dict, "export entry").get("command", ""), str, "command")
+                goal = flag_value(shlex.split(command), "-go")
+                done |= {(goal, int(r["run"])) for r in _typed(entry.get("runs", []), list, "runs")
+                         if _typed(r, dict, "run").get("status") in ("finished", "diverged")
+                         and isinstance(r.get("run"), int)}
+    except (FLError, ValueError) as e:
+        raise SweepError(f"cannot read the export {path}: {' '.join(str(e).split())}") from None
     return frozenset(done)
+
+
+def _typed(value, kind, what: str):
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise SweepError(f"{what} is a {type(value).__name__}, not a {kind.__name__}")
+    return value
 
 
 # ---- building the job list ---------------------------------------------------------------------------
@@ -325,8 +337,8 @@ def is_complete(job: Job, exported: frozenset = frozenset()) -> bool:
 def run_job(job: Job, keep_checkpoints: bool, threads: int = 0) -> tuple[int, str]:
     """Run one job to its end; returns (exit code, note). The job's log is locked while it runs, so a
     second sweep over the same folder leaves it alone."""
-    job.log.parent.mkdir(parents=True, exist_ok=True)
-    with open(job.log, "a") as log:
+    logs = fileio.Folder(job.out, what="sweep --out").sub("logs")
+    with logs.open_append(job.log.name) as log:
         try:
             fcntl.flock(log, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -344,7 +356,7 @@ def run_job(job: Job, keep_checkpoints: bool, threads: int = 0) -> tuple[int, st
         log.write(f"# exit {proc.returncode}, {cpu:.1f} CPU-s\n")
         add_cpu_seconds(job, cpu)
     if proc.returncode == 0 and not keep_checkpoints:
-        job.ckpt.unlink(missing_ok=True)
+        fileio.Folder(job.out, what="sweep --out").remove(job.ckpt.name)  # the job's own checkpoint, by name
     return proc.returncode, "resumed" if resumed else ""
 
 
@@ -352,19 +364,23 @@ def add_cpu_seconds(job: Job, seconds: float) -> None:
     """Add one attempt's CPU time (user + system, of the job and every process it waited for) to
     ``<out>/logs/<result name>.cpu.json``: what a sweep costs, whatever else ran on the machine."""
     path = job.log.with_suffix(".cpu.json")
+    folder = fileio.Folder(path.parent, what="sweep log folder")
     try:
-        spent = json.loads(path.read_text())
-    except (OSError, ValueError):
-        spent = {"cpu_s": 0.0, "attempts": 0}
+        spent = folder.read_json(path.name, "CPU record")
+    except FLError:
+        spent = None
+    if not (isinstance(spent, dict) and isinstance(spent.get("cpu_s"), (int, float))
+            and isinstance(spent.get("attempts"), int) and math.isfinite(spent["cpu_s"])):
+        spent = {"cpu_s": 0.0, "attempts": 0}  # absent, or not a record this sweep wrote: start it again
     spent = {"cpu_s": round(spent["cpu_s"] + seconds, 2), "attempts": spent["attempts"] + 1}
-    path.write_text(json.dumps(spent) + "\n")
+    folder.replace([(path.name, lambda f: f.write((json.dumps(spent) + "\n").encode()))])
 
 
 def cpu_seconds(job: Job) -> float | None:
     """The CPU seconds recorded for ``job`` over all its attempts (None when none was recorded)."""
     try:
-        return float(json.loads(job.log.with_suffix(".cpu.json").read_text())["cpu_s"])
-    except (OSError, ValueError, KeyError):
+        return float(fileio.read_json(job.log.with_suffix(".cpu.json"), "CPU record", follow=False)["cpu_s"])
+    except (FLError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -426,15 +442,37 @@ def prepare_splits(jobs: list[Job]) -> None:
 
 
 # ---- command line ---------------------------------------------------------------------------------------
+# A sweep file's schema: key -> the type its value must have (and what it holds).
+SWEEP_KEYS = {"base": list, "grids": list, "per_algorithm": dict, "seeds": (list, str, int), "tag": str, "out": str,
+              "checkpoint_every": int, "description": str, "export": str}
+
+
 def load_config_file(path: Path) -> dict:
+    """A sweep file (JSON, through utils/fileio.py: a regular file, capped in size and depth), its schema
+    checked: known keys, each of its type; ``base`` a list of flags, ``grids`` a list of objects flag ->
+    value or list of values."""
     try:
-        spec = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise SweepError(f"cannot read sweep file {path}: {e}") from None
-    known = {"base", "grids", "per_algorithm", "seeds", "tag", "out", "checkpoint_every", "description", "export"}
-    unknown = set(spec) - known
+        spec = fileio.read_json(path, "sweep file")
+    except FLError as e:
+        raise SweepError(f"cannot read {' '.join(str(e).split())}") from None
+    if not isinstance(spec, dict):
+        raise SweepError(f"sweep file {path} is not a JSON object")
+    spec = {k: v for k, v in spec.items() if v is not None}  # null: the key's default
+    unknown = set(spec) - set(SWEEP_KEYS)
     if unknown:
-        raise SweepError(f"{path}: unknown keys {sorted(unknown)} (known: {', '.join(sorted(known))})")
+        raise SweepError(f"{path}: unknown keys {sorted(unknown)} (known: {', '.join(sorted(SWEEP_KEYS))})")
+    scalar = (str, int, float, bool)
+    for key, kind in SWEEP_KEYS.items():
+        value = spec.get(key)
+        if value is not None and (not isinstance(value, kind) or (isinstance(value, bool) and bool not in (
+                kind if isinstance(kind, tuple) else (kind,)))):
+            raise SweepError(f"{path}: '{key}' is a {type(value).__name__}, not a {getattr(kind, '__name__', 'list')}")
+    if not all(isinstance(a, scalar) for a in spec.get("base", [])):
+        raise SweepError(f"{path}: 'base' must list flags and values (strings or numbers)")
+    for g in spec.get("grids", []):
+        if not isinstance(g, dict) or not all(isinstance(v, scalar) or (isinstance(v, list) and all(
+                isinstance(e, scalar) for e in v)) for v in g.values()):
+            raise SweepError(f"{path}: each of 'grids' must map a flag to a value or a list of values")
     return spec
 
 
@@ -495,7 +533,7 @@ def main(argv=None) -> int:
         jobs, invalid = build_jobs(base, grids, seeds, tag, out, spec.get("per_algorithm"), every)
         export = args.export if args.export is not None else (REPO / spec["export"] if "export" in spec else None)
         exported = exported_runs(export)
-    except SweepError as e:
+    except (SweepError, FLError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for flags, error in invalid:
@@ -515,6 +553,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("sweep interrupted; run the same command again to resume", file=sys.stderr)
         return 130
+    except FLError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     for job, code in failures:
         print(f"failed (exit {code}): {job.shown()}\n  log: {job.log}", file=sys.stderr)
     done = len(jobs) - len(failures)

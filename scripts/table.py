@@ -43,6 +43,7 @@ import glob
 import io
 import json
 import math
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -52,6 +53,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "system"))
+
+from utils.errors import FLError  # noqa: E402
 
 # Config keys never compared between runs: the seed and the tag, paths, and where/how a run executed.
 IGNORED = {"seed", "goal", "prev", "times", "results_dir", "dataset_root", "save_folder_name", "client_state_dir",
@@ -98,7 +101,8 @@ class Run:
         if name == "algorithm":
             return self.meta.get("label", self.config.get("algorithm"))
         if name in self.config:
-            return self.config[name]
+            value = self.config[name]
+            return tuple(value) if isinstance(value, list) else value
         if name in self.meta and not isinstance(self.meta[name], (dict, list)):
             return self.meta[name]
         raise TableError(f"--group {name}: {self.path.name} has no config key '{name}'")
@@ -131,11 +135,12 @@ def find_files(inputs: list[str]) -> list[Path]:
 
 
 def read_run(path: Path) -> Run:
-    from utils.results import read_h5
+    """One result: its series and sidecar, each read through its schema (utils/results.py: regular files,
+    numbers where numbers go); a file that is not one raises ``FLError``."""
+    from utils.results import check_series, read_h5, read_sidecar
 
-    series = read_h5(path)
-    meta = json.loads(path.with_suffix(".json").read_text())
-    return Run(path, meta, series)
+    series = check_series(read_h5(path), path)
+    return Run(path, read_sidecar(path.with_suffix(".json")), series)
 
 
 def load_runs(inputs: list[str], incomplete: bool = False, warn=None, untrained: bool = False) -> list[Run]:
@@ -147,7 +152,11 @@ def load_runs(inputs: list[str], incomplete: bool = False, warn=None, untrained:
         if not path.with_suffix(".json").exists():
             warn(f"{path.name} has no .json sidecar (configuration unknown); left out")
             continue
-        run = read_run(path)
+        try:
+            run = read_run(path)
+        except FLError as e:  # one malformed result is left out with one line; the others make the table
+            warn(f"{path.name} left out: {' '.join(str(e).split())}")
+            continue
         if not untrained and (run.meta.get("untrained") or run.config.get("global_rounds") == 0):
             warn(f"{path.name} was not trained (-gr 0: the initial model's evaluation); left out (--untrained "
                  f"includes it)")
@@ -332,10 +341,48 @@ def table_cells(rows: list[Row], columns: list[str]) -> tuple[list[list[str]], l
     return texts, bold
 
 
+MARKDOWN_SPECIAL = {"\\": "\\\\", "|": "\\|", "`": "\\`", "*": "\\*", "_": "\\_", "[": "\\[", "]": "\\]",
+                    "<": "&lt;", ">": "&gt;", "&": "&amp;", "#": "\\#"}
+
+
+def one_line(text: str) -> str:
+    """``text`` with every line break and control character made a space (a report line stays one line)."""
+    return "".join(" " if ord(ch) < 32 or ord(ch) == 127 or ch in "\u2028\u2029\x85" else ch for ch in str(text))
+
+
+def markdown_escape(text: str) -> str:
+    """A string as Markdown text: no table cell break, code span, emphasis, link or HTML tag."""
+    return "".join(MARKDOWN_SPECIAL.get(ch, ch) for ch in one_line(text))
+
+
+def markdown_code(text: str) -> str:
+    """A string as one Markdown code span, whatever backticks it holds."""
+    text = one_line(text)
+    ticks = "`" * (max((len(r) for r in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value):
+    """A CSV cell: a string a spreadsheet would read as a formula (=, +, -, @, tab) gets a leading quote;
+    numbers stay numbers."""
+    if not isinstance(value, str):
+        return value
+    try:
+        float(value)
+        return value
+    except ValueError:
+        return "'" + value if value.startswith(FORMULA_START) else value
+
+
 def render_markdown(head, texts, bold) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = ["| " + " | ".join(markdown_escape(h) for h in head) + " |", "|" + "---|" * len(head)]
     for t, b in zip(texts, bold):
-        lines.append("| " + " | ".join(f"**{x}**" if m else x for x, m in zip(t, b)) + " |")
+        lines.append("| " + " | ".join(f"**{markdown_escape(x)}**" if m else markdown_escape(x)
+                                       for x, m in zip(t, b)) + " |")
     return "\n".join(lines)
 
 
@@ -344,7 +391,7 @@ LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "_": r"\_", 
 
 
 def latex_escape(text: str) -> str:
-    return "".join(LATEX_SPECIAL.get(ch, ch) for ch in text)
+    return "".join(LATEX_SPECIAL.get(ch, ch) for ch in one_line(text))
 
 
 def render_latex(head, texts, bold, n_keys: int) -> str:
@@ -373,7 +420,7 @@ def render_csv(rows: list[Row], group_keys: list[str], columns: list[str], comma
     head.append("best_in")
     if commands is not None:
         head.append("command")
-    w.writerow(head)
+    w.writerow([csv_cell(h) for h in head])
     marks = {c: best_rows(rows, c) for c in stat_cols}
     for i, r in enumerate(rows):
         line = [*r.group, len(r.runs)]
@@ -384,7 +431,7 @@ def render_csv(rows: list[Row], group_keys: list[str], columns: list[str], comma
         line.append(";".join(c for c in stat_cols if i in marks[c]))
         if commands is not None:
             line.append(commands[i])
-        w.writerow(line)
+        w.writerow([csv_cell(one_line(v)) if isinstance(v, str) else v for v in line])
     return buf.getvalue().rstrip("\n")
 
 
@@ -447,10 +494,11 @@ def build_table(inputs: list[str], group_keys: list[str], columns: list[str], fm
     names = [" / ".join(map(str, r.group)) for r in rows]
     if fmt == "latex":
         out = render_latex(head, texts, bold, len(group_keys))
-        return out + ("".join(f"\n% {n}: {c}" for n, c in zip(names, cmds)) if cmds else "")
+        # a comment line each: nothing in a name or a command may end it (a line break would start live LaTeX)
+        return out + ("".join(f"\n% {one_line(n)}: {one_line(c)}" for n, c in zip(names, cmds)) if cmds else "")
     out = render_markdown(head, texts, bold)
-    return out + ("\n\nReproduce a row:\n\n" + "\n".join(f"- {n}: `{c}`" for n, c in zip(names, cmds))
-                  if cmds else "")
+    return out + ("\n\nReproduce a row:\n\n" + "\n".join(f"- {markdown_escape(n)}: {markdown_code(c)}"
+                                                         for n, c in zip(names, cmds)) if cmds else "")
 
 
 def main(argv=None) -> int:
@@ -491,7 +539,14 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.output:
-        args.output.write_text(text + "\n")
+        from utils import fileio
+
+        try:  # through a temporary file renamed into place (a symlink at the name is replaced, not followed)
+            fileio.write_bytes(fileio.Folder(args.output.parent or Path("."), what="-o"), args.output.name,
+                               (text + "\n").encode())
+        except FLError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     else:
         print(text)
     return 0

@@ -8,7 +8,6 @@ allows), read from their source without importing them (flcore/flags.py).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
@@ -456,26 +455,24 @@ REMOVED = {"-ts": _TS, "--time_select": _TS}
 def read_config_file(path: str) -> dict:
     """``--config``: a mapping of flag names (long, without dashes: a Config's keys) to values, from JSON or
     (``.yaml`` / ``.yml``, with PyYAML's safe loader: plain values only) YAML."""
+    from utils import fileio
+
     file = Path(path)
-    try:
-        text = file.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise FLError(f"--config {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
-    if file.suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError:
-            raise FLError(f"--config {path}: YAML needs PyYAML (pip install -r requirements-optional.txt); "
-                          f"or write the file as JSON") from None
-        try:
-            values = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise FLError(f"--config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    else:
-        try:
-            values = json.loads(text)
-        except ValueError as e:
-            raise FLError(f"--config {path}: not valid JSON ({e})") from None
+    try:  # a regular file, capped in size and nesting (utils/fileio.py)
+        text = fileio.read_bytes(file, "--config", cap=fileio.CONFIG_CAP).decode("utf-8-sig")
+        if file.suffix in (".yaml", ".yml"):
+            try:
+                import yaml  # noqa: F401
+            except ImportError:
+                raise FLError(f"--config {path}: YAML needs PyYAML (pip install -r requirements-optional.txt); "
+                              f"or write the file as JSON") from None
+            values = fileio.parse_yaml(text, f"--config {path}")
+        else:
+            values = fileio.parse_json(text, f"--config {path}")
+    except UnicodeDecodeError as e:
+        raise FLError(f"--config {path}: cannot read it ({e})") from None
+    except fileio.FileIOError as e:
+        raise FLError(str(e).replace(f"--config {file} ", f"--config {path}: ", 1)) from None
     if not isinstance(values, dict):
         raise FLError(f"--config {path}: expected a mapping of flag names to values")
     return values
@@ -541,6 +538,9 @@ def parse_config(argv=None) -> Config:
     server_cls = get_server_class(args.algorithm)
     cfg = split_data_path(Config(**vars(args)))
     validate(cfg)
+    from utils import bounds
+
+    bounds.check(cfg, bounds.numeric_actions(parser))  # every numeric flag's range: one table (utils/bounds.py)
     check_paths(cfg)
     from utils.dp_support import check_support
 
@@ -700,8 +700,10 @@ def results_folder(cfg: Config) -> Path:
 def check_paths(cfg: Config) -> None:
     """Before any work: what a run writes stays under ``--results_dir`` (``-go`` is part of a file name,
     ``-sfn`` a folder inside it), and that folder is, or can be made, a writable folder."""
-    if cfg.goal in ("", ".", "..") or any(c in cfg.goal for c in "/\\\0"):
-        raise FLError(f"-go is part of the result file names: it cannot be empty or hold / or \\ (got '{cfg.goal}')")
+    if cfg.goal in ("", ".", "..") or any(c in cfg.goal for c in "/\\\0") or any(ord(c) < 32 for c in cfg.goal) \
+            or len(cfg.goal.encode("utf-8", "surrogateescape")) > 100:
+        raise FLError(f"-go is part of the result file names: it cannot be empty or hold / or \\ or control "
+                      f"characters, and takes at most 100 bytes (got {cfg.goal[:60]!r})")
     sfn = Path(cfg.save_folder_name)
     if cfg.save_folder_name and (sfn.is_absolute() or ".." in sfn.parts):
         raise FLError(f"-sfn must be a folder under --results_dir, a relative name without '..' "

@@ -207,7 +207,7 @@ def run_all(cfg: Config, data, executor) -> list[Path]:
     import torch
 
     from runtime.checkpoint import checkpoint_file
-    from utils.results import RunRecorder, atomic_write, mean_std_over_runs
+    from utils.results import RunRecorder, mean_std_over_runs, save_files
 
     server_cls = get_server_class(cfg.algorithm)
     out_dir = results_folder(cfg)
@@ -218,8 +218,11 @@ def run_all(cfg: Config, data, executor) -> list[Path]:
                           "source_sha256": data.config.get("source_sha256")},
                 **({"config_file": {"path": cfg.config, "values": read_config_file(cfg.config)}} if cfg.config else {})}
         recorder = RunRecorder(result_stem(cfg, r), meta, out_dir)
+        # folders inside the results folder, every component a real folder (utils/fileio.py)
+        saved_models = recorder.folder.sub(cfg.save_folder_name, what="-sfn") if cfg.save_folder_name else None
         if cfg.tensorboard:
-            recorder.log_to_tensorboard(out_dir / cfg.tensorboard / recorder.stem)
+            recorder.log_to_tensorboard(recorder.folder.sub(Path(cfg.tensorboard) / recorder.stem,
+                                                            what="--tensorboard").path)
         start = time.time()
         with recorder.lock():
             if recorder.h5_path.exists() and not cfg.overwrite:
@@ -236,11 +239,9 @@ def run_all(cfg: Config, data, executor) -> list[Path]:
         best, last = recorder.best_last()
         print(f"run {r}: best acc {best:.4f}, last acc {last:.4f}, {time.time() - start:.1f} s, "
               f"{recorder.h5_path} (+ {recorder.json_path.name})")
-        if cfg.save_folder_name:
-            folder = out_dir / cfg.save_folder_name  # relative, without '..' (cli.check_paths)
-            folder.mkdir(parents=True, exist_ok=True)
+        if saved_models is not None:
             state = server.global_model.state_dict()
-            atomic_write([(folder / f"{recorder.stem}_server.pt", lambda tmp: torch.save(state, tmp))])
+            save_files(saved_models, [(f"{recorder.stem}_server.pt", lambda f: torch.save(state, f))])
         paths.append(recorder.h5_path)
     if len(paths) > 1:
         s = mean_std_over_runs(paths)
@@ -294,7 +295,7 @@ def main(argv=None) -> int:
         cfg = parse_config(argv)
         run(cfg)
     except FLError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print("error: " + " ".join(str(e).split("\n")), file=sys.stderr)  # one line, whatever the message holds
         return 128 + (results.stopped_by() or signal.SIGINT) if isinstance(e, Interrupted) else 2
     except KeyboardInterrupt:  # before any run started
         print("error: interrupted", file=sys.stderr)

@@ -89,7 +89,7 @@ def test_a_damaged_checkpoint_is_one_line(digits_tiny_root, tmp_path, checkpoint
         elif damage == "not_a_dict":  # tensors and plain values, but not a checkpoint's dict
             ckpt = [ckpt["round"], ckpt["split"]]
         elif damage == "other_format":  # another version's layout
-            ckpt["format"] = 3
+            ckpt["format"] = 99
         elif damage == "client_not_a_dict":
             ckpt["clients"][0] = 5
         elif damage == "no_results":  # resuming would drop the two rounds' results

@@ -19,7 +19,6 @@ User errors end with one line on stderr and exit code 2 (``run_cli``).
 import argparse
 import hashlib
 import json
-import os
 import shutil
 import sys
 import zipfile
@@ -57,11 +56,30 @@ class ImageSpec:
     least_share: float = 0.5
 
 
+def _load_fileio():
+    """The library's I/O layer (system/utils/fileio.py): loaded by its file, since a generator run as a script
+    has dataset/ first on its path, where ``utils`` is this package."""
+    import importlib.util
+
+    loaded = sys.modules.get("utils.fileio")
+    if loaded is not None:
+        return loaded
+    path = Path(__file__).resolve().parents[2] / "system" / "utils" / "fileio.py"
+    spec = importlib.util.spec_from_file_location("fl_fileio", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fl_fileio"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+fileio = _load_fileio()
+
+
 def run_cli(main, argv=None):
     """Call ``main(argv)``; turn a DatasetError or PartitionError into one line and exit code 2."""
     try:
         return main(argv)
-    except (DatasetError, PartitionError) as err:
+    except (DatasetError, PartitionError, fileio.FileIOError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
 
@@ -264,6 +282,10 @@ def download_torchvision(class_name, raw_dir, name):
     made = Path(raw_dir)  # the outermost folder this download creates, removed again if it fails
     while not made.parent.exists():
         made = made.parent
+    try:  # torchvision writes here: a folder this module made and checked (no symlink on the way in the split)
+        split_folder(Path(raw_dir).parent).sub(Path(raw_dir).name, what="download folder")
+    except fileio.FileIOError as e:
+        raise DatasetError(str(e)) from None
     try:
         parts = [dataset_class(root=str(raw_dir), train=train, download=True) for train in (True, False)]
     except (OSError, RuntimeError):
@@ -282,11 +304,22 @@ def generation_params(config):
     return {k: v for k, v in config.items() if k not in DERIVED_KEYS}
 
 
-def read_split_config(out_dir):
-    """The config.json of the split at out_dir, or None when there is none (or it cannot be read)."""
+def split_folder(out_dir):
+    """The split's folder as a ``fileio.Folder``: ``--root`` (made where missing) opened once, ``--out``
+    inside it a real folder (a symlink there is refused, never followed)."""
+    out_dir = Path(out_dir)
     try:
-        return json.loads((out_dir / "config.json").read_text())
-    except (OSError, ValueError):
+        return fileio.Folder(out_dir.parent, what="--root").sub(out_dir.name, what="--out")
+    except fileio.FileIOError as e:
+        raise DatasetError(str(e)) from None
+
+
+def read_split_config(out_dir):
+    """The config.json of the split at out_dir, or None when there is none (or it cannot be read: not a
+    regular file, not JSON, nested too deeply)."""
+    try:
+        return fileio.read_json(Path(out_dir) / "config.json", "config.json", follow=False)
+    except fileio.FileIOError:
         return None
 
 
@@ -298,37 +331,42 @@ def split_is_current(out_dir, old, config):
                for part in ("train", "test") for i in range(config["num_clients"]))
 
 
-def _atomic_write(path, write):
-    """Write through a temporary file and rename, so a crash never leaves a half file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-    os.replace(tmp, path)
-
-
-def _clear_split(out_dir):
-    """Remove an old split: config.json first (marks it incomplete), then the client files."""
-    (out_dir / "config.json").unlink(missing_ok=True)
+def _clear_split(folder, old):
+    """Remove an old split: config.json first (marks it incomplete), then the client files its config
+    records (``train/<i>.npz``, ``test/<i>.npz`` for each of its ``num_clients``), never by glob; the
+    ``train`` and ``test`` folders are reached without following a symlink."""
+    folder.remove("config.json")
+    n = old.get("num_clients") if isinstance(old, dict) else None
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= 10 ** 6:
+        return
     for part in ("train", "test"):
-        for f in (out_dir / part).glob("*.npz"):
-            f.unlink()
+        if folder.entry(part) is None:
+            continue
+        sub = folder.sub(part, create=False, what=f"--out {folder.path.name}")
+        for i in range(n):
+            sub.remove(f"{i}.npz")
 
 
-def save_split(out_dir, x, y, train_idx, test_idx, config):
-    """Write every client's train/test npz, then config.json with the per-client stats."""
-    _clear_split(out_dir)
-    for part, idx_lists in (("train", train_idx), ("test", test_idx)):
-        (out_dir / part).mkdir(parents=True, exist_ok=True)
-        for i, idx in enumerate(idx_lists):
-            _atomic_write(out_dir / part / f"{i}.npz", lambda f, idx=idx: np.savez(f, x=x[idx], y=y[idx]))
-    num_classes = config["num_classes"]
-    config = dict(config,
-                  train_samples=[len(i) for i in train_idx],
-                  test_samples=[len(i) for i in test_idx],
-                  label_counts=[np.bincount(y[np.concatenate([a, b])], minlength=num_classes).tolist()
-                                for a, b in zip(train_idx, test_idx)])
-    text = ("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in config.items()) + "\n}\n").encode()
-    _atomic_write(out_dir / "config.json", lambda f: f.write(text))
+def save_split(out_dir, x, y, train_idx, test_idx, config, folder=None, old=None):
+    """Write every client's train/test npz, then config.json with the per-client stats, each through a
+    temporary file renamed into place inside the split's folder (``fileio.Folder.replace``)."""
+    folder = folder or split_folder(out_dir)
+    try:
+        _clear_split(folder, old)
+        for part, idx_lists in (("train", train_idx), ("test", test_idx)):
+            sub = folder.sub(part, what=f"--out {folder.path.name}")
+            for i, idx in enumerate(idx_lists):
+                sub.replace([(f"{i}.npz", lambda f, idx=idx: np.savez(f, x=x[idx], y=y[idx]))])
+        num_classes = config["num_classes"]
+        config = dict(config,
+                      train_samples=[len(i) for i in train_idx],
+                      test_samples=[len(i) for i in test_idx],
+                      label_counts=[np.bincount(y[np.concatenate([a, b])], minlength=num_classes).tolist()
+                                    for a, b in zip(train_idx, test_idx)])
+        text = ("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in config.items()) + "\n}\n").encode()
+        folder.replace([("config.json", lambda f: f.write(text))])
+    except fileio.FileIOError as e:
+        raise DatasetError(str(e)) from None
     return config
 
 
@@ -348,8 +386,9 @@ def format_summary(config):
     return "\n".join(lines)
 
 
-def plot_label_distribution(config, path):
-    """Bubble chart of per-client label counts (area proportional to count)."""
+def plot_label_distribution(config, path, folder=None):
+    """Bubble chart of per-client label counts (area proportional to count), written into the split's
+    folder (a symlink at ``path`` is replaced, never followed)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -363,7 +402,11 @@ def plot_label_distribution(config, path):
     ax.set_ylabel("label")
     ax.set_title(f"{config['dataset']}: {config['partition']} partition, {counts.shape[0]} clients")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    path = Path(path)
+    try:
+        (folder or split_folder(path.parent)).replace([(path.name, lambda f: fig.savefig(f, dpi=100, format="png"))])
+    except fileio.FileIOError as e:
+        raise DatasetError(str(e)) from None
 
 
 def np_generators(seed):
@@ -389,6 +432,7 @@ def write_or_skip(out_dir, config, make_split, plot, overwrite=False):
 
     Prints the per-client summary either way; returns the final config.
     """
+    folder = split_folder(out_dir)
     old = read_split_config(out_dir)
     changed = other_split_params(old, config)
     if changed and not overwrite:
@@ -399,11 +443,11 @@ def write_or_skip(out_dir, config, make_split, plot, overwrite=False):
         config = old
     else:
         x, y, train_idx, test_idx = make_split()
-        config = save_split(out_dir, x, y, train_idx, test_idx, config)
+        config = save_split(out_dir, x, y, train_idx, test_idx, config, folder, old)
         print(f"wrote {len(train_idx)} clients to {out_dir}")
     print(format_summary(config))
     if plot:
-        plot_label_distribution(config, out_dir / "label_distribution.png")
+        plot_label_distribution(config, out_dir / "label_distribution.png", folder)
     return config
 
 

@@ -13,27 +13,39 @@ extend a run) may change.
 """
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
+import torch
 
 from runtime import state
 from utils.errors import FLError
-from utils.results import atomic_write
+from utils.results import save_files
 
-FORMAT = 2  # 1: pickled objects (refused: loading one could run code)
+# 1: pickled objects (refused: loading one could run code); 2: without the run's identity (refused: whose
+# run it continues cannot be told; 3 adds ``identity``)
+FORMAT = 3
 RUN_ONLY = {"executor", "device", "device_id", "workers", "gpus_per_worker", "ray_address", "max_restarts",
             "resume", "checkpoint_every", "progress", "results_dir", "dataset_root", "times", "prev",
             "global_rounds", "save_folder_name", "client_state", "client_state_dir", "overwrite", "print_config"}
 KEYS = {"format": int, "round": int, "config": dict, "split": str, "server": dict, "recorder": (dict, type(None)),
-        "clients": (list, type(None))}
+        "clients": (list, type(None)), "identity": dict}
+
+
+def identity(server) -> dict:
+    """Whose state a checkpoint holds: the run index, its seed, the algorithm, the dataset and the split's
+    checksum. A checkpoint of another run is refused even where every flag is the same."""
+    return {"run": server.run, "seed": server.cfg.seed + server.run, "algorithm": server.cfg.algorithm,
+            "dataset": server.data.name, "split": server.data.config_hash}
 
 
 def snapshot(server, round_idx: int, with_clients: bool = True) -> dict:
     """The state after ``round_idx`` (-1: before round 0; clients then rebuild from the factory), as
     tensors and plain values."""
     rec = server.recorder
-    return {"format": FORMAT, "round": round_idx, "config": state.encode(server.cfg.to_dict(), {}, "config"),
+    return {"format": FORMAT, "round": round_idx, "identity": identity(server),
+            "config": state.encode(server.cfg.to_dict(), {}, "config"),
             "split": server.data.config_hash, "server": server.state_dict(),
             "recorder": state.encode(rec.state_dict(), {}, "recorder") if rec is not None else None,
             "clients": server.executor.map(server.clients, "state_dict") if with_clients else None}
@@ -49,6 +61,7 @@ class Checkpoints:
     the point a lost worker returns to (that file, or a snapshot kept in memory)."""
 
     def __init__(self, recorder):
+        self.recorder = recorder
         self.path = None if recorder is None else checkpoint_file(recorder)
         self.restart_point: Path | dict | None = None
 
@@ -56,7 +69,7 @@ class Checkpoints:
         """Resume from the run's checkpoint with ``--resume`` (when there is one), else start at round 0.
         Either way, set the point a lost worker returns to. Returns the first round to run."""
         first = 0
-        if server.cfg.resume and self.path is not None and self.path.exists():
+        if server.cfg.resume and self.path is not None and os.path.lexists(self.path):
             first = restore(server, load(self.path, server), self.path)
             self.restart_point = self.path
             print(f"resuming {self.path.name} after round {first - 1}")
@@ -75,7 +88,7 @@ class Checkpoints:
         if self.path is None:
             self.restart_point = ckpt
             return
-        atomic_write([(self.path, lambda tmp: state.write_file(ckpt, tmp))])
+        save_files(self.recorder.folder, [(self.path.name, lambda f: state.write_file(ckpt, f))])
         self.restart_point = self.path
 
     def recover(self, server, error: Exception) -> int:
@@ -99,13 +112,23 @@ def load(path: Path, server) -> dict:
                       f"version, or crafted to run code); it was not loaded; delete it to start over") from None
     except state.UNREADABLE as e:
         raise FLError(f"cannot read checkpoint {path} ({state.first_line(e)}); delete it to start over") from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+    fmt = ckpt.get("format") if isinstance(ckpt, dict) else None
+    if type(fmt) is int and fmt in (1, 2):
+        raise FLError(f"checkpoint {path} was written by an earlier version (format {fmt}: it does not say "
+                      f"which run it holds); delete it to start over")
+    if type(fmt) is not int or fmt != FORMAT:
         raise FLError(f"{path} is not a checkpoint of this library version; delete it to start over")
     bad = [k for k, kind in KEYS.items() if not isinstance(ckpt.get(k), kind)]
     if bad:
         raise FLError(f"checkpoint {path} is damaged (missing or wrong: {', '.join(bad)}); delete it to start over")
+    mine, theirs = identity(server), ckpt["identity"]
+    other = [k for k in mine if not _same(theirs.get(k), mine[k])]
+    if other:
+        shown = ", ".join(f"{k} {str(theirs.get(k))[:20]!r} -> {mine[k]!r}" for k in other)
+        raise FLError(f"checkpoint {path} holds another run ({shown}); drop --resume, or resume that run")
+    check_values(ckpt, server, path)
     old, new = ckpt["config"], server.cfg.to_dict()
-    diff = sorted(k for k in set(old) | set(new) if k not in RUN_ONLY and old.get(k) != new.get(k))
+    diff = sorted(k for k in set(old) | set(new) if k not in RUN_ONLY and not _same(old.get(k), new.get(k)))
     if diff:
         shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:5])
         raise FLError(f"checkpoint {path} was made with other flags ({shown}); resume with the same flags, "
@@ -122,6 +145,73 @@ def load(path: Path, server) -> dict:
     return ckpt
 
 
+def _same(saved, mine) -> bool:
+    """Whether a saved plain value equals the run's (of the same type: a tensor or a list saved where the
+    run holds a number is another value, not an error)."""
+    if type(saved) is not type(mine):
+        return False
+    try:
+        return bool(saved == mine)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
+def _number(v, nested: bool) -> bool:
+    """A recorded value: a number, a numpy scalar or (``nested``: per-client values) a list, array or
+    1-d tensor of numbers, as ``state.encode`` saved them."""
+    if isinstance(v, (int, float)):
+        return True
+    if isinstance(v, dict) and v.get(state.KIND) == "numpy_scalar":
+        return isinstance(v.get("value"), (int, float))
+    if not nested:
+        return False
+    if isinstance(v, dict) and v.get(state.KIND) == "ndarray":
+        v = v.get("data")
+    if isinstance(v, torch.Tensor):
+        return v.dim() <= 1 and not v.is_complex()
+    return isinstance(v, list) and all(isinstance(e, (int, float)) for e in v)
+
+
+def _numbers(values, nested: bool = False) -> bool:
+    return isinstance(values, list) and all(_number(v, nested) for v in values)
+
+
+def check_values(ckpt: dict, server, path) -> None:
+    """The checkpoint's values, before any is loaded: the round a whole number from -1 (before round 0) to
+    -gr, the recorded series numbers, one per evaluation, their rounds increasing and none after the
+    checkpoint's round (so a resumed run continues them)."""
+    def damaged(what):
+        return FLError(f"checkpoint {path} is damaged ({what}); delete it to start over")
+
+    rnd = ckpt["round"]
+    if isinstance(rnd, bool) or not -1 <= rnd:
+        raise damaged(f"round {rnd!r}")
+    if rnd > server.cfg.global_rounds:
+        raise FLError(f"checkpoint {path} holds {rnd} rounds, more than -gr {server.cfg.global_rounds}; resume with "
+                      f"-gr {rnd} or more (or drop --resume to start over)")
+    rec = ckpt["recorder"]
+    if rec is None:
+        return
+    series, times = rec.get("series"), rec.get("round_time")
+    if not isinstance(series, dict) or not _numbers(times) or not all(
+            isinstance(k, str) and _numbers(v, nested=True) for k, v in series.items()):
+        raise damaged("its recorded series are not lists of numbers")
+    bytes_ = rec.get("round_bytes", {"up": [], "down": []})
+    if not isinstance(bytes_, dict) or not all(_numbers(v) for v in bytes_.values()):
+        raise damaged("its recorded bytes are not lists of numbers")
+    tags = {k[3:-len("_round")] for k in series if k.endswith("_round") and k != "rs_round"}
+    for key, values in series.items():
+        tag = next((t for t in tags if key.startswith(f"rs_{t}_")), None)
+        index = series.get(f"rs_{tag}_round" if tag else "rs_round", [])
+        if len(values) != len(index):
+            raise damaged(f"series {key[:40]} has {len(values)} entries for {len(index)} evaluations")
+    for key in ["rs_round", *(f"rs_{t}_round" for t in tags)]:
+        rounds = series.get(key, [])
+        if any(not isinstance(r, int) for r in rounds) or any(b <= a for a, b in zip(rounds, rounds[1:])) or (
+                rounds and (rounds[0] < 0 or rounds[-1] > rnd)):
+            raise damaged(f"{key} is not increasing rounds up to its round {rnd}")
+
+
 def restore(server, ckpt: dict, source) -> int:
     """Put every client (when saved), the server and the recorder back to the checkpoint; returns the
     first round still to run. A state that does not fit the run is refused with one line."""
@@ -133,6 +223,8 @@ def restore(server, ckpt: dict, source) -> int:
             server.recorder.load_state_dict(state.decode(ckpt["recorder"], None, {}, "cpu", "recorder"))
     except state.StateError as e:
         raise FLError(f"checkpoint {source} does not fit this run ({e}); delete it to start over") from None
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise FLError(f"checkpoint {source} is damaged ({state.first_line(e)}); delete it to start over") from None
+    except RecursionError:
+        raise FLError(f"checkpoint {source} is damaged (nested too deeply); delete it to start over") from None
     return ckpt["round"] + 1

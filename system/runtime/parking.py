@@ -34,7 +34,8 @@ import torch
 
 from runtime import state
 from utils.errors import FLError
-from utils.results import atomic_write
+from utils import fileio
+from utils.results import save_files
 
 # What a parked client keeps: identity, data (rebuilt from the split, not per-client state to move) and
 # the per-round training times (len(train_time) = rounds trained, read by ALA and others).
@@ -56,11 +57,14 @@ def _trim_heap() -> None:
 
 
 def own_folder(parent: str | None) -> Path:
-    """A new folder only this run uses (mode 0700), under ``parent`` (created if need be) or the system's
-    temporary folder."""
+    """A new folder only this run uses (mode 0700), under ``parent`` (created if need be, and a folder:
+    ``fileio.Folder``) or the system's temporary folder."""
     if parent is not None:
-        Path(parent).mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix="fl-clients-", dir=parent))
+        fileio.Folder(parent, what="--client_state_dir")
+    try:
+        return Path(tempfile.mkdtemp(prefix="fl-clients-", dir=parent))
+    except OSError as e:
+        raise fileio.FileIOError(f"--client_state_dir {parent}: cannot make a folder there ({fileio.why(e)})") from None
 
 
 class ClientStore:
@@ -81,7 +85,7 @@ class ClientStore:
         if mode == "disk":
             own = folder is None
             self.folder = own_folder(None) if own else Path(folder)
-            self.folder.mkdir(parents=True, exist_ok=True)
+            self.files = fileio.Folder(self.folder, what="parked-client folder")
             if own:
                 weakref.finalize(self, shutil.rmtree, self.folder, True)
         self.loads = self.stores = 0
@@ -100,7 +104,8 @@ class ClientStore:
         for k in [k for k in vars(c) if k not in keep]:
             del vars(c)[k]
         if self.folder is not None:
-            atomic_write([(self.path(c), lambda tmp: state.write_file(saved, tmp))])
+            tagged = {"client": c.id, "run": c.run, "state": saved}  # whose state: checked when read back
+            save_files(self.files, [(self.path(c).name, lambda f: state.write_file(tagged, f))])
         else:
             self.states[c.id] = saved
         vars(c)["parked_in"] = self
@@ -133,10 +138,15 @@ class ClientStore:
     def _read(self, c) -> dict:
         path = self.path(c)
         try:
-            return state.read_file(path, map_location=c.device)
+            tagged = state.read_file(path, map_location=c.device)
         except (state.StateError, *state.UNREADABLE) as e:
             raise FLError(f"parked client file {path} cannot be read ({state.first_line(e)}); it was changed "
                           f"outside this run: start the run again") from None
+        if not isinstance(tagged, dict) or (tagged.get("client"), tagged.get("run")) != (c.id, c.run) or \
+                not isinstance(tagged.get("state"), dict):
+            raise FLError(f"parked client file {path} does not hold client {c.id}'s state; it was changed outside "
+                          f"this run: start the run again")
+        return tagged["state"]
 
     def unpark(self, c) -> None:
         """Bring a parked client back (called by ``Client.__getattr__`` on first use): its constructor

@@ -44,7 +44,7 @@ STRUCTURED = (nn.Module, torch.Tensor, torch.optim.Optimizer, torch.Generator)
 NUMPY_BITS = ("PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937")
 # What torch.load may raise on a file that is not a whole saved state (truncated, flipped bytes, crafted:
 # weights_only refuses anything but tensors and plain values with an UnpicklingError).
-UNREADABLE = (OSError, EOFError, RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+UNREADABLE = (OSError, EOFError, RecursionError, MemoryError, RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError,
               UnicodeDecodeError, pickle.UnpicklingError, zipfile.BadZipFile)
 
 
@@ -137,8 +137,16 @@ class _Decoder:
 
     def __init__(self, links: dict, device):
         self.links, self.device, self.memo = links, device, {}
+        self.linked = {id(v): k for k, v in links.items() if v is not None}
 
     def __call__(self, saved, live, where: str, new_module: Callable[[], nn.Module] | None = None):
+        key = self.linked.get(id(live))
+        if key is not None:  # the run's config, data, recorder, clients: never from a saved state
+            if not (isinstance(saved, dict) and saved.get(KIND) == "link" and self.links.get(saved.get("key")) is live):
+                raise StateError(f"{where}: the run's {key.split(':')[0]} comes from the flags and the split; the "
+                                 f"saved state puts something else there")
+            return live
+        _same_kind(saved, live, where)
         if isinstance(saved, PLAIN):
             out = saved
         elif id(saved) in self.memo:
@@ -179,11 +187,44 @@ class _Decoder:
         if not isinstance(saved, dict):
             raise StateError(f"{where}: expected the attributes of a {type(obj).__name__}, found "
                              f"{type(saved).__name__}")
+        fixed = getattr(type(obj), "checkpoint_fixed", ())
         for k, v in saved.items():
-            if not isinstance(k, str):
-                raise StateError(f"{where}: attribute name {k!r} is not a string")
+            if not isinstance(k, str) or not k.isidentifier() or k.startswith("__"):
+                raise StateError(f"{where}: attribute name {str(k)[:40]!r} is not an attribute name")
+            if k not in vars(obj) and _behaviour(type(obj), k):
+                raise StateError(f"{where}.{k}: a saved value would replace a method or property of "
+                                 f"{type(obj).__name__}")
+            if k in fixed and (type(v) is not type(vars(obj).get(k)) or v != vars(obj).get(k)):
+                raise StateError(f"{where}.{k}: saved {str(v)[:40]!r}, this run's is {vars(obj).get(k)!r} (a "
+                                 f"state of another client or run)")
             make = (lambda k=k: new_module(k)) if new_module is not None else None
             vars(obj)[k] = self(v, vars(obj).get(k), f"{where}.{k}", make)
+
+
+def _behaviour(cls, name: str) -> bool:
+    """Whether ``cls`` defines ``name`` as behaviour (a method, property or other descriptor), which an
+    instance attribute from a saved state would hide."""
+    import inspect
+
+    attr = inspect.getattr_static(cls, name, None)
+    return attr is not None and (callable(attr) or hasattr(attr, "__get__"))
+
+
+def _same_kind(saved, live, where: str) -> None:
+    """A plain value where the fresh object holds one: of the same kind (a string for a string, an integer
+    for an integer, a number for a float, a bool for a bool)."""
+    if live is None or saved is None or not isinstance(live, PLAIN):
+        return
+    if isinstance(live, bool):
+        ok = isinstance(saved, bool)
+    elif isinstance(live, int):
+        ok = isinstance(saved, int) and not isinstance(saved, bool)
+    elif isinstance(live, float):
+        ok = isinstance(saved, (int, float)) and not isinstance(saved, bool)
+    else:
+        ok = isinstance(saved, type(live))
+    if not ok:
+        raise StateError(f"{where}: a {type(live).__name__} in this run, a {type(saved).__name__} in the saved state")
 
 
 def decode(saved, live, links: dict, device, where: str):
@@ -310,23 +351,39 @@ def map_tensors(tree, fn):
     return tree
 
 
-def write_file(tree, path: Path) -> None:
+def write_file(tree, target) -> None:
     """Save an encoded state: a SHA-256 line, then ``torch.save``'s bytes (the checksum catches a changed
-    byte anywhere, which torch's format itself would load as different numbers)."""
+    byte anywhere, which torch's format itself would load as different numbers). ``target``: an open file
+    (``fileio.Folder.replace`` gives one), or a path, written through its folder."""
+    from utils import fileio
+
     buf = io.BytesIO()
     torch.save(tree, buf)
     blob = buf.getvalue()
-    with open(path, "wb") as f:
-        f.write(hashlib.sha256(blob).hexdigest().encode() + b"\n")
-        f.write(blob)
+    data = hashlib.sha256(blob).hexdigest().encode() + b"\n" + blob
+    if hasattr(target, "write"):
+        target.write(data)
+    else:
+        path = Path(target)
+        fileio.write_bytes(fileio.Folder(path.parent, create=False, what="folder"), path.name, data)
 
 
 def read_file(path: Path, map_location=None):
     """Load what ``write_file`` saved, tensors and plain values only (``weights_only=True``: nothing in
-    the file can run code). A changed, cut or foreign file raises ``StateError`` (its checksum) or one of
-    ``UNREADABLE`` (torch.load; ``pickle.UnpicklingError`` for anything but tensors and plain values)."""
-    data = Path(path).read_bytes()
+    the file can run code): a regular file, never through a symlink (``fileio.read_bytes``), nested at most
+    ``fileio.MAX_DEPTH`` deep. A changed, cut or foreign file raises ``StateError`` (its checksum, its
+    depth, a FIFO or a symlink) or one of ``UNREADABLE`` (torch.load; ``pickle.UnpicklingError`` for
+    anything but tensors and plain values)."""
+    from utils import fileio
+
+    try:
+        data = fileio.read_bytes(path, "saved state", cap=fileio.STATE_CAP, follow=False)
+    except fileio.FileIOError as e:
+        raise StateError(str(e).removeprefix(f"saved state {path} ")) from None
     digest, blob = data[:64], data[65:]
     if data[64:65] != b"\n" or hashlib.sha256(blob).hexdigest().encode() != digest:
         raise StateError("its checksum does not match: the file was changed or cut short")
-    return torch.load(io.BytesIO(blob), map_location=map_location, weights_only=True)
+    tree = torch.load(io.BytesIO(blob), map_location=map_location, weights_only=True)
+    if fileio.depth(tree, fileio.MAX_DEPTH) > fileio.MAX_DEPTH:
+        raise StateError(f"it is nested more than {fileio.MAX_DEPTH} levels deep")
+    return tree

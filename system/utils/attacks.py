@@ -102,6 +102,9 @@ class Attack:
         self.scale = DEFAULT_SCALE.get(kind) if scale is None else float(scale)
         self.perturbation = perturbation
         self.malicious = malicious_clients(seed, run, num_clients, fraction)
+        if len(self.malicious) >= num_clients:
+            raise FLError(f"--attack_frac {fraction:g} makes all {num_clients} clients malicious; give a fraction that "
+                          f"leaves at least one benign client (below {(num_clients - 0.5) / num_clients:.3g})")
 
     @classmethod
     def from_config(cls, cfg, run: int) -> "Attack | None":

@@ -9,14 +9,15 @@ normalised here with the split's recorded mean/std.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from utils import fileio
 from utils.backdoor import white_value
 from utils.errors import FLError
 from utils.paths import DATASET_ROOT, GENERATORS_DIR, OFFLINE_GENERATORS, REPO_ROOT  # noqa: F401 - re-exported
@@ -83,14 +84,11 @@ def _number(v) -> bool:
 
 def read_config(name: str, d: Path) -> tuple[dict, bytes]:
     """``config.json`` of a split, its schema checked: every key this library reads, with its type."""
-    try:
-        raw = (d / "config.json").read_bytes()
-    except OSError as e:  # a folder, a symlink loop, no permission
-        raise _bad_split(name, f"config.json cannot be read ({e.strerror or e})") from None
-    try:
-        config = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise _bad_split(name, f"config.json is not valid JSON ({e})") from None
+    try:  # a regular file (not a folder, FIFO or device), capped in size and nesting (utils/fileio.py)
+        raw = fileio.read_bytes(d / "config.json", "config.json")
+        config = fileio.parse_json(raw, "config.json")
+    except fileio.FileIOError as e:
+        raise _bad_split(name, str(e).replace(f"config.json {d / 'config.json'}", "config.json")) from None
     if not isinstance(config, dict):
         raise _bad_split(name, "config.json does not hold a JSON object")
 
@@ -105,9 +103,9 @@ def read_config(name: str, d: Path) -> tuple[dict, bytes]:
         return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
     need("num_clients", pos_int, "an integer >= 1")
-    need("num_classes", pos_int, "an integer >= 1")
-    need("input_shape", lambda v: isinstance(v, list) and v and all(pos_int(e) for e in v),
-         "a list of positive integers")
+    need("num_classes", lambda v: pos_int(v) and v <= 10 ** 6, "an integer in [1, 10^6]")
+    need("input_shape", lambda v: isinstance(v, list) and 1 <= len(v) <= 4 and all(pos_int(e) and e <= 10 ** 5 for e in v),
+         "a list of 1 to 4 integers in [1, 10^5]")
     n = config["num_clients"]
     for key in ("train_samples", "test_samples"):
         if key in config:
@@ -120,7 +118,8 @@ def read_config(name: str, d: Path) -> tuple[dict, bytes]:
     if "modality" in config:
         need("modality", lambda v: v in ("image", "text", "vector", "series"), "one of image, text, vector, series")
     if config.get("modality") == "text":
-        need("vocab_size", lambda v: pos_int(v) and v >= 2, "an integer >= 2 (token ids 0..vocab_size-1)")
+        need("vocab_size", lambda v: pos_int(v) and 2 <= v <= 10 ** 7, "an integer in [2, 10^7] (token ids "
+             "0..vocab_size-1)")
     if "format_version" in config:
         need("format_version", lambda v: isinstance(v, int) and 1 <= v <= FORMAT_VERSION,
              f"a format this library reads (1..{FORMAT_VERSION})")
@@ -142,13 +141,13 @@ def _read_npz(name: str, path: Path, config: dict, part: str, i: int) -> tuple[n
     def bad(what):
         return _bad_split(name, f"client file {path} {what}")
 
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            x, y = f["x"], f["y"]
-    except FileNotFoundError:
-        raise bad("is missing") from None
-    except Exception as e:  # noqa: BLE001 -- truncated zip, empty file, pickled object, missing key: all corrupt
-        raise _bad_split(name, f"corrupt client file {path} ({type(e).__name__}: {e})") from None
+    if not os.path.lexists(path):
+        raise bad("is missing")
+    try:  # headers checked before any array is read; a regular file only; no pickle (utils/fileio.py)
+        arrays = fileio.read_npz(path, ("x", "y"), "client file")
+    except fileio.FileIOError as e:
+        raise _bad_split(name, f"corrupt {e}") from None
+    x, y = arrays["x"], arrays["y"]
     shape = tuple(config["input_shape"])
     if config.get("modality") == "text":
         if not np.issubdtype(x.dtype, np.integer):

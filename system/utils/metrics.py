@@ -73,7 +73,7 @@ def summarize(correct: np.ndarray, n_test: np.ndarray, auc: np.ndarray, loss_sum
     spread = acc[tested]
     nan = float("nan")
     return {
-        "test_acc": float(correct.sum() / max(n_test.sum(), 1)),
+        "test_acc": float(correct.sum() / n_test.sum()) if n_test.sum() else nan,  # no client tested: no figure
         "test_acc_mean": float(spread.mean()) if tested.any() else nan,
         "test_acc_std": float(spread.std()) if tested.any() else nan,
         "test_acc_min": float(spread.min()) if tested.any() else nan,

@@ -5,14 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-import secrets
 import time
 from pathlib import Path
 
 import numpy as np
 
-from utils.paths import RESULTS_DIR
+from utils import fileio, locks
 from utils.errors import FLError
+from utils.paths import RESULTS_DIR
 
 __version__ = "0.1.0"
 
@@ -44,56 +44,20 @@ def stopped_by() -> int | None:
     return _writing["signal"]
 
 
-def atomic_write(writes: list[tuple[Path, object]]) -> None:
-    """Write each (path, write(tmp_path)) to a temporary file first, then rename them all into place: a
-    failed write (a full disk) leaves every previous complete file as it was and no temporary file behind,
-    and the files of one save (an h5 and its sidecar) are replaced together. A signal that arrives
-    meanwhile takes effect once the files are in place. Each temporary file is created anew, exclusively,
-    under a random name beside its target (``exclusive_tmp``): a path planted there (a symlink to another
-    file) is never followed or overwritten."""
+def save_files(folder, writes: list[tuple[str, object]]) -> None:
+    """Write each ``(name, write(file))`` into ``folder`` (a ``utils.fileio.Folder``) through a temporary
+    file renamed into place (``Folder.replace``: no symlink followed, a full disk keeps every previous
+    complete file, the files of one save are replaced together). A signal that arrives meanwhile takes
+    effect once the files are in place."""
     outer = _writing["now"]
     _writing["now"] = True
-    tmps: list[Path] = []
     try:
-        try:
-            for path, write in writes:
-                tmps.append(exclusive_tmp(path))
-                write(tmps[-1])
-        except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
-            for tmp in tmps:
-                tmp.unlink(missing_ok=True)
-            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
-            raise FLError(f"could not write {writes[0][0]} ({why}); the previous complete file is kept") from None
-        for tmp, (path, _) in zip(tmps, writes):
-            os.replace(tmp, path)
+        folder.replace(writes)
     finally:
         _writing["now"] = outer
     if not outer and _writing["interrupted"]:
         _writing["interrupted"] = False
         raise KeyboardInterrupt
-
-
-def exclusive_tmp(path: Path) -> Path:
-    """A new empty file ``<name>.<random>.tmp`` beside ``path``, created exclusively (``O_EXCL``: never an
-    existing file or a symlink's target), for a write that is then renamed onto ``path``."""
-    for _ in range(100):
-        tmp = path.with_name(f"{path.name}.{secrets.token_hex(4)}.tmp")
-        try:
-            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o666))
-            return tmp
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free temporary name beside {path}")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class RunRecorder:
@@ -132,43 +96,34 @@ class RunRecorder:
         if self.board is not None and np.ndim(value) == 0 and not isinstance(value, bool):
             self.board.add_scalar(name.removeprefix("rs_"), float(value), round_idx)
 
+    @property
+    def folder(self) -> fileio.Folder:
+        """The results folder, held open (utils/fileio.py: every file of the run is written through it)."""
+        if getattr(self, "_folder", None) is None or self._folder.path != self.out_dir:
+            self._folder = fileio.Folder(self.out_dir)
+        return self._folder
+
     @contextlib.contextmanager
     def lock(self):
-        """Hold ``<stem>.lock`` while the run writes: a second run writing the same result name at the same
-        time is refused with one line instead of overwriting it (a lock left by a killed run is taken over)."""
-        path = self.out_dir / f"{self.stem}.lock"
-        for _ in range(2):
-            try:
-                self.out_dir.mkdir(parents=True, exist_ok=True)
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
-                break
-            except FileExistsError:
-                try:
-                    pid = int(path.read_text() or 0)
-                except (OSError, ValueError):
-                    pid = 0
-                if pid and pid != os.getpid() and _pid_alive(pid):
-                    raise FLError(f"another run (pid {pid}) is writing {self.h5_path} now; wait for it or "
-                                  f"choose another -go") from None
-                path.unlink(missing_ok=True)  # stale: its run is gone
-            except OSError as e:  # read-only, full, or not a folder
-                raise FLError(f"cannot write in {self.out_dir} ({e.strerror or e}); choose another "
-                              f"--results_dir") from None
-        else:
-            raise FLError(f"could not take the lock {path}; remove it if no run is writing there")
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
+        """Hold ``<stem>.lock`` while the run writes (``locks.take_lock``: pid and start time, created
+        exclusively, held with flock: utils/locks.py): a second run writing the same result name at the same time is refused
+        with one line instead of overwriting it; a lock left by a killed run is taken over."""
+        try:
+            fd = locks.take_lock(self.folder, f"{self.stem}.lock")
+        except locks.Busy as e:
+            raise FLError(f"another run (pid {e.pid}) is writing {self.h5_path} now; wait for it or "
+                          f"choose another -go") from None
         try:
             yield self
         finally:
-            path.unlink(missing_ok=True)
+            locks.release_lock(self.folder, f"{self.stem}.lock", fd)
 
     def finish(self, status: str, reason: str | None = None) -> None:
         """Record how the run ended in the sidecar (and write the files once more)."""
         self.status, self.status_reason = status, reason
         if self.board is not None:
             self.board.close()
-        if not self.series and self.h5_path.exists():  # ended before measuring anything (a refused checkpoint):
+        if not self.series and self.folder.entry(self.h5_path.name) is not None:  # ended before measuring anything (a refused checkpoint):
             return  # the files of an earlier run stay as they were
         try:
             self.save()
@@ -179,12 +134,12 @@ class RunRecorder:
     def _mark_previous(self) -> None:
         """Write the status into the sidecar of the previous complete save (a small file: a full disk may
         still take it). When even that fails, the error being raised already says what happened."""
-        import ujson
-
         try:
-            meta = ujson.loads(self.json_path.read_text())
+            meta = self.folder.read_json(self.json_path.name, "sidecar")
+            if not isinstance(meta, dict):
+                return
             meta.update(status=self.status, status_reason=self.status_reason)
-            atomic_write([(self.json_path, lambda tmp: tmp.write_text(ujson.dumps(meta, indent=1)))])
+            save_files(self.folder, [(self.json_path.name, lambda f: f.write(fileio.json_bytes(meta)))])
         except (OSError, ValueError, FLError):
             pass
 
@@ -229,10 +184,8 @@ class RunRecorder:
         import h5py
         import ujson
 
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-
-        def write_h5(tmp):
-            with h5py.File(tmp, "w") as f:
+        def write_h5(file):
+            with h5py.File(file, "w") as f:
                 for key, values in self.series.items():
                     f.create_dataset(key, data=np.asarray(values, dtype=np.float64))
                 f.create_dataset("rs_round_time", data=np.asarray(self.round_time, dtype=np.float64))
@@ -248,34 +201,86 @@ class RunRecorder:
                 "best_test_acc": best, "last_test_acc": last,
                 "evaluations": len(self.series.get("rs_round", [])),
                 "status": self.status, "status_reason": self.status_reason}
-        atomic_write([(self.h5_path, write_h5),
-                      (self.json_path, lambda tmp: tmp.write_text(ujson.dumps(meta, indent=1)))])
+        text = ujson.dumps(meta, indent=1).encode()
+        save_files(self.folder, [(self.h5_path.name, write_h5), (self.json_path.name, lambda f: f.write(text))])
+
+
+RESULT_CAP = 4 << 30  # the largest result file read back (h5: series of every evaluation and client)
+SERIES_CAP = 1 << 27  # numbers in one series
+STATUSES = ("running", "finished", "diverged", "interrupted", "failed")
+
+
+class ResultError(FLError):
+    """A result file (h5 or sidecar) that is not what the library writes: one line naming it."""
 
 
 def sidecar_status(sidecar: Path) -> str | None:
     """A result's ``status`` from its JSON sidecar (running, finished, diverged, interrupted, failed), None
-    when the sidecar is absent or unreadable."""
-    import json
-
+    when the sidecar is absent or unreadable (a FIFO or a symlink there is not read)."""
     try:
-        return json.loads(sidecar.read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
+        meta = fileio.read_json(sidecar, "sidecar", follow=False)
+    except FLError:
         return None
+    status = meta.get("status") if isinstance(meta, dict) else None
+    return status if status in STATUSES else None
 
 
 def read_h5(path: Path | str) -> dict[str, np.ndarray]:
-    """Every series of a result file, by name (the one reader of result files: main.py, scripts/)."""
+    """Every series of a result file, by name (the one reader of result files: main.py, scripts/): a
+    regular file (``fileio.open_read``), each entry a dataset of numbers of at most 2 dimensions."""
     import h5py
 
-    with h5py.File(path, "r") as f:
-        return {k: f[k][()] for k in f.keys()}
+    out = {}
+    with fileio.open_read(path, "result file", cap=RESULT_CAP) as file:
+        try:
+            with h5py.File(file, "r") as f:
+                for k in f.keys():
+                    d = f.get(k)
+                    if not isinstance(d, h5py.Dataset):
+                        raise ResultError(f"result file {path}: '{k}' is not a series")
+                    if d.dtype.kind not in "fiub" or d.ndim > 2 or d.size > SERIES_CAP:
+                        raise ResultError(f"result file {path}: '{k}' is not a series of numbers ({d.dtype}, "
+                                          f"shape {d.shape})")
+                    out[k] = d[()]
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+            raise ResultError(f"result file {path} cannot be read as HDF5 ({fileio.why(e)})") from None
+    return out
+
+
+def check_series(series: dict, path) -> dict:
+    """A result's series as the scripts use them: ``rs_test_acc`` one number per evaluation, ``rs_round``
+    (where present) as long and of whole, increasing rounds."""
+    acc = series.get("rs_test_acc")
+    if acc is None or acc.ndim != 1 or not len(acc):
+        raise ResultError(f"result file {path} holds no accuracy series (rs_test_acc, one number per evaluation)")
+    rounds = series.get("rs_round")
+    if rounds is not None and (rounds.ndim != 1 or len(rounds) != len(acc) or (len(rounds) and (
+            not np.all(np.isfinite(rounds)) or np.any(np.diff(rounds) <= 0) or rounds.min() < 0))):
+        raise ResultError(f"result file {path}: rs_round is not one increasing round per evaluation")
+    return series
+
+
+def read_sidecar(path: Path | str) -> dict:
+    """A result's JSON sidecar, its schema checked: an object whose ``config`` is an object, ``label`` a
+    string, ``run`` an integer and ``status`` one of ``STATUSES``, where present."""
+    meta = fileio.read_json(path, "sidecar")
+    if not isinstance(meta, dict):
+        raise ResultError(f"sidecar {path} is not a JSON object")
+    kinds = {"config": dict, "label": str, "run": int, "status": (str, type(None)), "seed": int,
+             "status_reason": (str, type(None))}
+    for key, kind in kinds.items():
+        if key in meta and (not isinstance(meta[key], kind) or isinstance(meta[key], bool)):
+            raise ResultError(f"sidecar {path}: '{key}' is a {type(meta[key]).__name__}")
+    if meta.get("status") not in (None, *STATUSES):
+        raise ResultError(f"sidecar {path}: unknown status {str(meta['status'])[:40]!r}")
+    return meta
 
 
 def mean_std_over_runs(paths: list[Path | str]) -> dict:
     """Mean and std (over runs) of the best and of the last-round ``rs_test_acc``."""
     best, last = [], []
     for p in paths:
-        acc = read_h5(p)["rs_test_acc"]
+        acc = check_series(read_h5(p), p)["rs_test_acc"]
         best.append(acc.max())
         last.append(acc[-1])
     return {"runs": len(paths), "best_mean": float(np.mean(best)), "best_std": float(np.std(best)),

@@ -195,6 +195,7 @@ class Client:
 
     # ---- state (checkpoints and parking: runtime/state.py) ------------------------------------------
     checkpoint_skip = ()  # attributes a checkpoint leaves out (state an algorithm rebuilds by itself)
+    checkpoint_fixed = ("id", "run")  # who the state belongs to: a saved state must hold the same values
 
     def checkpoint_links(self) -> dict:
         """Objects a saved state refers to rather than holds: the config and the data, rebuilt from the

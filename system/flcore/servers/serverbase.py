@@ -101,6 +101,7 @@ class Server:
         """Reject flag combinations this algorithm cannot honour (raise FLError with one clear line)."""
 
     checkpoint_skip = ("checkpoints",)  # attributes a checkpoint leaves out
+    checkpoint_fixed = ("run",)  # whose run the state is: a saved state must hold the same value
 
     def __init__(self, cfg, data: FederatedData, run: int = 0, recorder: RunRecorder | None = None,
                  executor=None):

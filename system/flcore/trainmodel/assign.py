@@ -63,11 +63,16 @@ def read_client_models(value: str) -> tuple[str, ...] | dict[int, str]:
             raise FLError(f"--client_models '{value}': give a preset ({', '.join(PRESETS)}), a comma list of "
                           f"models (CNN1,CNN,CNN3) or a .json file mapping client ids to models")
         return tuple(_model(n, "in the list") for n in names)
+    from utils import fileio
+
     path = Path(value)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise FLError(f"--client_models: cannot read {path} ({type(e).__name__}: {e.strerror or e})") from None
+    try:  # a regular file, capped in size and nesting (utils/fileio.py)
+        text = fileio.read_bytes(path, "--client_models", cap=fileio.CONFIG_CAP).decode("utf-8")
+        fileio.parse_json(text, f"--client_models {path}")
+    except UnicodeDecodeError as e:
+        raise FLError(f"--client_models: cannot read {path} (UnicodeDecodeError: {e})") from None
+    except fileio.FileIOError as e:
+        raise FLError(f"--client_models: {str(e).removeprefix('--client_models ')}") from None
     try:
         table = json.loads(text, object_pairs_hook=_no_duplicates)
     except ValueError as e:
