@@ -704,6 +704,12 @@ def check_paths(cfg: Config) -> None:
             or len(cfg.goal.encode("utf-8", "surrogateescape")) > 100:
         raise FLError(f"-go is part of the result file names: it cannot be empty or hold / or \\ or control "
                       f"characters, and takes at most 100 bytes (got {cfg.goal[:60]!r})")
+    for key in ("results_dir", "dataset_root", "dataset", "config", "client_state_dir", "save_folder_name", "tensorboard",
+                "source", "client_models", "goal"):
+        value = getattr(cfg, key, None)
+        if isinstance(value, str) and any(ord(c) < 32 for c in value):
+            raise FLError(f"--{key} holds a control character (NUL, line break, ...): not a path the run can use "
+                          f"(got {value[:60]!r})")
     sfn = Path(cfg.save_folder_name)
     if cfg.save_folder_name and (sfn.is_absolute() or ".." in sfn.parts):
         raise FLError(f"-sfn must be a folder under --results_dir, a relative name without '..' "

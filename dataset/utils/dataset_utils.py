@@ -242,17 +242,22 @@ def load_source_npz(path):
     and re-split per client, as PFLlib does.
     """
     path = Path(path)
-    if not path.is_file():
-        raise DatasetError(f"--source {path} does not exist")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            missing = [k for k in ("x", "y") if k not in data.files]
-            if missing:
-                raise DatasetError(f"--source {path.name} lacks array(s) {', '.join(missing)}; "
-                                   f"it needs x (samples) and y (integer labels), found {', '.join(data.files)}")
-            x, y = data["x"], data["y"]
-    except (ValueError, OSError, zipfile.BadZipFile) as err:
+    try:  # a regular file; its headers checked before an array is read (system/utils/fileio.py)
+        with fileio.open_read(path, "--source", cap=fileio.NPZ_CAP) as f:
+            names = zipfile.ZipFile(f).namelist()
+        missing = [k for k in ("x", "y") if f"{k}.npy" not in names]
+        if missing:
+            raise DatasetError(f"--source {path.name} lacks array(s) {', '.join(missing)}; it needs x (samples) "
+                               f"and y (integer labels), found {', '.join(n.removesuffix('.npy') for n in names)}")
+        try:
+            arrays = fileio.read_npz(path, ("x", "y"), "--source", ratio=UNPACK_LIMIT["ratio"])
+        except fileio.FileIOError as err:
+            raise DatasetError(f"--source {path.name} is not a plain-array npz ({err})") from None
+    except (zipfile.BadZipFile, OSError, ValueError) as err:
         raise DatasetError(f"--source {path.name} is not a plain-array npz ({err})") from None
+    except fileio.FileIOError as err:
+        raise DatasetError(str(err)) from None
+    x, y = arrays["x"], arrays["y"]
     if not np.issubdtype(y.dtype, np.integer) or y.ndim != 1 or len(y) != len(x):
         raise DatasetError(f"--source {path.name}: y must be integer labels with one per row of x, "
                            f"got {y.dtype} {y.shape} for x {x.shape}")

@@ -178,7 +178,7 @@ def _numbers(values, nested: bool = False) -> bool:
 
 def check_values(ckpt: dict, server, path) -> None:
     """The checkpoint's values, before any is loaded: the round a whole number from -1 (before round 0) to
-    -gr, the recorded series numbers, one per evaluation, their rounds increasing and none after the
+    -gr - 1, the recorded series numbers, one per evaluation, their rounds increasing and none after the
     checkpoint's round (so a resumed run continues them)."""
     def damaged(what):
         return FLError(f"checkpoint {path} is damaged ({what}); delete it to start over")
@@ -186,9 +186,9 @@ def check_values(ckpt: dict, server, path) -> None:
     rnd = ckpt["round"]
     if isinstance(rnd, bool) or not -1 <= rnd:
         raise damaged(f"round {rnd!r}")
-    if rnd > server.cfg.global_rounds:
-        raise FLError(f"checkpoint {path} holds {rnd} rounds, more than -gr {server.cfg.global_rounds}; resume with "
-                      f"-gr {rnd} or more (or drop --resume to start over)")
+    if rnd >= max(server.cfg.global_rounds, 1):  # rounds 0 .. -gr - 1 train; the checkpoint is after one of them
+        raise FLError(f"checkpoint {path} holds {rnd + 1} rounds, more than -gr {server.cfg.global_rounds}; resume "
+                      f"with -gr {rnd + 1} or more (or drop --resume to start over)")
     rec = ckpt["recorder"]
     if rec is None:
         return

@@ -117,7 +117,9 @@ def read_config(name: str, d: Path) -> tuple[dict, bytes]:
             isinstance(r, list) and len(r) == k for r in v), f"{n} rows of {k} per-class counts (num_classes)")
     if "modality" in config:
         need("modality", lambda v: v in ("image", "text", "vector", "series"), "one of image, text, vector, series")
-    if config.get("modality") == "text":
+    if "default_model" in config:
+        need("default_model", lambda v: isinstance(v, str) and 0 < len(v) <= 64, "a model name")
+    if config.get("modality") == "text" or "vocab_size" in config:
         need("vocab_size", lambda v: pos_int(v) and 2 <= v <= 10 ** 7, "an integer in [2, 10^7] (token ids "
              "0..vocab_size-1)")
     if "format_version" in config:

@@ -191,9 +191,13 @@ def parse_yaml(text: str, what: str, limit: int = MAX_DEPTH):
     return value
 
 
-def read_npz(path, names: Iterable[str], what: str = "file", cap: int = NPZ_CAP, follow: bool = True) -> dict:
+UNPACK_RATIO = 200.0  # an npz unpacks to at most this many times its own size (np.savez stores: about 1)
+
+
+def read_npz(path, names: Iterable[str], what: str = "file", cap: int = NPZ_CAP, follow: bool = True,
+             ratio: float = UNPACK_RATIO) -> dict:
     """The arrays ``names`` of an npz, read without unpickling: the zip's headers (the uncompressed size of
-    every member asked for, at most ``cap`` in all) and each array's npy header (its declared size within
+    every member asked for, at most ``cap`` in all and ``ratio`` times the file's size) and each array's npy header (its declared size within
     what the member holds) are checked before any array is read. Arrays come back in native byte order."""
     import numpy as np
 
@@ -212,6 +216,7 @@ def read_npz(path, names: Iterable[str], what: str = "file", cap: int = NPZ_CAP,
                     raise FileIOError(f"{what} {path} lacks the array '{name}' (holds {', '.join(sorted(members))[:80]})")
                 infos[name] = info
             total = sum(i.file_size for i in infos.values())
+            cap = min(cap, max(int(ratio * os.fstat(f.fileno()).st_size), MiB))
             if total > cap:
                 raise FileIOError(f"{what} {path} unpacks to {total} bytes, more than the {cap} this reader takes")
             for name, info in infos.items():
