@@ -490,7 +490,8 @@ def test_parked_client_round_trips_exactly(digits_tiny_root):
     store = ClientStore("disk", 1, server.executor.host.rebuild)
     store.park(c)
     assert [p.name for p in store.folder.iterdir()] == ["1.pt"]
-    assert read_file(store.folder / "1.pt")["model"]  # tensors and plain values only (weights_only)
+    saved = read_file(store.folder / "1.pt")  # tensors and plain values only (weights_only)
+    assert saved["client"] == 1 and saved["state"]["model"]  # tagged with whose state it is
     assert "model" not in vars(c) and "ala" not in vars(c) and c.train_samples > 0  # identity stays
     assert all(torch.equal(v, before[k]) for k, v in c.model.state_dict().items())  # first use unparks
     assert all(torch.equal(v, weights[k]) for k, v in c.ala.weights.items())

@@ -121,20 +121,20 @@ def load(path: Path, server) -> dict:
     bad = [k for k, kind in KEYS.items() if not isinstance(ckpt.get(k), kind)]
     if bad:
         raise FLError(f"checkpoint {path} is damaged (missing or wrong: {', '.join(bad)}); delete it to start over")
-    mine, theirs = identity(server), ckpt["identity"]
-    other = [k for k in mine if not _same(theirs.get(k), mine[k])]
-    if other:
-        shown = ", ".join(f"{k} {str(theirs.get(k))[:20]!r} -> {mine[k]!r}" for k in other)
-        raise FLError(f"checkpoint {path} holds another run ({shown}); drop --resume, or resume that run")
-    check_values(ckpt, server, path)
     old, new = ckpt["config"], server.cfg.to_dict()
     diff = sorted(k for k in set(old) | set(new) if k not in RUN_ONLY and not _same(old.get(k), new.get(k)))
     if diff:
         shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:5])
         raise FLError(f"checkpoint {path} was made with other flags ({shown}); resume with the same flags, "
                       f"or drop --resume to start over")
+    mine, theirs = identity(server), ckpt["identity"]
+    other = [k for k in mine if not _same(theirs.get(k), mine[k])]
+    if other:
+        shown = ", ".join(f"{k} {str(theirs.get(k))[:20]!r} -> {mine[k]!r}" for k in other)
+        raise FLError(f"checkpoint {path} holds another run ({shown}); drop --resume, or resume that run")
     if ckpt["split"] != server.data.config_hash:
         raise FLError(f"checkpoint {path} was made on another '{server.data.name}' split; drop --resume")
+    check_values(ckpt, server, path)
     clients = ckpt["clients"]
     if clients is not None and (len(clients) != len(server.clients) or not all(isinstance(c, dict) for c in clients)):
         raise FLError(f"checkpoint {path} is damaged (it holds {len(clients)} client states for "

@@ -85,7 +85,7 @@ class ClientStore:
         if mode == "disk":
             own = folder is None
             self.folder = own_folder(None) if own else Path(folder)
-            self.files = fileio.Folder(self.folder, what="parked-client folder")
+            fileio.Folder(self.folder, what="parked-client folder")  # a folder (made where missing)
             if own:
                 weakref.finalize(self, shutil.rmtree, self.folder, True)
         self.loads = self.stores = 0
@@ -105,7 +105,7 @@ class ClientStore:
             del vars(c)[k]
         if self.folder is not None:
             tagged = {"client": c.id, "run": c.run, "state": saved}  # whose state: checked when read back
-            save_files(self.files, [(self.path(c).name, lambda f: state.write_file(tagged, f))])
+            save_files(fileio.Folder(self.folder, what="parked-client folder"), [(self.path(c).name, lambda f: state.write_file(tagged, f))])
         else:
             self.states[c.id] = saved
         vars(c)["parked_in"] = self

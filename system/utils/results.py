@@ -98,25 +98,25 @@ class RunRecorder:
 
     @property
     def folder(self) -> fileio.Folder:
-        """The results folder, held open (utils/fileio.py: every file of the run is written through it)."""
-        if getattr(self, "_folder", None) is None or self._folder.path != self.out_dir:
-            self._folder = fileio.Folder(self.out_dir)
-        return self._folder
+        """The results folder, opened for one save (utils/fileio.py: every file of the run is written through
+        it; its descriptor is closed once the save is done, so a run holds none between saves)."""
+        return fileio.Folder(self.out_dir)
 
     @contextlib.contextmanager
     def lock(self):
         """Hold ``<stem>.lock`` while the run writes (``locks.take_lock``: pid and start time, created
         exclusively, held with flock: utils/locks.py): a second run writing the same result name at the same time is refused
         with one line instead of overwriting it; a lock left by a killed run is taken over."""
+        folder = self.folder
         try:
-            fd = locks.take_lock(self.folder, f"{self.stem}.lock")
+            fd = locks.take_lock(folder, f"{self.stem}.lock")
         except locks.Busy as e:
             raise FLError(f"another run (pid {e.pid}) is writing {self.h5_path} now; wait for it or "
                           f"choose another -go") from None
         try:
             yield self
         finally:
-            locks.release_lock(self.folder, f"{self.stem}.lock", fd)
+            locks.release_lock(folder, f"{self.stem}.lock", fd)
 
     def finish(self, status: str, reason: str | None = None) -> None:
         """Record how the run ended in the sidecar (and write the files once more)."""
