@@ -188,12 +188,16 @@ class _Decoder:
             raise StateError(f"{where}: expected the attributes of a {type(obj).__name__}, found "
                              f"{type(saved).__name__}")
         fixed = getattr(type(obj), "checkpoint_fixed", ())
+        built = getattr(type(obj), "checkpoint_built", ())
         for k, v in saved.items():
             if not isinstance(k, str) or not k.isidentifier() or k.startswith("__"):
                 raise StateError(f"{where}: attribute name {str(k)[:40]!r} is not an attribute name")
             if k not in vars(obj) and _behaviour(type(obj), k):
                 raise StateError(f"{where}.{k}: a saved value would replace a method or property of "
                                  f"{type(obj).__name__}")
+            if k in built and vars(obj).get(k) is None and v is not None:
+                raise StateError(f"{where}.{k}: this run's flags build none, the saved state holds one (a state of "
+                                 f"a run with other flags)")
             if k in fixed and (type(v) is not type(vars(obj).get(k)) or v != vars(obj).get(k)):
                 raise StateError(f"{where}.{k}: saved {str(v)[:40]!r}, this run's is {vars(obj).get(k)!r} (a "
                                  f"state of another client or run)")
@@ -213,7 +217,22 @@ def _behaviour(cls, name: str) -> bool:
 def _same_kind(saved, live, where: str) -> None:
     """A plain value where the fresh object holds one: of the same kind (a string for a string, an integer
     for an integer, a number for a float, a bool for a bool)."""
-    if live is None or saved is None or not isinstance(live, PLAIN):
+    if live is None or saved is None:
+        return
+    if not isinstance(live, PLAIN):
+        kind = saved.get(KIND) if type(saved) is dict else None
+        expected = {list: list, tuple: tuple, dict: dict, set: "set", frozenset: "frozenset", np.ndarray: "ndarray",
+                    torch.device: "device", np.random.Generator: "numpy_generator"}.get(type(live))
+        if expected is None and isinstance(live, np.generic):
+            expected = "numpy_scalar"
+        if expected is None:
+            if callable(live) and not isinstance(live, (nn.Module, torch.Tensor)) and kind != "link":
+                raise StateError(f"{where}: this run holds behaviour (a {type(live).__name__}) there")
+            return
+        got = kind if kind is not None else type(saved)
+        if got != expected and not (expected is dict and type(saved) is dict and kind is None):
+            raise StateError(f"{where}: a {type(live).__name__} in this run, a "
+                             f"{kind or type(saved).__name__} in the saved state")
         return
     if isinstance(live, bool):
         ok = isinstance(saved, bool)

@@ -196,6 +196,8 @@ class Client:
     # ---- state (checkpoints and parking: runtime/state.py) ------------------------------------------
     checkpoint_skip = ()  # attributes a checkpoint leaves out (state an algorithm rebuilds by itself)
     checkpoint_fixed = ("id", "run")  # who the state belongs to: a saved state must hold the same values
+    # built from the flags by the constructor: where the fresh client holds None, a saved state holds None too
+    checkpoint_built = ("white", "scaler", "ala", "dp", "x_val", "y_val")
 
     def checkpoint_links(self) -> dict:
         """Objects a saved state refers to rather than holds: the config and the data, rebuilt from the

@@ -102,6 +102,8 @@ class Server:
 
     checkpoint_skip = ("checkpoints",)  # attributes a checkpoint leaves out
     checkpoint_fixed = ("run",)  # whose run the state is: a saved state must hold the same value
+    # built from the flags by the constructor: where the fresh server holds None, a saved state holds None too
+    checkpoint_built = ("client_model_names", "privacy", "server_opt", "attack")
 
     def __init__(self, cfg, data: FederatedData, run: int = 0, recorder: RunRecorder | None = None,
                  executor=None):
