@@ -19,6 +19,7 @@ User errors end with one line on stderr and exit code 2 (``run_cli``).
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import sys
 import zipfile
