@@ -364,9 +364,10 @@ class Client:
 
     @torch.no_grad()
     def check_finite(self, logits: torch.Tensor, split: str) -> None:
-        """An evaluation of a model whose outputs are not finite ends the run as diverged (its accuracy would
-        be argmax over NaN, a number that means nothing)."""
-        if not bool(torch.isfinite(logits).all()):
+        """An evaluation of a model whose outputs are NaN or +inf ends the run as diverged (its accuracy would be
+        argmax over NaN, a number that means nothing); -inf is a masked class (FedGC's logits of the classes a
+        client does not own), not a divergence."""
+        if bool(torch.isnan(logits).any() or torch.isposinf(logits).any()):
             raise Diverged(f"client {self.id}: the evaluated model's outputs on its {split} split are not finite; "
                            f"lower -lr (now {self.cfg.local_learning_rate}) or check the model and the data")
 
