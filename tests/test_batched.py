@@ -16,7 +16,7 @@ import main
 from conftest import build_server, cli
 from flcore.clients.clientavg import FedAvgClient
 from flcore.registry import ALGORITHMS, get_server_class
-from runtime import batched, stacked
+from runtime import batched, graphs, stacked, stacked_ala
 from runtime.batched import batch_refusal
 from runtime.choose import executor_kind
 from utils.results import read_h5
@@ -61,7 +61,7 @@ def counted(monkeypatch):
         return wrapped
 
     monkeypatch.setattr(stacked.TrainPhase, "run", count("train", stacked.TrainPhase.run))
-    monkeypatch.setattr(stacked.ALAEpoch, "run", count("ala", stacked.ALAEpoch.run))
+    monkeypatch.setattr(stacked_ala.ALAEpoch, "run", count("ala", stacked_ala.ALAEpoch.run))
     monkeypatch.setattr(batched, "predict_many", count("predict", batched.predict_many))
     monkeypatch.setattr(batched.Session, "_alone", staticmethod(count("alone", batched.Session._alone)))
     return seen
@@ -126,10 +126,10 @@ def test_architectures_are_stacked_apart(digits_tiny_root, monkeypatch):
     sizes = []
     run = stacked.TrainPhase.__init__
 
-    def record(self, plans, graphs=None):
+    def record(self, plans, cuda_graphs=None):
         sizes.append(sorted(type(p.client.model.body if hasattr(p.client.model, "body") else p.client.model).__name__
                             + str(p.client.id % 2) for p in plans))
-        run(self, plans, graphs)
+        run(self, plans, cuda_graphs)
 
     monkeypatch.setattr(stacked.TrainPhase, "__init__", record)
     rounds(digits_tiny_root, "Local", "batched", "--client_models", "CNN1,CNN3", n=1)
@@ -229,14 +229,14 @@ def test_the_graphed_step_masks_clients_without_a_batch(algo, flags, digits_tiny
     eagerly on its fixed buffers: the same numbers, round after round with the buffers reused."""
     seq = rounds(digits_tiny_root, algo, "sequential", *flags)
     server = build_server(digits_tiny_root, digits_tiny_root, "-algo", algo, "--executor", "batched", *flags)
-    server.executor.graphs = stacked.CudaGraphs(capture=False)
+    server.executor.graphs = graphs.CudaGraphs(capture=False)
     summaries = []
     for t in range(2):
         server.run_round(t)
         summaries.append(server.evaluate())
-    graphs = server.executor.graphs
-    assert graphs.cache and not graphs.broken
-    kinds = {key[0][0] for key in graphs.cache}  # the training step's keys, and ALA's W step's where ALA runs
+    made = server.executor.graphs
+    assert made.cache and not made.broken
+    kinds = {key[0][0] for key in made.cache}  # the training step's keys, and ALA's W step's where ALA runs
     assert kinds == ({"train", "ala"} if server.clients[0].ala is not None else {"train"})
     assert_close_runs(seq, (server, summaries))
 

@@ -26,7 +26,9 @@ from __future__ import annotations
 import threading
 
 from runtime.executors import SequentialExecutor
-from runtime.stacked import ALAEpoch, CudaGraphs, TrainPhase, ala_key, plan_phase, predict_many, signature
+from runtime.graphs import CudaGraphs
+from runtime.stacked import TrainPhase, plan_phase, predict_many, signature
+from runtime.stacked_ala import ALAEpoch, ala_key
 from utils.batching import set_session
 from utils.errors import FLError
 

@@ -9,7 +9,8 @@ Three kinds of work, each handed over by a client through the seam in utils/batc
   client class's ``batched_step`` (plain SGD unless ``after_backward`` changes it);
 - an evaluation (``utils.metrics.predict``): the clients' models of one architecture stacked, their test
   samples in chunks;
-- one epoch of ALA's weight learning (``ALA._epoch``): the clients' W, Θ_i and Θ top tensors stacked.
+- one epoch of ALA's weight learning (``ALA._epoch``): the clients' W, Θ_i and Θ top tensors stacked
+  (runtime/stacked_ala.py).
 
 Step i runs batch i of every client that has one (``Schedule``): clients are ordered by their number of
 steps, so the clients still training are a prefix of the stack and their entries a slice of it (no copy); a
@@ -19,7 +20,7 @@ the sequential ones up to float rounding (vmap batches the kernels, e.g. convolu
 
 On CUDA with CUDA graphs the full-size step (of training, and of ALA's W) is captured once per shape and
 replayed: it runs over every client of the stack, those without a full batch at that step masked (their
-entries do not move), on fixed buffers (``CudaGraphs``, ``StepGraph``).
+entries do not move), on fixed buffers (runtime/graphs.py).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from utils.batching import batches_of
+from runtime.graphs import row_mask
 from utils.errors import Diverged
 
 
@@ -372,206 +373,3 @@ def predict_many(models: list[nn.Module], xs: list[torch.Tensor], batch_size: in
             with torch.no_grad():
                 out[c] = models[c](xs[c][:0])
     return out
-
-
-# ---- ALA's weight learning -----------------------------------------------------------------------------------
-class ALAEpoch:
-    """One epoch of ALA's W updates (``ALA._epoch``) for several clients at once: W, Θ_i and Θ of the
-    adapted tensors stacked, the frozen lower layers stacked unless every client holds the same tensors
-    (then shared). Returns each client's mean batch loss; each ALA's ``weights`` are replaced."""
-
-    def __init__(self, requests: list, graphs=None):
-        self.requests, self.graphs = requests, graphs
-        ala0, fwd0 = requests[0][0], requests[0][1]
-        self.names, self.eta, self.cut, self.module = list(ala0.names), ala0.eta, fwd0.cut, fwd0.module
-        inputs = [r[4] for r in requests]
-        self.x = torch.cat(inputs) if len(inputs) > 1 else inputs[0]
-        self.y = torch.cat([r[5] for r in requests]) if len(requests) > 1 else requests[0][5]
-        device = self.y.device
-        batches = []
-        for ala, _, _, _, _, ys, merge in requests:
-            perm = torch.randperm(len(ys), generator=ala.generator).to(ys.device)
-            batches.append(list(batches_of(perm, ala.batch_size, merge)))
-        self.schedule = Schedule(batches, concat_offsets(inputs), ala0.batch_size, device)
-        order = [requests[c] for c in self.schedule.order]
-        self.order = order
-        self.w = {k: torch.stack([r[0].weights[k].detach() for r in order]) for k in self.names}
-        self.local = {k: torch.stack([r[2][k] for r in order]) for k in self.names}
-        self.glob = {k: torch.stack([r[3][k] for r in order]) for k in self.names}
-        frozen0 = fwd0.frozen
-        self.shared = all(r[1].frozen.keys() == frozen0.keys() and all(r[1].frozen[n] is frozen0[n] for n in frozen0)
-                          for r in order)
-        self.frozen = frozen0 if self.shared else {n: torch.stack([r[1].frozen[n] for r in order]) for n in frozen0}
-        self.losses: list[torch.Tensor] = []
-        self.vg = vmap(grad_and_value(self.loss), in_dims=(0, 0, 0, None if self.shared else 0, 0, 0))
-
-    def loss(self, w, local, glob, frozen, x, y):
-        from utils.ALA import combine
-
-        top = {k[self.cut:]: combine(local[k], glob[k], w[k]) for k in self.names}
-        return nn.functional.cross_entropy(functional_call(self.module, {**frozen, **top}, (x,)), y)
-
-    def masked_step(self, b: dict, x, y, mask) -> None:
-        """The W step a CUDA graph captures: every row, those not in ``mask`` left as they are."""
-        from utils.ALA import weight_step
-
-        grads, loss = self.vg(b["w"], b["local"], b["glob"], b["frozen"], x, y)
-        for k, w in b["w"].items():
-            w.copy_(torch.where(row_mask(mask, w), weight_step(w, grads[k], self.eta), w))
-        b["loss"].copy_(loss.detach())
-
-    def use_graph(self):
-        s = self.schedule
-        if self.graphs is None or s.length == 0:
-            return None
-        buffers = {"w": self.w, "local": self.local, "glob": self.glob, "frozen": self.frozen,
-                   "loss": torch.zeros(s.n, device=self.y.device)}
-        graph = self.graphs.get((ala_key(self.requests[0]), self.shared, s.n), buffers, self.masked_step,
-                                self.x[s.index[0]], self.y[s.index[0]])
-        if graph is not None:
-            b = graph.buffers
-            self.w, self.local, self.glob, self.frozen = b["w"], b["local"], b["glob"], b["frozen"]
-        return graph
-
-    def run(self) -> list[float]:
-        from utils.ALA import weight_step
-
-        s = self.schedule
-        losses = torch.zeros(s.length, s.n, device=self.y.device)
-        graph = self.use_graph()
-        with torch.enable_grad():
-            for i in range(s.length):
-                for rows, idx in s.steps(i):
-                    if idx is None and graph is not None:
-                        graph.replay(self.x[s.index[i]], self.y[s.index[i]], s.full_mask[i])
-                        losses[i] = torch.where(s.full_mask[i], graph.buffers["loss"], losses[i])
-                        continue
-                    idx = s.index[i, rows] if idx is None else idx
-                    w = {k: t[rows] for k, t in self.w.items()}
-                    frozen = self.frozen if self.shared else select_tree(self.frozen, rows)
-                    grads, loss = self.vg(w, select_tree(self.local, rows), select_tree(self.glob, rows), frozen,
-                                          self.x[idx], self.y[idx])
-                    for k in self.names:
-                        write_rows(self.w[k], rows, weight_step(w[k], grads[k], self.eta))
-                    if isinstance(rows, slice):
-                        losses[i, rows] = loss.detach()
-                    else:
-                        losses[i].index_copy_(0, rows, loss.detach())
-        table = losses.t().tolist()
-        out = [None] * len(self.order)
-        for r, req in enumerate(self.order):
-            req[0].weights = {k: self.w[k][r].clone() for k in self.names}
-            total = 0.0
-            for v in table[r][:s.count[r]]:
-                total += v  # summed as Python floats in step order, as ALA._epoch sums them
-            out[s.order[r]] = total / max(s.count[r], 1)
-        return out
-
-
-def ala_key(request) -> tuple:
-    ala, fwd, _, _, inputs, _, merge = request
-    return ("ala", signature(fwd.module), fwd.cut, tuple(ala.names), tuple(inputs.shape[1:]), inputs.dtype,
-            ala.batch_size, ala.eta, merge, tuple(sorted(fwd.frozen)))
-
-
-# ---- CUDA graphs over the full-size step ------------------------------------------------------------------
-class CudaGraphs:
-    """The full-size step of a stacked computation (a training phase's SGD step, an ALA epoch's W step)
-    captured as a CUDA graph once per (key, clients) and replayed every step and every round after: at batch
-    10 a step is a few hundred small kernels, whose launches cost more than their work. The captured step runs
-    over every client of the stack; a row without a full batch at that step is masked (``torch.where`` keeps
-    its entries). The graph reads and writes fixed buffers, which every computation of that key loads its
-    stacked entries into. Only on CUDA (the executor never builds this on a CPU); ``capture=False`` runs the
-    same masked step on the same fixed buffers without a graph (how the CPU tests check it)."""
-
-    def __init__(self, size: int = 8, capture: bool = True):
-        self.cache: collections.OrderedDict = collections.OrderedDict()
-        self.size, self.capture = size, capture
-        self.broken = ""
-
-    def get(self, key: tuple, buffers: dict, step, x: torch.Tensor, y: torch.Tensor):
-        """The graph of ``key``, its buffers loaded from ``buffers`` (the caller then works on
-        ``graph.buffers``); None once capture has failed in this run. ``step(buffers, x, y, mask)`` is the
-        masked step; ``x``, ``y``: a full step's inputs (their shapes)."""
-        if self.broken:
-            return None
-        entry = self.cache.get(key)
-        if entry is None:
-            try:
-                entry = StepGraph(buffers, step, x, y, self.capture)
-            except Exception as e:  # noqa: BLE001  (capture is not possible here: the eager steps, said once)
-                self.broken = str(e).splitlines()[0] if str(e) else type(e).__name__
-                print(f"note: CUDA graphs off for this run ({self.broken}); the batched steps run eagerly")
-                return None
-            self.cache[key] = entry
-            while len(self.cache) > self.size:
-                self.cache.popitem(last=False)
-        else:
-            entry.load(buffers)
-            self.cache.move_to_end(key)
-        return entry
-
-
-def _clone_tree(tree):
-    if isinstance(tree, torch.Tensor):
-        return tree.clone()
-    if isinstance(tree, dict):
-        return {k: _clone_tree(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_clone_tree(v) for v in tree)
-    return tree
-
-
-def _copy_tree(dst, src) -> None:
-    if isinstance(dst, torch.Tensor):
-        dst.copy_(src)
-    elif isinstance(dst, dict):
-        for k in dst:
-            _copy_tree(dst[k], src[k])
-    elif isinstance(dst, (list, tuple)):
-        for d, s in zip(dst, src):
-            _copy_tree(d, s)
-
-
-def row_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``mask`` (one flag per row) shaped to broadcast against a stacked entry."""
-    return mask.view(-1, *[1] * (like.dim() - 1))
-
-
-class StepGraph:
-    """One captured step and the fixed buffers it works on: ``buffers`` (a tree of stacked tensors), the
-    step's inputs ``x``, ``y`` and its row ``mask``."""
-
-    def __init__(self, buffers: dict, step, x: torch.Tensor, y: torch.Tensor, capture: bool = True):
-        self.buffers = _clone_tree(buffers)
-        self.x, self.y = x.clone(), y.clone()
-        self.mask = torch.zeros(len(x), dtype=torch.bool, device=x.device)
-
-        def run():
-            with torch.enable_grad():
-                step(self.buffers, self.x, self.y, self.mask)
-
-        self.run, self.graph = run, None
-        if not capture:
-            return
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):  # warm-up with every row masked: nothing moves
-                run()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            run()
-
-    def load(self, buffers: dict) -> None:
-        _copy_tree(self.buffers, buffers)
-
-    def replay(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> None:
-        self.x.copy_(x)
-        self.y.copy_(y)
-        self.mask.copy_(mask)
-        if self.graph is not None:
-            self.graph.replay()
-        else:
-            self.run()
