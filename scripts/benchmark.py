@@ -33,6 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "system"))
 
+import cli  # noqa: E402
+
 import main  # noqa: E402
 from flcore.registry import get_server_class  # noqa: E402
 from flcore.trainmodel.models import build_model  # noqa: E402
@@ -210,7 +212,7 @@ def main_benchmark(argv=None) -> dict:
                         "steps in one tight loop on one core, which each fork worker's share is compared with)")
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     ours, rest = p.parse_known_args(argv)
-    cfg, data = main.set_up(main.parse_config(rest + ["--no-progress"]))
+    cfg, data = main.set_up(cli.parse_config(rest + ["--no-progress"]))
     device = torch.device(cfg.device)
     model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.feature_dim, cfg.vocab_size).to(device)
     big = max(data.clients, key=lambda c: len(c.y_train))

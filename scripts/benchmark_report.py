@@ -162,9 +162,10 @@ NOT_IN_LABEL = table.IGNORED | {"dataset", "algorithm", "num_clients", "num_clas
 @functools.lru_cache(maxsize=None)
 def algorithm_defaults(base: tuple[str, ...], algo: str) -> dict:
     """The configuration ``-algo algo`` gets under the sweep's ``base`` flags (parsed once per algorithm)."""
+    import cli
     import main
 
-    return main.parse_config([*base, "-algo", algo]).to_dict()
+    return cli.parse_config([*base, "-algo", algo]).to_dict()
 
 
 def variant_label(config: dict, base: list[str]) -> str:
@@ -195,7 +196,7 @@ def relabel(data: dict, base: list[str]) -> dict:
     for split, entries in data.get("splits", {}).items():
         for name, entry in entries.items():
             args = shlex.split(entry["command"])[2:]  # after "python system/main.py"
-            label = variant_label(main.parse_config(args).to_dict(), base)
+            label = variant_label(cli.parse_config(args).to_dict(), base)
             into = out["splits"].setdefault(split, {})
             if label in into and into[label]["command"] != entry["command"]:
                 raise table.TableError(f"export entries '{into[label]['command']}' and '{entry['command']}' "

@@ -80,11 +80,12 @@ def flags(args, split: str, algo: str, rounds: int) -> list[str]:
 def library_run(args, split: str, algo: str, executor: str, rounds: int, extra=()) -> dict:
     """One executor's run through scripts/benchmark.py (its per-round phases and reference)."""
     import benchmark
+    import cli
     import main
     import torch
     from flcore.trainmodel.models import build_model
 
-    cfg, data = main.set_up(main.parse_config(flags(args, split, algo, rounds) + ["--executor", executor, *extra]))
+    cfg, data = main.set_up(cli.parse_config(flags(args, split, algo, rounds) + ["--executor", executor, *extra]))
     device = torch.device(cfg.device)
     model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.feature_dim, cfg.vocab_size).to(device)
     big = max(data.clients, key=lambda c: len(c.y_train))
@@ -173,7 +174,7 @@ def pfllib_run(args, split: str, rounds: int, timeout: float) -> dict:
 def memory_run(args, split: str, clients: int, group: int = 0, executor: str = "batched") -> dict:
     """Peak GPU memory of one round (training + full evaluation) of FedAvg with ``clients`` clients of
     CIFAR-10's shape (3x32x32, 10 classes), synthetic data, the CNN, batch 10; ``group``: --batch_clients."""
-    import main
+    import cli
     import torch
     from flcore.servers.serveravg import FedAvgServer
     from utils.data_utils import ClientData, FederatedData
@@ -189,7 +190,7 @@ def memory_run(args, split: str, clients: int, group: int = 0, executor: str = "
         datas.append(ClientData(x[:per_train].to(device), y[:per_train].to(device), x[per_train:].to(device),
                                 y[per_train:].to(device)))
     data = FederatedData("Cifar10_synthetic", {"num_classes": 10, "input_shape": [3, 32, 32]}, "synthetic", datas)
-    cfg = main.parse_config(flags(args, split, "FedAvg", 1) + ["--executor", executor, "--batch_clients", str(group)])
+    cfg = cli.parse_config(flags(args, split, "FedAvg", 1) + ["--executor", executor, "--batch_clients", str(group)])
     cfg = cfg.replace(num_classes=10, num_clients=clients)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -4,6 +4,7 @@
     python3 scripts/mutate.py system/utils/dp_sgd.py --list              # the guarding tests and mutants only
     python3 scripts/mutate.py --table                                    # docs/testing.md's kill-rate table
     python3 scripts/mutate.py --write-doc                                # ... written into docs/testing.md
+                                                                         #     and docs/mutation-survivors.md
 
 Mutants come from cosmic-ray's operators (requirements-dev.txt), a curated subset of them (one opposite per
 operator instead of every replacement: ``+`` -> ``-``, ``<`` -> ``<=``, ``==`` -> ``!=``, constants +-1, ``True``
@@ -67,7 +68,7 @@ EXTRA = {
     "dataset/utils/partition.py": ["tests/test_dataset_partition.py", "tests/test_partition_pfllib.py"],
     "system/utils/proximal.py": ["tests/test_baselines_a.py", "tests/test_fedamp.py"],
     "system/utils/selection.py": ["tests/test_flags.py", "tests/test_run.py", "tests/test_fedcross.py"],
-    "system/utils/server_opt.py": ["tests/test_server_opt.py"],
+    "system/plugins/optimizers.py": ["tests/test_server_opt.py"],
     # the base classes' own tests build their servers through tests/conftest.py and name no algorithm
     "system/flcore/servers/serverbase.py": ["tests/test_serverbase.py"],
     "system/flcore/clients/clientbase.py": ["tests/test_clientbase.py"],
@@ -85,13 +86,16 @@ REGISTRY_TESTS = ["tests/test_algorithms.py", "tests/test_behaviour.py", "tests/
                   "tests/test_executors.py"]
 
 # What mutation testing covers (docs/testing.md lists the modules not yet run, with their mutant counts): every
-# algorithm pair, the aggregation, privacy, ALA and DLG/IG utilities, the runtime, the partitioner.
+# algorithm pair, the plug-ins, the command line, the aggregation, privacy, ALA and DLG/IG utilities, the runtime,
+# the partitioner.
 SCOPE = ["system/flcore/clients/*.py", "system/flcore/servers/*.py", "system/flcore/prototypes.py",
          "system/utils/ALA.py", "system/utils/aggregate.py", "system/utils/personal_aggregation.py",
-         "system/utils/robust.py", "system/utils/server_opt.py", "system/utils/proximal.py",
+         "system/plugins/*.py", "system/flcore/flags.py", "system/cli.py", "system/utils/data_utils.py",
+         "system/utils/entries.py", "system/utils/proximal.py",
          "system/utils/selection.py", "system/utils/dp_*.py", "system/utils/privacy_monitor.py",
          "system/utils/dlg.py", "system/runtime/*.py", "dataset/utils/partition.py"]
 DOC = REPO / "docs" / "testing.md"
+SURVIVORS_DOC = REPO / "docs" / "mutation-survivors.md"  # the per-mutant notes, generated in full
 
 # cosmic-ray operators used: one opposite for each operator, so a module has tens of mutants, not hundreds.
 CORE = ["ReplaceBinaryOperator_Add_Sub", "ReplaceBinaryOperator_Sub_Add", "ReplaceBinaryOperator_Mul_Div",
@@ -760,17 +764,17 @@ def not_yet_run() -> str:
 
 
 def write_doc() -> None:
-    """Replace docs/testing.md's two generated blocks: the table with the modules not yet run, and the
-    survivors."""
+    """Replace the generated blocks: docs/testing.md's table with the modules not yet run, and
+    docs/mutation-survivors.md's survivors."""
     from benchmark_report import write_block
 
     write_block(DOC, "mutation-table", "By folder:\n\n" + families() + "\n\nBy module:\n\n" + table() + "\n\n"
                 + not_yet_run())
-    write_block(DOC, "mutation-survivors", survivors_report())
+    write_block(SURVIVORS_DOC, "mutation-survivors", survivors_report())
 
 
 def survivors_report() -> str:
-    """For docs/testing.md: each module's survivors, equivalent (why) or live, and the earlier survivors
+    """For docs/mutation-survivors.md: each module's survivors, equivalent (why) or live, and the earlier survivors
     that a test written since kills (which test)."""
     out = []
     for path in sorted(RESULTS.glob("*.json")):

@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "system"))
 
 from flcore.registry import get_server_class  # noqa: E402
-from main import parse_config  # noqa: E402
+from cli import parse_config  # noqa: E402
 from utils.data_utils import DATASET_ROOT, load_split  # noqa: E402
 
 

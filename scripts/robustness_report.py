@@ -18,7 +18,7 @@ how many, a run that diverged (its training loss became NaN or inf) is counted i
 table") from ``results/robustness_converged`` into ``docs/benchmarks/robustness_converged.json``. Its cells are
 the sweep file's grid points; a cell is a number only once all of its seeds (3) have ended, and "pending (k/3)"
 until then. Every run's benign accuracy is taken over one fixed set of clients per seed, the ones not in that
-seed's malicious set (utils/attacks.py ``malicious_clients`` at the sweep's share), sample-weighted by the
+seed's malicious set (plugins/attacks.py ``malicious_clients`` at the sweep's share), sample-weighted by the
 split's test counts, for unattacked runs and Local too; for attacked runs it equals the recorded
 ``rs_benign_test_acc`` (checked). Backdoor cells add the attack success rate; it is NaN (null in the export)
 for every other run.
@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from benchmark_report import write_block  # noqa: E402
 
-from utils.attacks import DEFAULT_FRACTION, malicious_clients  # noqa: E402
+from plugins.attacks import DEFAULT_FRACTION, malicious_clients  # noqa: E402
 from utils.results import read_h5  # noqa: E402
 
 EXPORT = REPO / "docs" / "benchmarks" / "robustness.json"

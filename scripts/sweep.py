@@ -232,14 +232,14 @@ def config_hash(cfg_dict: dict, defaults: dict) -> str:
 
 
 def parse_job_flags(argv: list[str]):
-    """``main.parse_config`` with its one-line error captured instead of printed; returns (cfg, error)."""
+    """``cli.parse_config`` with its one-line error captured instead of printed; returns (cfg, error)."""
     import main
     from utils.errors import FLError
 
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            return main.parse_config(argv), None
+            return cli.parse_config(argv), None
     except FLError as e:
         return None, str(e)
     except SystemExit:
@@ -255,7 +255,7 @@ def effective_defaults(flags: list[str], cfg, known: dict | None = None) -> dict
     algorithm and the split only: ``known`` (one sweep's) keeps them per pair, so each is worked out once."""
     import main
 
-    key = (main.algorithm_arg(flags), cfg.dataset)
+    key = (cli.algorithm_arg(flags), cfg.dataset)
     if known is not None and key in known:
         return known[key]
     plain_flags = ["-algo", key[0], "-data", key[1], "-go", "x"]
@@ -288,7 +288,7 @@ def build_jobs(base: list[str], grids: list[dict], seeds: list[int], tag: str, o
             if seen_points.setdefault(key, g) != g:  # one point in two grids (of a file): one job
                 continue
             flags = [*base, *point_flags(point, base)]
-            flags += [str(a) for a in (per_algorithm or {}).get(main.algorithm_arg(flags), [])]
+            flags += [str(a) for a in (per_algorithm or {}).get(cli.algorithm_arg(flags), [])]
             cfg, error = parse_job_flags([*flags, "-go", tag])
             if error:
                 invalid.append((flags, error))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from flcore.registry import ALGORITHMS, canonical_name, get_server_class
 from flcore.trainmodel.names import ALIASES, MODELS
+from plugins import plugin_classes
 from utils.config import Config
 from utils.errors import FLError
 from utils.paths import DATASET_ROOT, RESULTS_DIR
@@ -280,124 +281,8 @@ def base_parser() -> OneLineParser:
                    help="continue each run from its checkpoint (same flags); runs without one start over")
     g.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"],
                    help="mixed precision for forward passes (bf16: CPU or CUDA; fp16: CUDA, loss-scaled)")
-    g = p.flag_group("ALA (adaptive local aggregation, pluggable into any algorithm)")
-    g.add_argument("-ala", "--ala", action="store_true", help="initialise local models with ALA")
-    g.add_argument("-et", "--eta", type=float, default=1.0, help="ALA weight learning rate η (paper: 1.0)")
-    g.add_argument("-s", "--rand_percent", type=int, default=80, help="s: %% of local data for ALA (paper: 80)")
-    g.add_argument("-p", "--layer_idx", type=int, default=2,
-                   help="ALA adapts the last p parameter tensors, counted as PFLlib counts them (2 = the "
-                        "classifier's weight and bias: the paper's p = 1 layer); 0 = all")
-    g.add_argument("--ala_layers", type=int, default=None,
-                   help="count ALA's p in layers as the FedALA paper does (1 = the classifier; a norm layer joins "
-                        "the layer below, a ResNet stage is one layer); given, it replaces -p (default: unset, -p counts)")
-    g.add_argument("--ala_threshold", type=float, default=0.1,
-                   help="start phase stops when the std of the last --ala_window losses is below this")
-    g.add_argument("--ala_window", type=int, default=10, help="number of recent ALA losses in the std")
-    g.add_argument("--ala_max_epochs", type=int, default=100, help="cap on start-phase ALA epochs")
-    g.add_argument("--ala_clients", default="selected", choices=["selected", "all"],
-                   help="who runs ALA on each broadcast: the round's selected clients (the others are evaluated "
-                        "on their own last model) or every client, before every evaluation (PFLlib; with -jr < 1 "
-                        "ALA then costs N clients per round instead of jr*N)")
-    g = p.flag_group("server optimizers, robust aggregation and attacks (any algorithm whose server averages a "
-                     "model; README: Server optimizers, Attacks and robust aggregation)")
-    g.add_argument("--server_opt", default="off", choices=["off", "sgd", "avgm", "adagrad", "adam", "yogi"],
-                   help="step the averaged model as a pseudo-gradient, g = global - aggregate (Reddi et al. 2021; "
-                        "avgm: FedAvgM, Hsu et al. 2019); off: the aggregate is the new model")
-    g.add_argument("-slr", "--server_learning_rate", type=float, default=None,
-                   help="server learning rate η (PFLlib's flag): --server_opt's step size, SCAFFOLD's and FedGH's "
-                        "server step (default: 1 for sgd, avgm, SCAFFOLD and FedGH; 0.1 adagrad; 0.01 adam, yogi)")
-    g.add_argument("--server_momentum", type=float, default=0.9,
-                   help="--server_opt β1 of avgm, adagrad, adam, yogi (Reddi et al. and Hsu et al.: 0.9)")
-    g.add_argument("--server_beta2", type=float, default=0.99,
-                   help="--server_opt β2 of adam and yogi (Reddi et al.: 0.99)")
-    g.add_argument("--server_tau", type=float, default=1e-3,
-                   help="--server_opt adaptivity τ of adagrad, adam, yogi (Reddi et al.'s grid 1e-5..1e-1)")
-    g.add_argument("--aggregator", default="mean",
-                   choices=["mean", "median", "trimmed_mean", "krum", "multikrum", "geomed", "bulyan", "cclip",
-                            "normclip"],
-                   help="how the uploads are combined: the sample-weighted mean (FedAvg), the coordinate-wise "
-                        "median or trimmed mean (Yin et al. 2018), Krum or Multi-Krum (Blanchard et al. 2017), "
-                        "the weighted geometric median (Weiszfeld; RFA, Pillutla et al. 2022), Bulyan (El Mhamdi "
-                        "et al. 2018), centered clipping (Karimireddy et al. 2021), norm bounding of the updates "
-                        "(Sun et al. 2019)")
-    g.add_argument("--trim_frac", type=float, default=0.2,
-                   help="--aggregator trimmed_mean: share of the uploads dropped at each end, per coordinate")
-    g.add_argument("--krum_f", type=int, default=None,
-                   help="--aggregator krum / multikrum / bulyan: the number f of Byzantine uploads assumed "
-                        "(default: the round's uploads from malicious clients, 0 without --attack)")
-    g.add_argument("--cclip_tau", type=float, default=10.0,
-                   help="--aggregator cclip: clipping radius τ around the previous aggregate update "
-                        "(Karimireddy et al.'s code: 10)")
-    g.add_argument("--cclip_iters", type=int, default=1,
-                   help="--aggregator cclip: clipping iterations per round (Karimireddy et al.: 1)")
-    g.add_argument("--norm_bound", type=float, default=None,
-                   help="--aggregator normclip: the bound M on each update's L2 norm (Sun et al. 2019) "
-                        "(default: the median of the round's update norms)")
-    g.add_argument("--attack", default=None, choices=["signflip", "gaussian", "labelflip", "scaled", "alie", "ipm",
-                                                      "minmax", "minsum", "backdoor"],
-                   help="malicious clients flip their training labels (y -> C-1-y) or poison their upload: "
-                        "W - s(W_i - W), W + N(0, s^2), W + s(W_i - W); omniscient, from the round's benign "
-                        "updates: ALIE (Baruch et al. 2019), IPM (Xie et al. 2020), Min-Max / Min-Sum (Shejwalkar "
-                        "& Houmansadr 2021); backdoor: a pixel trigger with model replacement (Bagdasaryan et al. "
-                        "2020) (default: none)")
-    g.add_argument("--attack_frac", type=float, default=None,
-                   help="share of the clients that are malicious, a fixed set drawn from --seed "
-                        "(default: 0.2 with --attack)")
-    g.add_argument("--attack_scale", type=float, default=None,
-                   help="s of the upload attacks, IPM's ε, or the backdoor's boost γ (the paper's other IPM setting: "
-                        "100; the backdoor's k attackers of a round replace the model together, so one attacker "
-                        "boosts by the paper's n / η) (default: per attack: 1 signflip, 1 gaussian, 10 scaled, "
-                        "0.1 ipm, n / (η k) backdoor)")
-    g.add_argument("--backdoor_target", type=int, default=0,
-                   help="--attack backdoor: the class triggered images are labelled and should be classified as")
-    g.add_argument("--backdoor_frac", type=float, default=0.3,
-                   help="--attack backdoor: share of a malicious client's training images that carry the trigger "
-                        "(the rest stay clean: a mix, as in Bagdasaryan et al. 2020)")
-    g.add_argument("--trigger_size", type=int, default=3,
-                   help="--attack backdoor: side of the full-intensity square trigger in the bottom-right corner")
-    g.add_argument("--minmax_perturbation", default="std", choices=["unit_vec", "std", "sign"],
-                   help="--attack minmax / minsum: the perturbation vector, inverse unit vector -μ/||μ||, inverse "
-                        "std -σ or inverse sign -sign(μ) of the benign updates (Shejwalkar & Houmansadr 2021)")
-    g = p.flag_group("privacy (any algorithm): DLG/iDLG evaluation and DP-SGD, see docs/privacy.md")
-    g.add_argument("-dlg", "--dlg_eval", action="store_true",
-                   help="attack a few clients every -dlgg rounds by gradient inversion (PFLlib's flag)")
-    g.add_argument("-dlgg", "--dlg_gap", type=int, default=100, help="attack every N rounds (PFLlib: 100)")
-    g.add_argument("-bnpc", "--batch_num_per_client", type=int, default=2,
-                   help="attacks per attacked client (PFLlib: 2)")
-    g.add_argument("--dlg_clients", type=int, default=2,
-                   help="clients attacked per attacked round, drawn from the round's active clients")
-    g.add_argument("-dlga", "--dlg_attack", default="dlg", choices=["dlg", "idlg", "ig"],
-                   help="DLG (Zhu et al. 2019: inputs and labels), iDLG (Zhao et al. 2020: label from the "
-                        "classifier gradient's sign, then inputs) or ig, Inverting Gradients (Geiping et al. 2020: "
-                        "cosine matching + total variation, signed Adam, iDLG's label)")
-    g.add_argument("--ig_iters", type=int, default=4000,
-                   help="-dlga ig: Adam iterations per attack (the reference code's CIFAR-10 setting: 4000)")
-    g.add_argument("--ig_tv", type=float, default=1e-4, help="-dlga ig: total-variation weight alpha_TV (the reference code's value)")
-    g.add_argument("--dlg_iters", type=int, default=300, help="L-BFGS iterations per attack (DLG paper: 300)")
-    g.add_argument("--dlg_batch", type=int, default=1, help="images per attacked batch (DLG paper: 1)")
-    g.add_argument("--dlg_target", default="gradient", choices=["gradient", "update"],
-                   help="gradient: one true batch gradient of the model the client starts from (the textbook "
-                        "threat; DP-SGD-noised with -dp); update: the client's upload as (start - upload) / "
-                        "(lr * local steps)")
-    g.add_argument("-dp", "--privacy", action="store_true",
-                   help="DP-SGD local training: per-sample clipping and Gaussian noise (PFLlib's flag)")
-    g.add_argument("-dps", "--dp_sigma", type=float, default=1.0,
-                   help="noise multiplier sigma (PFLlib's flag; PFLlib: 0.0, no noise); with "
-                        "--dp_level client the multiplier z of the server's noise N(0, z^2 S^2 / m^2)")
-    g.add_argument("--dp_clip", type=float, default=1.0,
-                   help="per-sample L2 clip norm C (Abadi et al. 2016: 4); with --dp_level client the clip norm S "
-                        "of each client's model update (its initial value with --dp_quantile)")
-    g.add_argument("--dp_level", default="sample", choices=["sample", "client"],
-                   help="sample: DP-SGD on every client (record-level privacy); client: DP-FedAvg (McMahan et al. "
-                        "2018), the server clips each client's update to --dp_clip and adds Gaussian noise to their "
-                        "unweighted mean (client-level privacy)")
-    g.add_argument("--dp_quantile", type=float, default=None,
-                   help="--dp_level client: adaptive clipping (Andrew et al. 2021) towards this quantile of the "
-                        "update norms (their gamma, e.g. 0.5) (default: off, a fixed clip norm)")
-    g.add_argument("--dp_delta", type=float, default=1e-5, help="delta of the reported (epsilon, delta)")
-    g.add_argument("--dp_secure_rng", action="store_true",
-                   help="seed the DP noise from the OS (secrets) instead of -seed, as a deployment needs (anyone "
-                        "with the seed can remove seeded noise); results are then not reproducible")
+    for plugin in plugin_classes():  # each cross-cutting feature's own flags (plugins/)
+        plugin.add_flags(p)
     return p
 
 
@@ -542,16 +427,13 @@ def parse_config(argv=None) -> Config:
 
     bounds.check(cfg, bounds.numeric_actions(parser))  # every numeric flag's range: one table (utils/bounds.py)
     check_paths(cfg)
-    from utils.dp_support import check_support
-
-    check_support(cfg, server_cls)  # the algorithm's privacy declaration
     if cfg.client_models is not None:
         from flcore.trainmodel.assign import read_client_models
         from utils.model_support import check_model_support
 
         check_model_support(cfg, server_cls)  # the algorithm's --client_models declaration
         read_client_models(cfg.client_models)  # a bad list or file fails here, before any work
-    cfg = server_options(cfg, server_cls, given={a.split("=", 1)[0] for a in argv})
+    cfg = check_plugins(cfg, server_cls, given={a.split("=", 1)[0] for a in argv})
     server_cls.check_config(cfg)
     if cfg.tensorboard is not None:
         import importlib.util
@@ -566,63 +448,12 @@ def parse_config(argv=None) -> Config:
     return cfg
 
 
-def server_options(cfg: Config, server_cls, given: set[str]) -> Config:
-    """``--server_opt``, ``--aggregator`` and ``--attack``: refused where the algorithm's server does not
-    average a model (its ``averaging_refusal``), checked, and their defaults resolved (-slr's by optimizer,
-    or the algorithm's own ``slr_default``; the attack's share)."""
-    from utils.attacks import UPLOAD_ATTACKS
-
-    robust = [f for f, on in (("--server_opt", cfg.server_opt != "off"), ("--aggregator", cfg.aggregator != "mean"),
-                              ("--attack", cfg.attack in UPLOAD_ATTACKS)) if on]
-    if robust and server_cls.averaging_refusal:
-        raise FLError(f"{' / '.join(robust)}: {cfg.algorithm} cannot take it: {server_cls.averaging_refusal}")
-    checks = [
-        (cfg.server_learning_rate is None or cfg.server_learning_rate > 0, "-slr must be > 0"),
-        (0 <= cfg.server_momentum < 1, "--server_momentum must be in [0, 1)"),
-        (0 <= cfg.server_beta2 < 1, "--server_beta2 must be in [0, 1)"), (cfg.server_tau > 0, "--server_tau must be > 0"),
-        (0 <= cfg.trim_frac < 0.5, "--trim_frac must be in [0, 0.5)"),
-        (cfg.krum_f is None or cfg.krum_f >= 0, "--krum_f must be >= 0"),
-        (cfg.krum_f is None or cfg.aggregator in ("krum", "multikrum", "bulyan"),
-         "--krum_f needs --aggregator krum, multikrum or bulyan"),
-        (cfg.cclip_tau > 0, "--cclip_tau must be > 0"), (cfg.cclip_iters >= 1, "--cclip_iters must be >= 1"),
-        (cfg.aggregator == "cclip" or (cfg.cclip_tau == 10.0 and cfg.cclip_iters == 1),
-         "--cclip_tau and --cclip_iters need --aggregator cclip"),
-        (cfg.norm_bound is None or cfg.norm_bound > 0, "--norm_bound must be > 0"),
-        (cfg.norm_bound is None or cfg.aggregator == "normclip", "--norm_bound needs --aggregator normclip"),
-        (cfg.attack is not None or (cfg.attack_frac is None and cfg.attack_scale is None),
-         "--attack_frac and --attack_scale need --attack"),
-        (cfg.attack_frac is None or 0 < cfg.attack_frac < 1, "--attack_frac must be in (0, 1)"),
-        (cfg.attack not in ("labelflip", "alie", "minmax", "minsum") or cfg.attack_scale is None,
-         f"--attack {cfg.attack} takes no --attack_scale"),
-        (cfg.attack == "backdoor" or (cfg.backdoor_target == 0 and cfg.backdoor_frac == 0.3
-                                      and cfg.trigger_size == 3),
-         "--backdoor_target, --backdoor_frac and --trigger_size need --attack backdoor"),
-        (cfg.backdoor_target >= 0, "--backdoor_target must be >= 0"),
-        (0 < cfg.backdoor_frac <= 1, "--backdoor_frac must be in (0, 1]"), (cfg.trigger_size >= 1, "--trigger_size must be >= 1"),
-        (cfg.attack in ("minmax", "minsum") or cfg.minmax_perturbation == "std",
-         "--minmax_perturbation needs --attack minmax or minsum"),
-        (cfg.attack_scale is None or cfg.attack_scale > 0, "--attack_scale must be > 0"),
-    ]
-    for ok, msg in checks:
-        if not ok:
-            raise FLError(msg)
-    lr = cfg.server_learning_rate
-    if cfg.server_opt != "off":
-        from utils.server_opt import DEFAULT_LR
-
-        lr = DEFAULT_LR[cfg.server_opt] if lr is None else lr
-    elif server_cls.slr_default is not None:
-        lr = server_cls.slr_default if lr is None else lr
-    elif lr is not None:
-        shown = "-slr" if "-slr" in given else "--server_learning_rate"
-        print(f"warning: -algo {cfg.algorithm} does not use {shown} without --server_opt; ignored", file=sys.stderr)
-        lr = None
-    frac = cfg.attack_frac
-    if cfg.attack is not None and frac is None:
-        from utils.attacks import DEFAULT_FRACTION
-
-        frac = DEFAULT_FRACTION
-    return cfg.replace(server_learning_rate=lr, attack_frac=frac)
+def check_plugins(cfg: Config, server_cls, given: set[str]) -> Config:
+    """Every plug-in's checks of its own flags (plugins/), each resolving its defaults (-slr's by optimizer
+    or the algorithm's ``slr_default``, the attack's share)."""
+    for plugin in plugin_classes():
+        cfg = plugin.check(cfg, server_cls, given)
+    return cfg
 
 
 def validate(cfg: Config) -> None:
@@ -634,9 +465,6 @@ def validate(cfg: Config) -> None:
         (cfg.batch_size >= 1, "-lbs must be >= 1"), (cfg.local_learning_rate > 0, "-lr must be > 0"),
         (0 < cfg.join_ratio <= 1, "-jr must be in (0, 1]"), (0 <= cfg.client_drop_rate < 1, "-cdr must be in [0, 1)"),
         (cfg.eval_gap >= 1, "-eg must be >= 1"), (cfg.times > cfg.prev >= 0, "need 0 <= -pv < -t"),
-        (0 < cfg.rand_percent <= 100, "-s must be in (0, 100]"), (cfg.layer_idx >= 0, "-p must be >= 0"),
-        (cfg.ala_layers is None or cfg.ala_layers >= 0, "--ala_layers must be >= 0"),
-        (cfg.ala_max_epochs >= 1, "--ala_max_epochs must be >= 1"), (cfg.ala_window >= 2, "--ala_window must be >= 2"),
         (cfg.workers >= 0, "--workers must be >= 0"), (cfg.max_restarts >= 0, "--max_restarts must be >= 0"),
         (cfg.batch_clients >= 0, "--batch_clients must be >= 0"),
         (cfg.gpus_per_worker in (None, 0) or cfg.gpus_per_worker >= 0.0001,
@@ -644,31 +472,13 @@ def validate(cfg: Config) -> None:
         (0 <= cfg.train_slow_rate <= 1, "-tsr must be in [0, 1]"),
         (0 <= cfg.send_slow_rate <= 1, "-ssr must be in [0, 1]"), (cfg.time_threshold > 0, "-tth must be > 0 s"),
         (cfg.checkpoint_every >= 0, "--checkpoint_every must be >= 0"),
-        (cfg.dlg_gap >= 1, "-dlgg must be >= 1"), (cfg.batch_num_per_client >= 1, "-bnpc must be >= 1"),
-        (cfg.dlg_clients >= 1, "--dlg_clients must be >= 1"), (cfg.dlg_iters >= 1, "--dlg_iters must be >= 1"),
-        (cfg.dlg_batch >= 1, "--dlg_batch must be >= 1"),
-        (cfg.ig_iters >= 1, "--ig_iters must be >= 1"), (cfg.ig_tv >= 0, "--ig_tv must be >= 0"), (cfg.dp_clip > 0, "--dp_clip must be > 0"),
-        (not cfg.privacy or cfg.dp_sigma > 0, "-dps must be > 0 with -dp (sigma 0 adds no noise: drop -dp)"),
-        (0 < cfg.dp_delta < 1, "--dp_delta must be in (0, 1)"),
-        (cfg.privacy or not getattr(cfg, "dp_secure_rng", False), "--dp_secure_rng needs -dp"),
-        (cfg.privacy or cfg.dp_level == "sample", "--dp_level client needs -dp"),
-        (cfg.dp_quantile is None or (cfg.privacy and cfg.dp_level == "client"),
-         "--dp_quantile (adaptive clipping) needs -dp --dp_level client"),
-        (cfg.dp_quantile is None or 0 < cfg.dp_quantile < 1, "--dp_quantile must be in (0, 1)"),
         (0 < cfg.train_loss_fraction <= 1, "--train_loss_fraction must be in (0, 1]"),
         (cfg.num_new_clients >= 0, "-nnc must be >= 0"), (cfg.fine_tuning_epoch_new >= 0, "-ften must be >= 0"),
         (cfg.few_shot >= 0, "-fs must be >= 0"), (0 <= cfg.val_ratio < 1, "--val_ratio must be in [0, 1)"),
-        (cfg.amp != "fp16" or not cfg.privacy, "--amp fp16 does not combine with -dp; use --amp bf16 or off"),
     ]
     for ok, msg in checks:
         if not ok:
             raise FLError(msg)
-    if cfg.privacy:
-        import importlib.util
-
-        if importlib.util.find_spec("opacus") is None:
-            raise FLError("-dp reports epsilon with opacus' RDP accountant, which is not installed: "
-                          "pip install -r requirements-optional.txt")
 
 
 # PFLlib's defaults of the common flags (its main.py), where they matter for comparison: the start-up print

@@ -18,15 +18,12 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-# Parsing lives in cli.py; its entry points stay importable from here.
-from cli import (  # noqa: E402,F401
-    algorithm_arg, base_parser, parse_config, print_config, read_config_file, results_folder, validate)
-from flcore.registry import get_server_class  # noqa: E402
-from utils.config import Config  # noqa: E402
-from utils.errors import Diverged, FLError, Interrupted  # noqa: E402
-from utils.paths import GENERATORS_DIR, OFFLINE_GENERATORS  # noqa: E402
+# python system/main.py and cd system && python main.py both put system/ first on the path: no path edit here.
+import cli
+from flcore.registry import get_server_class
+from utils.config import Config
+from utils.errors import Diverged, FLError, Interrupted
+from utils.paths import GENERATORS_DIR, OFFLINE_GENERATORS
 
 
 def resolve_device(cfg: Config) -> Config:
@@ -142,7 +139,7 @@ def refuse_existing(cfg: Config, runs=None) -> None:
     if cfg.overwrite or cfg.resume:
         return
     runs = range(cfg.prev, cfg.times) if runs is None else runs
-    out = results_folder(cfg)
+    out = cli.results_folder(cfg)
     taken = [out / f"{result_stem(cfg, r)}.h5" for r in runs if (out / f"{result_stem(cfg, r)}.h5").exists()]
     if taken:
         free = next(f"{cfg.goal}{k}" for k in itertools.count(2)
@@ -183,7 +180,7 @@ def run(cfg: Config, executor=None) -> list[Path]:
     auto = cfg.executor == "auto"
     cfg = cfg.replace(executor=executor.name if executor is not None else executor_kind(cfg, client_class))
     if cfg.print_config:
-        print_config(cfg)
+        cli.print_config(cfg)
     if executor is not None:
         return run_all(cfg, data, executor)
     executor = make_executor(cfg, client_class, auto)
@@ -210,13 +207,13 @@ def run_all(cfg: Config, data, executor) -> list[Path]:
     from utils.results import RunRecorder, mean_std_over_runs, save_files
 
     server_cls = get_server_class(cfg.algorithm)
-    out_dir = results_folder(cfg)
+    out_dir = cli.results_folder(cfg)
     paths = []
     for r in range(cfg.prev, cfg.times):
         meta = {"config": cfg.to_dict(), "run": r, "seed": cfg.seed + r, "label": label(cfg),
                 "split": {"name": data.name, "config_hash": data.config_hash,
                           "source_sha256": data.config.get("source_sha256")},
-                **({"config_file": {"path": cfg.config, "values": read_config_file(cfg.config)}} if cfg.config else {})}
+                **({"config_file": {"path": cfg.config, "values": cli.read_config_file(cfg.config)}} if cfg.config else {})}
         recorder = RunRecorder(result_stem(cfg, r), meta, out_dir)
         # folders inside the results folder, every component a real folder (utils/fileio.py)
         saved_models = recorder.folder.sub(cfg.save_folder_name, what="-sfn") if cfg.save_folder_name else None
@@ -292,7 +289,7 @@ def main(argv=None) -> int:
     if threading.current_thread() is threading.main_thread():  # handlers can only be set there
         previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        cfg = parse_config(argv)
+        cfg = cli.parse_config(argv)
         run(cfg)
     except FLError as e:
         print("error: " + " ".join(str(e).split("\n")), file=sys.stderr)  # one line, whatever the message holds

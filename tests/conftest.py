@@ -6,7 +6,7 @@ size) and ``digits_noniid_root`` (6 clients, 2 classes each), each a dataset roo
 ``build_server(root, out, "-algo", NAME, *flags)``, a server and its clients in this process, driven through
 public methods (``run_round``, ``aggregate``, ``evaluate``, ``train``; a client's ``receive``, ``train``,
 ``upload``, ``batches``); ``cli(root, out, *flags)``, the flags of a short quiet run, for ``main.main`` or
-``main.parse_config``."""
+``cli.parse_config``."""
 from __future__ import annotations
 
 import importlib.util
@@ -142,6 +142,17 @@ def cli(root: Path, out: Path, *extra: str) -> list[str]:
             "--no-progress", "--no-print_config", "--overwrite", *extra]
 
 
+def plugin(server, name: str):
+    """The server's built plug-in of class ``name`` (plugins/), or None when the flags left it off."""
+    return next((p for p in server.plugins if type(p).__name__ == name), None)
+
+
+def opened(uploads: list) -> list:
+    """Uploads as sent: a sealed upload (under a robust ``--aggregator``, utils/entries.py) opened, for a test
+    that watches ``average_uploads``, the seam that opens them."""
+    return [u.opened() if hasattr(u, "opened") else u for u in uploads]
+
+
 QUICK = ("-lr", "0.1", "-lbs", "20", "--executor", "sequential")  # a short in-process run (build_server's flags)
 
 
@@ -151,11 +162,11 @@ def build_server(root: Path, out: Path, *flags: str, clients: int | None = None,
     (so it writes no result file): a quick run (``-lr 0.1 -lbs 20``, sequential executor) on the split 'Digits' under
     ``root`` (its first ``clients`` clients; ``new`` more held out for -nnc), as run ``run``. Tests drive it with
     ``server.run_round(t)``, ``server.evaluate()`` or ``server.train()``."""
-    import main
+    from cli import parse_config
     from flcore.registry import get_server_class
     from utils.data_utils import load_split
 
-    cfg = main.parse_config(cli(root, out, *QUICK, *flags))
+    cfg = parse_config(cli(root, out, *QUICK, *flags))
     data = load_split("Digits", root, clients, new_clients=new)
     return get_server_class(cfg.algorithm)(cfg.replace(num_classes=data.num_classes), data, run, recorder)
 

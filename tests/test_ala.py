@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.trainmodel.parts import adapted_names
 from utils.ALA import ALA, combine, converged, weight_step
@@ -139,7 +140,7 @@ def test_constructor_defaults_are_the_papers_and_the_flags():
     ala = ALA(["fc.weight"])
     got = (ala.eta, ala.rand_percent, ala.threshold, ala.window, ala.max_epochs, ala.batch_size)
     assert got == (1.0, 80, 0.1, 10, 100, 10)
-    cfg = main.parse_config(["-algo", "FedALA"])
+    cfg = parse_config(["-algo", "FedALA"])
     assert got == (cfg.eta, cfg.rand_percent, cfg.ala_threshold, cfg.ala_window, cfg.ala_max_epochs, cfg.batch_size)
     assert (ala.keep_features, ala.head, ala.global_buffers) == (False, None, True)
 
@@ -169,7 +170,7 @@ def test_the_sample_is_s_percent_of_the_indices_from_the_clients_own_stream():
     (("--amp", "bf16"), False),  # the evaluation runs in bf16: fp32 inputs would change its figure
 ])
 def test_kept_features_only_where_this_rounds_train_loss_evaluation_reads_them(flags, keep):
-    cfg = main.parse_config(["-algo", "FedALA", *flags])
+    cfg = parse_config(["-algo", "FedALA", *flags])
     assert ALA.from_config(cfg, cid=0, run=0, names=["fc.weight"], head="fc").keep_features is keep
 
 
@@ -177,14 +178,14 @@ def test_from_config_takes_each_flag_into_its_own_field():
     """Every value distinct, so two flags trading places shows."""
     from utils.seeding import derive_seed
 
-    cfg = main.parse_config(["-algo", "FedALA", "-et", "0.7", "-s", "37", "--ala_threshold", "0.03",
+    cfg = parse_config(["-algo", "FedALA", "-et", "0.7", "-s", "37", "--ala_threshold", "0.03",
                              "--ala_window", "4", "--ala_max_epochs", "9", "-lbs", "13", "--seed", "5"])
     ala = ALA.from_config(cfg, cid=3, run=2, names=["fc.weight"], head="fc")
     assert (ala.eta, ala.rand_percent, ala.threshold, ala.window, ala.max_epochs, ala.batch_size, ala.head) \
         == (0.7, 37, 0.03, 4, 9, 13, "fc")
     assert ala.generator.initial_seed() == derive_seed(5, 2, "ala", 3)  # the client's own stream of this run
     assert ala.global_buffers  # --bn_stats shared: Θ̂ takes the global model's buffers
-    local = ALA.from_config(main.parse_config(["-algo", "FedALA", "--bn_stats", "local"]), 0, 0, ["fc.weight"])
+    local = ALA.from_config(parse_config(["-algo", "FedALA", "--bn_stats", "local"]), 0, 0, ["fc.weight"])
     assert not local.global_buffers and local.head is None
 
 
@@ -329,7 +330,7 @@ def test_round_one_leaves_local_model_as_global(digits_root):
     from flcore.servers.serverala import FedALAServer
     from utils.data_utils import load_split
 
-    cfg = main.parse_config(cli(digits_root, digits_root, "-algo", "FedALA", "--executor", "sequential")).replace(device="cpu", num_classes=10)
+    cfg = parse_config(cli(digits_root, digits_root, "-algo", "FedALA", "--executor", "sequential")).replace(device="cpu", num_classes=10)
     server = FedALAServer(cfg, load_split("Digits", digits_root))
     client = server.clients[0]
     before = copy.deepcopy(client.model.state_dict())
@@ -385,7 +386,7 @@ def test_train_loss_from_kept_features_equals_full_evaluation(digits_noniid_root
 
     losses = {}
     for keep in (True, False):
-        cfg = main.parse_config(cli(digits_noniid_root, tmp_path, "-algo", "FedALA", "-lr", "0.05", "--executor", "sequential",
+        cfg = parse_config(cli(digits_noniid_root, tmp_path, "-algo", "FedALA", "-lr", "0.05", "--executor", "sequential",
                                     "--ala_max_epochs", "3"))
         data = load_split("Digits", digits_noniid_root, None, "cpu")
         cfg = cfg.replace(num_classes=data.num_classes, num_clients=len(data.clients))

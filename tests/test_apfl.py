@@ -8,6 +8,7 @@ import torch
 from torch.func import functional_call
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
@@ -17,7 +18,7 @@ SEQ = ("--executor", "sequential")
 
 
 def build(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "APFL", *SEQ, *flags))
+    cfg = parse_config(cli(root, root, "-algo", "APFL", *SEQ, *flags))
     data = load_split("Digits", root, None, "cpu")
     return get_server_class("APFL")(cfg.replace(num_classes=data.num_classes), data, 0, None)
 

@@ -10,6 +10,7 @@ from torch import nn
 from torch.func import functional_call
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
@@ -17,7 +18,7 @@ from utils.results import read_h5
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "APPLE", "--executor", "sequential", *flags))
+    cfg = parse_config(cli(root, root, "-algo", "APPLE", "--executor", "sequential", *flags))
     return get_server_class("APPLE")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root))
 
 
@@ -128,7 +129,7 @@ def test_a_federation_of_one_mixes_only_its_own_core(digits_root):
 
 
 def test_core_rate_and_momentum_defaults_follow_the_official_code(digits_root):
-    cfg = main.parse_config(cli(digits_root, digits_root, "-algo", "APPLE"))
+    cfg = parse_config(cli(digits_root, digits_root, "-algo", "APPLE"))
     assert cfg.sgd_momentum == 0.9 and cfg.local_learning_rate * cfg.core_lr_scale == pytest.approx(0.01)
     assert (cfg.dr_learning_rate, cfg.mu, cfg.L) == (0.001, 0.1, 0.1)
 
@@ -152,7 +153,7 @@ def test_bad_flags_end_with_one_line(flags, words, digits_root, tmp_path, capsys
 @pytest.mark.parametrize("flags", [("-dlr", "0", "-mu", "0", "-L", "0", "--sgd_momentum", "0"), ("-L", "1")])
 def test_flags_at_their_bounds_are_accepted(flags, digits_root):
     """p frozen, no pull, no momentum, and λ(r) over all rounds (PFLlib's settings) are valid runs."""
-    main.parse_config(cli(digits_root, digits_root, "-algo", "APPLE", *flags))  # its check_config raises FLError
+    parse_config(cli(digits_root, digits_root, "-algo", "APPLE", *flags))  # its check_config raises FLError
 
 
 @pytest.mark.parametrize("mode", ["cpu", "disk"])

@@ -1,4 +1,4 @@
-"""Attacks (--attack, utils/attacks.py): the seeded malicious set and its record, label flipping of exactly the
+"""Attacks (--attack, plugins/attack.py and plugins/attacks.py): the seeded malicious set and its record, label flipping of exactly the
 malicious clients' training labels, the upload attacks against hand computation, and benign accuracy."""
 import json
 
@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import main
-from conftest import cli
+from cli import parse_config
+from conftest import cli, opened, plugin
 from flcore.servers.serverbase import Server
 from test_executors import build
-from utils.attacks import malicious_clients
+from plugins.attacks import malicious_clients
 from utils.data_utils import load_split
 from utils.results import read_h5
 
@@ -26,7 +27,7 @@ def test_the_malicious_set_is_seeded_fixed_and_sized():
 def test_labelflip_flips_only_the_malicious_clients_training_labels(digits_tiny_root):
     server = build(digits_tiny_root, "FedAvg", "--attack", "labelflip", "--attack_frac", "0.4")
     data = load_split("Digits", digits_tiny_root)
-    bad = server.attack.malicious
+    bad = plugin(server, "Attack").malicious
     assert len(bad) == 2
     for c, d in zip(server.clients, data.clients):
         want = 9 - d.y_train if c.id in bad else d.y_train
@@ -42,7 +43,7 @@ def uploads_before_and_after_the_attack(root, monkeypatch, *flags):
     monkeypatch.setattr(Server, "_receive_models",
                         lambda self, clients: sent.extend(receive(self, clients)) or list(sent))
     average = server.average_uploads
-    monkeypatch.setattr(server, "average_uploads", lambda uploads: (seen.extend(uploads), average(uploads)))
+    monkeypatch.setattr(server, "average_uploads", lambda uploads: (seen.extend(opened(uploads)), average(uploads)))
     glob = {k: v.clone() for k, v in server.global_model.state_dict().items()}
     server.run_round(0)
     return server, {u.id: u.state for u in sent}, {u.id: u.state for u in seen}, glob
@@ -54,7 +55,7 @@ def test_signflip_and_scaled_uploads_by_hand(kind, scale, digits_tiny_root, monk
     server, sent, seen, glob = uploads_before_and_after_the_attack(
         digits_tiny_root, monkeypatch, "--attack", kind, "--attack_frac", "0.4", "--attack_scale", str(s))
     params = {k for k, _ in server.global_model.named_parameters()}
-    bad = set(server.attack.malicious)
+    bad = set(plugin(server, "Attack").malicious)
     for cid, state in seen.items():
         for k, v in state.items():
             if cid in bad and k in params:  # W + scale (W_i - W): signflip W - 2 (W_i - W), scaled W + 3 (W_i - W)
@@ -69,7 +70,7 @@ def test_gaussian_uploads_are_the_global_model_plus_seeded_noise(digits_tiny_roo
     runs = [uploads_before_and_after_the_attack(digits_tiny_root, monkeypatch, "--attack", "gaussian",
                                                 "--attack_frac", "0.4", "--attack_scale", "0.5") for _ in range(2)]
     server, sent, seen, glob = runs[0]
-    bad = server.attack.malicious
+    bad = plugin(server, "Attack").malicious
     params = [k for k, _ in server.global_model.named_parameters()]
     noise = torch.cat([(seen[c][k] - glob[k]).flatten() for c in bad for k in params])
     assert abs(float(noise.std()) - 0.5) < 0.01 and abs(float(noise.mean())) < 0.01  # N(0, 0.5^2)
@@ -98,5 +99,5 @@ def test_without_an_attack_nothing_is_recorded(digits_tiny_root, tmp_path):
 
 
 def test_labelflip_applies_to_an_algorithm_that_averages_no_model(digits_tiny_root, tmp_path):
-    cfg = main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedProto", "--attack", "labelflip"))
+    cfg = parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedProto", "--attack", "labelflip"))
     assert cfg.attack_frac == 0.2

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import main
-from conftest import cli
+from conftest import cli, plugin
 from test_attacks import uploads_before_and_after_the_attack
 from test_executors import build
 from utils import backdoor
@@ -74,7 +74,7 @@ def test_only_the_malicious_clients_train_on_triggered_images(digits_tiny_root):
     server = build(digits_tiny_root, "FedAvg", "--attack", "backdoor", "--attack_frac", "0.4",
                    "--backdoor_target", "3", "--backdoor_frac", "0.5", "--trigger_size", "2")
     data = load_split("Digits", digits_tiny_root)
-    bad = server.attack.malicious
+    bad = plugin(server, "Attack").malicious
     assert len(bad) == 2
     for c, d in zip(server.clients, data.clients):
         changed = (c.y_train != d.y_train) | (c.x_train != d.x_train).flatten(1).any(1)
@@ -94,7 +94,7 @@ def test_malicious_uploads_are_boosted_by_n_over_k(digits_tiny_root, monkeypatch
     server, sent, seen, glob = uploads_before_and_after_the_attack(digits_tiny_root, monkeypatch, "--attack", "backdoor",
                                                                    "--attack_frac", "0.4")
     params = {k for k, _ in server.global_model.named_parameters()}
-    bad = set(server.attack.malicious)
+    bad = set(plugin(server, "Attack").malicious)
     for cid, state in seen.items():
         for k, v in state.items():
             if cid in bad and k in params:  # n = 5 uploads, k = 2 attackers: W + 2.5 (W_i - W)
@@ -118,7 +118,7 @@ def test_attack_success_rate_is_recorded_over_the_benign_clients(digits_tiny_roo
         server._send_models(server.clients)
         hits = eligible = 0
         for c in server.clients:
-            if c.id in server.attack.malicious:
+            if c.id in plugin(server, "Attack").malicious:
                 continue
             keep = c.y_test != 1
             x = c.x_test[keep].clone()

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientbase import Client, copy_state
 from flcore.registry import get_server_class
@@ -16,7 +16,7 @@ from utils.seeding import torch_gen
 
 
 def setup(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedAvg", "--executor", "sequential", "-lr", "0.1", *flags))
+    cfg = parse_config(cli(root, root, "-algo", "FedAvg", "--executor", "sequential", "-lr", "0.1", *flags))
     data = load_split("Digits", root, None, "cpu")
     return cfg.replace(num_classes=data.num_classes, num_clients=len(data.clients)), data
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
@@ -18,7 +19,7 @@ from utils.seeding import torch_gen
 
 
 def make_server(root, algo, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", algo, "--executor", "sequential", *flags)).replace(device="cpu", num_classes=10)
+    cfg = parse_config(cli(root, root, "-algo", algo, "--executor", "sequential", *flags)).replace(device="cpu", num_classes=10)
     return get_server_class(algo)(cfg, load_split("Digits", root))
 
 

@@ -10,6 +10,7 @@ from torch import nn
 from torch.func import functional_call
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientbase import Upload
 from flcore.registry import get_server_class
@@ -20,7 +21,7 @@ from utils.personal_aggregation import (amp_attention, apple_lambda, attentive_m
 
 
 def make_server(root, algo, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", algo, "--executor", "sequential", *flags)).replace(device="cpu", num_classes=10)
+    cfg = parse_config(cli(root, root, "-algo", algo, "--executor", "sequential", *flags)).replace(device="cpu", num_classes=10)
     return get_server_class(algo)(cfg, load_split("Digits", root))
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import main
+from cli import parse_config
 from conftest import build_server, cli
 from flcore.clients.clientavg import FedAvgClient
 from flcore.registry import ALGORITHMS, get_server_class
@@ -200,7 +201,7 @@ def test_declarations_are_checked():
 
 
 def test_auto_picks_batched_on_cuda_only(digits_tiny_root, tmp_path):
-    cfg = main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAvg", "--executor", "auto"))
+    cfg = parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAvg", "--executor", "auto"))
     avg, scaffold = (get_server_class(a).client_class for a in ("FedAvg", "SCAFFOLD"))
     assert executor_kind(cfg, avg) == executor_kind(cfg) in ("fork", "sequential")  # the CPU rule is unchanged
     cuda = cfg.replace(device="cuda")

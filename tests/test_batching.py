@@ -4,7 +4,7 @@ value per channel)."""
 import pytest
 import torch
 
-import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientala import FedALAClient
 from flcore.clients.clientavg import FedAvgClient
@@ -22,7 +22,7 @@ def test_batch_bounds_by_hand():
 
 
 def resnet_client(root, tmp_path, cls, n, *flags):
-    cfg = main.parse_config(cli(root, tmp_path, "-m", "ResNet18", "-lbs", "10", "-lr", "0.01",
+    cfg = parse_config(cli(root, tmp_path, "-m", "ResNet18", "-lbs", "10", "-lr", "0.01",
                                 "--executor", "sequential", *flags)).replace(num_classes=10, num_clients=1)
     g = torch.Generator().manual_seed(0)
     data = ClientData(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g),

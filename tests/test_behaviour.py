@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.registry import ALGORITHMS, get_server_class
 from utils.results import read_h5
@@ -165,7 +166,7 @@ def evaluated_and_global(algo: str, root) -> tuple[list[dict], dict]:
     evaluated model, and the global model's."""
     from utils.data_utils import load_split
 
-    cfg = main.parse_config(cli(root, root, "--executor", "sequential", "-algo", algo, "-gr", "3", "-lr", "0.1",
+    cfg = parse_config(cli(root, root, "--executor", "sequential", "-algo", algo, "-gr", "3", "-lr", "0.1",
                                 "--train_loss_eval", "off", *FLAGS.get(algo, ())))
     server = get_server_class(algo)(cfg.replace(num_classes=10), load_split("Digits", root))
     for t in range(2):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-import main
+from cli import parse_config
 from conftest import cli
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
@@ -14,7 +14,7 @@ FAST = ("-lbs", "20", "--train_loss_eval", "off", "-m", "BNCNN", "-lr", "0.05")
 
 
 def make_server(root, algo, *flags):
-    cfg = main.parse_config(cli(root, root, "--executor", "sequential", "-algo", algo, *FAST, *flags))
+    cfg = parse_config(cli(root, root, "--executor", "sequential", "-algo", algo, *FAST, *flags))
     return get_server_class(algo)(cfg.replace(num_classes=10), load_split("Digits", root))
 
 

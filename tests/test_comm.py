@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientbase import Upload
 from flcore.registry import ALGORITHMS, get_server_class
@@ -123,7 +124,7 @@ def test_payload_tensors_own_their_storage_and_hold_no_graph(algo, digits_tiny_r
     from utils.data_utils import load_split
 
     flags = ("-m", "BNCNN") if algo == "FedBN" else ()
-    cfg = main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", algo, "-gr", "2", *flags))
+    cfg = parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", algo, "-gr", "2", *flags))
     server = get_server_class(algo)(cfg.replace(num_classes=10), load_split("Digits", digits_tiny_root), 0, None,
                                     SequentialExecutor())
     server.run_round(0)

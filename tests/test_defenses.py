@@ -1,4 +1,4 @@
-"""Bulyan, centered clipping and norm bounding (--aggregator bulyan|cclip|normclip, utils/robust.py) against
+"""Bulyan, centered clipping and norm bounding (--aggregator bulyan|cclip|normclip, plugins/aggregators.py) against
 numbers worked out by hand and a reference loop written here; the round's f; cclip's center across rounds
 and in the server's saved state; the option's refusals."""
 import copy
@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import main
-from conftest import cli
+from conftest import cli, opened, plugin
 from flcore.clients.clientbase import Upload
 from flcore.servers import serverbase
 from test_executors import build
-from utils import robust
+from plugins import aggregators as robust
 
 T = torch.float64
 
@@ -113,7 +113,7 @@ def test_cclip_center_is_the_previous_update_and_is_saved(digits_tiny_root, monk
     seen = []
     average = serverbase.Server.average_uploads
     monkeypatch.setattr(serverbase.Server, "average_uploads",
-                        lambda self, uploads: (seen.append(uploads), average(self, uploads)))
+                        lambda self, uploads: (seen.append(opened(uploads)), average(self, uploads)))
     names = list(server.global_model.state_dict())
     flat = lambda s: torch.cat([s[k].double().reshape(-1) for k in names])  # noqa: E731
     center = torch.zeros(sum(v.numel() for v in server.global_model.state_dict().values()), dtype=T)
@@ -130,22 +130,22 @@ def test_cclip_center_is_the_previous_update_and_is_saved(digits_tiny_root, monk
         after = flat(server.global_model.state_dict())
         assert torch.allclose(after, (before + v).float().double(), atol=1e-6), t
         center = after - before
-        assert torch.allclose(server.robust_centers["model:"], center, atol=1e-6)
+        assert torch.allclose(plugin(server, "RobustAggregation").centers["model:"], center, atol=1e-6)
     saved = server.state_dict()
     fresh = build(digits_tiny_root, "FedAvg", "--aggregator", "cclip", "--cclip_tau", "0.05",
                   "--train_loss_eval", "off")
-    assert fresh.robust_centers == {}
+    assert plugin(fresh, "RobustAggregation").centers == {}
     fresh.load_state_dict(copy.deepcopy(saved))
-    assert torch.equal(fresh.robust_centers["model:"], server.robust_centers["model:"])
+    assert torch.equal(plugin(fresh, "RobustAggregation").centers["model:"], plugin(server, "RobustAggregation").centers["model:"])
 
 
 def test_f_is_the_rounds_malicious_upload_count_unless_given(digits_tiny_root, monkeypatch):
     got = []
     real = robust.aggregate
-    monkeypatch.setattr(serverbase.robust, "aggregate", lambda *a, **k: got.append(a[5]) or real(*a, **k))
+    monkeypatch.setattr(robust, "aggregate", lambda *a, **k: got.append(a[5]) or real(*a, **k))
     server = build(digits_tiny_root, "FedAvg", "--aggregator", "bulyan", "--attack", "signflip",
                    "--attack_frac", "0.4")
-    bad = server.attack.malicious
+    bad = plugin(server, "Attack").malicious
     state = server.global_model.state_dict()
     ups = lambda ids: [Upload(i, 1.0, {k: v.clone() for k, v in state.items()}) for i in ids]  # noqa: E731
     good = [i for i in range(5) if i not in bad]
@@ -193,7 +193,7 @@ def test_cclip_resumes_from_a_checkpoint_with_its_center(digits_tiny_root, tmp_p
         if drop:
             load = serverbase.Server.load_state_dict
             monkeypatch.setattr(serverbase.Server, "load_state_dict",
-                                lambda self, saved: (load(self, saved), self.robust_centers.clear()))
+                                lambda self, saved: (load(self, saved), plugin(self, "RobustAggregation").centers.clear()))
         assert main.main(cli(digits_tiny_root, tmp_path / folder, *flags, "--resume")) == 0
         got = read_h5(tmp_path / folder / "Digits_FedAvg_test_0.h5")["rs_test_auc"]
         assert len(got) == len(whole) == 5

@@ -8,6 +8,7 @@ import re
 import sys
 
 import pytest
+import cli
 
 import main
 from conftest import REPO
@@ -57,9 +58,9 @@ def test_every_algorithm_has_a_row_and_the_rows_are_read():
 
 @pytest.mark.parametrize("algo", sorted(a for a in ALGORITHMS if PAIR.search(ROWS.get(a, ""))))
 def test_defaults_are_the_documented_ones(algo):
-    parser = main.base_parser()
+    parser = cli.base_parser()
     get_server_class(algo).add_args(parser)
-    cfg = main.parse_config(["-algo", algo])
+    cfg = cli.parse_config(["-algo", algo])
     for flag, value in documented(algo):
         dest = parser._option_string_actions[flag].dest
         got = getattr(cfg, dest)

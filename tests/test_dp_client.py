@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 import main
-from conftest import build_server, cli
+from cli import parse_config
+from conftest import build_server, cli, plugin
 from flcore.clients.clientbase import Upload
 from flcore.registry import ALGORITHMS, get_server_class
 from utils import dp_client
@@ -108,7 +109,7 @@ def test_the_round_aggregates_through_the_wrapper(digits_tiny_root, tmp_path):
     seen = {}
     for level in ("client", None):
         extra = ("-dp", "--dp_level", "client") if level else ()
-        cfg = main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAvg", "-gr", "1", "-nc", NC,
+        cfg = parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAvg", "-gr", "1", "-nc", NC,
                                     "--executor", "sequential", *extra))
         server = get_server_class("FedAvg")(cfg.replace(num_classes=10), load_split("Digits", digits_tiny_root, int(NC)))
         server.aggregate = lambda uploads, level=level: seen.setdefault(level, uploads)
@@ -253,21 +254,21 @@ def test_a_declared_refusal_is_one_line_at_start_up(monkeypatch):
     fedavg = get_server_class("FedAvg")
     monkeypatch.setattr(fedavg, "dp_support", DPSupport(client_refusal="it aggregates per client"))
     with pytest.raises(FLError, match="^--dp_level client: FedAvg is refused: it aggregates per client; use"):
-        main.parse_config(["-algo", "FedAvg", "-dp", "--dp_level", "client"])
-    main.parse_config(["-algo", "FedAvg", "-dp"])  # sample-level DP is not affected
+        parse_config(["-algo", "FedAvg", "-dp", "--dp_level", "client"])
+    parse_config(["-algo", "FedAvg", "-dp"])  # sample-level DP is not affected
     monkeypatch.setattr(fedavg, "dp_support", DPSupport(refusal="it uploads its data"))  # every level
     for level in ("sample", "client"):
         with pytest.raises(FLError, match="^-dp: FedAvg is refused: it uploads its data; drop -dp$"):
-            main.parse_config(["-algo", "FedAvg", "-dp", "--dp_level", level])
+            parse_config(["-algo", "FedAvg", "-dp", "--dp_level", level])
 
 
 def test_flags_are_checked():
     with pytest.raises(FLError, match="--dp_level client needs -dp"):
-        main.parse_config(["--dp_level", "client"])
+        parse_config(["--dp_level", "client"])
     with pytest.raises(FLError, match="needs -dp --dp_level client"):
-        main.parse_config(["-dp", "--dp_quantile", "0.5"])
+        parse_config(["-dp", "--dp_quantile", "0.5"])
     with pytest.raises(FLError, match=r"must be in \(0, 1\)"):
-        main.parse_config(["-dp", "--dp_level", "client", "--dp_quantile", "1.5"])
+        parse_config(["-dp", "--dp_level", "client", "--dp_quantile", "1.5"])
 
 
 # ---- every registered algorithm --------------------------------------------------------------------
@@ -295,7 +296,7 @@ class Counted:
     def __init__(self, algo: str, root, monkeypatch, *extra: str):
         from utils.data_utils import load_split
 
-        self.cfg = main.parse_config(flags(algo, root, *extra))
+        self.cfg = parse_config(flags(algo, root, *extra))
         self.releases: list[tuple[float, float]] = []
         self.records: list[tuple[dict, int]] = []
         release = dp_client.ClientLevelDP.release
@@ -405,7 +406,7 @@ def test_a_server_round_with_dropped_clients_releases_the_formula_over_the_selec
     with m = 5 (the selection, not the uploads), every update clipped to S, the noise the seeded stream's."""
     from utils.data_utils import load_split
 
-    cfg = main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedAvg", "--executor", "sequential",
+    cfg = parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedAvg", "--executor", "sequential",
                                 "-lr", "0.1", "-lbs", "20", "-nc", "5", "-cdr", "0.5", "-dp", "--dp_level", "client",
                                 "--dp_clip", "0.1", "-dps", "0.7"))
     data = load_split("Digits", digits_tiny_root, 5)
@@ -433,7 +434,7 @@ def test_a_round_of_part_of_the_clients_divides_by_the_selection_and_samples_at_
     server = build_server(digits_tiny_root, digits_tiny_root, "-jr", "0.4", "-dp", "--dp_level", "client",
                           "--dp_clip", "0.1", "-dps", "0.7")
     server.run_round(0)
-    dp = server.privacy.client_dp
+    dp = plugin(server, "ClientDP").dp
     assert (len(server.clients), len(server.selected)) == (5, 2)
     assert dp.last["m"] == 2 and dp.last["std"] == pytest.approx(0.7 * 0.1 / 2) and dp.history == [(0.7, 0.4, 1)]
 

@@ -19,10 +19,12 @@ import pytest
 import torch
 
 import main
+from cli import parse_config
 from conftest import REPO, cli
 from flcore.registry import ALGORITHMS, get_server_class
 from flcore.clients.clientbase import Client
-from utils import dp_support, privacy_monitor
+from plugins.dp_sample import SampleDP
+from utils import dp_support
 from utils.data_utils import load_split
 from utils.errors import FLError
 
@@ -41,7 +43,7 @@ def flags(algo: str, root: Path, *extra: str) -> list[str]:
 
 def refused(algo: str, root: Path) -> bool:
     try:
-        main.parse_config(flags(algo, root, "-gr", "1"))
+        parse_config(flags(algo, root, "-gr", "1"))
     except FLError:
         return True
     return False
@@ -56,7 +58,7 @@ class Counted:
     def __init__(self, algo: str, root: Path, monkeypatch, *extra: str):
         from utils.data_utils import load_split
 
-        self.cfg = main.parse_config(flags(algo, root, *extra))
+        self.cfg = parse_config(flags(algo, root, *extra))
         self.calls: list[tuple[int, float, float]] = []
         self.records: list[tuple[dict, int]] = []
         backward = Client.dp_backward
@@ -167,9 +169,9 @@ def test_a_declared_refusal_is_what_refuses():
             argv = ["-algo", algo, "-gr", "1", "-dp", "--dp_level", level]
             if reason:
                 with pytest.raises(FLError, match=re.escape(reason)):
-                    main.parse_config(argv)
+                    parse_config(argv)
             else:
-                main.parse_config(argv)
+                parse_config(argv)
 
 
 @pytest.mark.optional_deps("opacus")
@@ -182,13 +184,13 @@ def test_each_uncovered_step_is_in_docs_and_warned(digits_tiny_root, capsys):
         if refused(algo, digits_tiny_root):
             assert table.get(algo, "").startswith("refused"), algo
             continue
-        cfg = main.parse_config(["-algo", algo, "-gr", "1"]).replace(privacy=True)
+        cfg = parse_config(["-algo", algo, "-gr", "1"]).replace(privacy=True)
         server_cls = get_server_class(algo)
         for step in dp_support.uncovered_steps(cfg, server_cls):
             assert algo in table and step in table[algo], (algo, step)
         with_ala = dp_support.uncovered_steps(cfg.replace(ala=True), server_cls)
         assert dp_support.ALA_UNCOVERED in with_ala
-    assert dp_support.uncovered_steps(main.parse_config(["-algo", "FedAvg"]).replace(privacy=True),
+    assert dp_support.uncovered_steps(parse_config(["-algo", "FedAvg"]).replace(privacy=True),
                                    get_server_class("FedAvg")) == []
     assert "-ala" in table and dp_support.ALA_UNCOVERED in table["-ala"]
     capsys.readouterr()
@@ -198,13 +200,15 @@ def test_each_uncovered_step_is_in_docs_and_warned(digits_tiny_root, capsys):
     assert err == [f"warning: -dp: FedFomo's epsilon does not cover: {get_server_class('FedFomo').dp_support.uncovered} "
                    f"(see docs/privacy.md)"]
     # once per invocation, from its first run (-pv 1 -t 3: runs 1 and 2), and never without -dp
-    data, fomo = load_split("Digits", digits_tiny_root), get_server_class("FedFomo")
-    cfg = main.parse_config(["-algo", "FedFomo", "-dlg", "-pv", "1", "-t", "3"]).replace(num_classes=10)
+    fomo = get_server_class("FedFomo")
+    cfg = parse_config(["-algo", "FedFomo", "-dlg", "-pv", "1", "-t", "3"]).replace(num_classes=10)
     warned = []
-    for run, privacy, server_cls in ((1, True, fomo), (2, True, fomo), (1, False, fomo), (1, True, None)):
-        privacy_monitor.PrivacyMonitor(cfg.replace(privacy=privacy), run, data, server_cls=server_cls)
+    for run, privacy in ((1, True), (2, True), (1, False)):
+        server = object.__new__(fomo)  # what the plug-in reads of the server being built: its class and run
+        server.run = run
+        SampleDP.build(cfg.replace(privacy=privacy), server)
         warned.append(sum(line.startswith("warning: -dp") for line in capsys.readouterr().err.splitlines()))
-    assert warned == [1, 0, 0, 0]
+    assert warned == [1, 0, 0]
 
 
 @pytest.mark.optional_deps("opacus")
@@ -212,7 +216,7 @@ def test_training_that_bypasses_dp_is_an_error(digits_tiny_root, monkeypatch):
     """The guard: a client that trained under -dp with an empty accountant stops the run (no epsilon 0)."""
     monkeypatch.setattr(Client, "local_update", lambda self, r: None)  # trains without any DP-SGD step
     with pytest.raises(FLError, match="DP accountant is empty"):
-        main.run(main.parse_config(flags("FedAvg", digits_tiny_root, "-gr", "1", "--results_dir",
+        main.run(parse_config(flags("FedAvg", digits_tiny_root, "-gr", "1", "--results_dir",
                                          str(digits_tiny_root / "guard"))))
 
 
@@ -225,7 +229,7 @@ def test_secure_rng_differs_between_runs_seeded_noise_does_not(digits_tiny_root,
     assert torch.equal(runs["seeded"], runs["seeded2"])  # the default is reproducible
     assert not torch.equal(runs["secure"], runs["secure2"])  # OS-seeded: two runs differ
     with pytest.raises(FLError, match="--dp_secure_rng needs -dp"):
-        main.parse_config(["--dp_secure_rng"])
+        parse_config(["--dp_secure_rng"])
 
 
 def test_a_declaration_cannot_be_changed_in_place():

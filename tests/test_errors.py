@@ -2,6 +2,7 @@
 import pytest
 
 import main
+from cli import parse_config
 from conftest import cli
 from utils.results import read_h5
 
@@ -55,7 +56,7 @@ def test_bad_flag_values(digits_root, tmp_path, capsys):
                                          (("-ld", "false"), False), (("-ld", "1"), True), (("-ld", "0"), False),
                                          (("-ld", "-ls", "2"), True)])
 def test_boolean_flags_take_an_optional_value(digits_root, tmp_path, given, value):
-    cfg = main.parse_config(cli(digits_root, tmp_path, *given))
+    cfg = parse_config(cli(digits_root, tmp_path, *given))
     assert cfg.learning_rate_decay is value
 
 
@@ -77,7 +78,7 @@ def test_corrupt_client_file(digits_root, tmp_path, capsys):
 
 
 def test_config_is_read_only(digits_root):
-    cfg = main.parse_config(cli(digits_root, digits_root))
+    cfg = parse_config(cli(digits_root, digits_root))
     with pytest.raises(AttributeError):
         cfg.local_learning_rate = 1.0
     assert cfg.replace(local_learning_rate=1.0).local_learning_rate == 1.0

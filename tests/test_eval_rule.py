@@ -3,7 +3,7 @@ round's selected clients run ALA (every client with --ala_clients all, as PFLlib
 evaluated on their own model. Checked by recording who ran ALA before each evaluation."""
 import pytest
 
-import main
+from cli import parse_config
 from conftest import cli
 from flcore.registry import get_server_class
 from utils.ALA import ALA
@@ -12,7 +12,7 @@ from utils.data_utils import load_split
 
 @pytest.mark.parametrize("who", ["selected", "all"])
 def test_every_evaluation_runs_ala_by_one_rule(who, digits_root, monkeypatch):
-    cfg = main.parse_config(cli(digits_root, digits_root, "--executor", "sequential", "-algo", "FedALA", "-jr", "0.4",
+    cfg = parse_config(cli(digits_root, digits_root, "--executor", "sequential", "-algo", "FedALA", "-jr", "0.4",
                                 "-gr", "4", "-lbs", "20", "--train_loss_eval", "off", "--ala_max_epochs", "2",
                                 "--ala_clients", who))
     server = get_server_class("FedALA")(cfg.replace(num_classes=10), load_split("Digits", digits_root))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import main
+from cli import parse_config
 from cli import add_other_algorithms_flags, base_parser
 from conftest import cli
 from flcore.registry import ALGORITHMS, get_server_class
@@ -62,7 +63,7 @@ def test_fedavg_new_clients_fine_tune_the_final_global_model(digits_root, tmp_pa
     assert h5["rs_new_round"].tolist() == [3]
     data = load_split("Digits", digits_root)
     initial = get_server_class("FedAvg")(
-        main.parse_config(cli(digits_root, tmp_path, *flags)).replace(num_classes=10),
+        parse_config(cli(digits_root, tmp_path, *flags)).replace(num_classes=10),
         load_split("Digits", digits_root, 3)).global_model
     global_model = copy.deepcopy(initial)
     global_model.load_state_dict(torch.load(tmp_path / "models" / "Digits_FedAvg_test_0_server.pt", weights_only=True))
@@ -84,7 +85,7 @@ def test_fedrep_new_clients_take_the_global_body_under_their_initial_head(digits
     common initial model (its own, never trained), and is evaluated as that."""
     flags = ("-gr", "2", "-nc", "3", "-nnc", "2", "-ften", "0", "-algo", "FedRep", "--executor", "sequential",
              "--train_loss_eval", "off")
-    cfg = main.parse_config(cli(digits_tiny_root, tmp_path, *flags)).replace(num_classes=10)
+    cfg = parse_config(cli(digits_tiny_root, tmp_path, *flags)).replace(num_classes=10)
     data = load_split("Digits", digits_tiny_root, 3, new_clients=2)
     server = get_server_class("FedRep")(cfg, data)
     initial = copy.deepcopy(server.global_model)
@@ -121,7 +122,7 @@ def test_few_shot_keeps_k_per_class_from_the_seeded_stream():
 def test_few_shot_then_validation_in_a_client(digits_tiny_root, tmp_path):
     """-fs 2 --val_ratio 0.25 on a client: min(2, count) samples of each of its classes, then round(0.25 n)
     of those held out for validation; all drawn from its training split; the test split untouched."""
-    cfg = main.parse_config(cli(digits_tiny_root, tmp_path, "-fs", "2", "--val_ratio", "0.25"))
+    cfg = parse_config(cli(digits_tiny_root, tmp_path, "-fs", "2", "--val_ratio", "0.25"))
     data = load_split("Digits", digits_tiny_root).clients[1]
     counts = torch.bincount(data.y_train, minlength=10)
     part = local_split(data, cfg, 0, 1)
@@ -148,7 +149,7 @@ def test_fairness_figures_by_hand():
 
 # ---- no flag reachable by a prefix of its name ------------------------------------------------------------
 def full_parser(algo: str):
-    """The parser main.parse_config builds for ``-algo algo``: common flags, its own, the others' (hidden)."""
+    """The parser parse_config builds for ``-algo algo``: common flags, its own, the others' (hidden)."""
     parser = base_parser()
     get_server_class(algo).add_args(parser.add_argument_group(f"{algo} flags"))
     add_other_algorithms_flags(parser, algo)
@@ -246,7 +247,7 @@ def test_config_file_values_with_command_line_overrides(digits_tiny_root, tmp_pa
     cfg_file = tmp_path / "run.json"
     cfg_file.write_text(json.dumps({"algorithm": "FedProx", "global_rounds": 1, "local_learning_rate": 0.2,
                                     "mu": 0.3, "learning_rate_decay": True, "progress": False, "num_classes": None}))
-    cfg = main.parse_config(["--config", str(cfg_file), "-lr", "0.05"])
+    cfg = parse_config(["--config", str(cfg_file), "-lr", "0.05"])
     assert (cfg.algorithm, cfg.global_rounds, cfg.local_learning_rate, cfg.mu) == ("FedProx", 1, 0.05, 0.3)
     assert cfg.learning_rate_decay is True and cfg.progress is False and cfg.config == str(cfg_file)
     out = tmp_path / "out"
@@ -258,17 +259,17 @@ def test_config_file_values_with_command_line_overrides(digits_tiny_root, tmp_pa
                          ({"global_rounds": [3]}, "'global_rounds' must be a single value")):
         cfg_file.write_text(json.dumps(bad))
         with pytest.raises(main.FLError, match=message):
-            main.parse_config(["--config", str(cfg_file)])
+            parse_config(["--config", str(cfg_file)])
 
 
 @pytest.mark.optional_deps("yaml")
 def test_yaml_config_file(tmp_path):
     (tmp_path / "run.yaml").write_text("global_rounds: 7\nalgorithm: FedALA\nala_clients: all\n")
-    cfg = main.parse_config(["--config", str(tmp_path / "run.yaml")])
+    cfg = parse_config(["--config", str(tmp_path / "run.yaml")])
     assert (cfg.global_rounds, cfg.algorithm, cfg.ala_clients) == (7, "FedALA", "all")
     (tmp_path / "bad.yaml").write_text("!!python/object/apply:os.system ['true']\n")
     with pytest.raises(main.FLError, match="not valid YAML"):  # the safe loader builds no objects
-        main.parse_config(["--config", str(tmp_path / "bad.yaml")])
+        parse_config(["--config", str(tmp_path / "bad.yaml")])
 
 
 @pytest.mark.optional_deps("tensorboard")

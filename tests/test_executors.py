@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import main
+from cli import algorithm_arg, parse_config
 from conftest import build_server, cli
 from flcore.clients.clientavg import FedAvgClient
 from flcore.registry import ALGORITHMS, get_server_class
@@ -60,8 +61,8 @@ def run_main(root, out, *flags, executor=None) -> dict:
     if executor is None:
         assert main.main(argv) == 0
     else:
-        main.run(main.parse_config(argv), executor=executor)
-    return series(out, main.algorithm_arg(argv))
+        main.run(parse_config(argv), executor=executor)
+    return series(out, algorithm_arg(argv))
 
 
 def build(root, algo: str = "FedAvg", *flags) -> Server:
@@ -112,7 +113,7 @@ def ray_pool(digits_tiny_root):
     from runtime.raypool import RayExecutor, init_ray, shutdown_ray
 
     init_ray(num_cpus=2)
-    pool = RayExecutor(main.parse_config(cli(digits_tiny_root, digits_tiny_root, *RAY)))
+    pool = RayExecutor(parse_config(cli(digits_tiny_root, digits_tiny_root, *RAY)))
     yield pool
     pool.close()
     shutdown_ray()
@@ -189,7 +190,7 @@ def test_resume_after_crash_equals_uninterrupted_run(case, executor, digits_tiny
 
     assert_same(base, run_main(digits_tiny_root, crash, *flags, *ON[executor], "--resume"))
     assert "after round 1" in capsys.readouterr().out
-    rounds = main.parse_config(cli(digits_tiny_root, crash, *flags)).global_rounds  # a case may set its own -gr
+    rounds = parse_config(cli(digits_tiny_root, crash, *flags)).global_rounds  # a case may set its own -gr
     assert len(read_h5(crash / f"Digits_{algo}_test_0.h5")["rs_round_time"]) == rounds
     # A checkpoint does not depend on the executor: the same one resumed on the other executor.
     other = "sequential" if executor == "fork" else "fork"
@@ -288,7 +289,7 @@ class ScaledServer(FedAvgServer):
 
 
 def scaled_server(root, out, executor=None) -> ScaledServer:
-    cfg = main.parse_config(cli(root, out, *FAST, "-gr", "2", *SEQUENTIAL))
+    cfg = parse_config(cli(root, out, *FAST, "-gr", "2", *SEQUENTIAL))
     data = load_split("Digits", root)
     return ScaledServer(cfg.replace(num_classes=data.num_classes), data, 0, RunRecorder("scaled", {}, out),
                         executor=executor)
@@ -503,7 +504,7 @@ def test_parking_by_hand(digits_tiny_root, tmp_path, monkeypatch):
     from runtime.executors import Parking
     from runtime.parking import ClientStore
 
-    cfg = main.parse_config(["-jr", "0.4", "-nc", "5"])
+    cfg = parse_config(["-jr", "0.4", "-nc", "5"])
     assert Parking.from_config(cfg) is None  # --client_state device: nothing parks
     cpu = Parking.from_config(cfg.replace(client_state="cpu"))
     assert (cpu.mode, cpu.capacity, cpu.folder) == ("cpu", 2, None)  # int(0.4 x 5) clients live
@@ -594,7 +595,7 @@ def test_client_factory_builds_each_client_under_its_own_stream_and_device():
             self.cfg, self.cid, self.data, self.model, self.run, self.extra = cfg, cid, data, model, run, extra
             self.draw = torch.randn(3)  # the constructor's initialisers draw from the global stream
 
-    cfg = main.parse_config(["--seed", "7"]).replace(device="cpu")
+    cfg = parse_config(["--seed", "7"]).replace(device="cpu")
     common, own = torch.nn.Linear(2, 2), {4: torch.nn.Linear(2, 3)}
     c = ClientFactory(Recorder, cfg, 2, common)(4, {"x": torch.ones(1)})
     with torch_seeded(7, 2, "client-init", 4):

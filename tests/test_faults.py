@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientavg import FedAvgClient
 from flcore.servers.serveravg import FedAvgServer
@@ -20,12 +20,12 @@ from utils.seeding import np_rng
 
 
 def make_server(root, *flags, server_cls=FedAvgServer):
-    cfg = main.parse_config(cli(root, root, "--executor", "sequential", *flags)).replace(num_classes=10)
+    cfg = parse_config(cli(root, root, "--executor", "sequential", *flags)).replace(num_classes=10)
     return server_cls(cfg, load_split("Digits", root))
 
 
 def slow_cfg(tsr=1.0, ssr=0.0, tth=10.0, seed=0):
-    return main.parse_config(["-tsr", str(tsr), "-ssr", str(ssr), "-tth", str(tth), "--seed", str(seed)])
+    return parse_config(["-tsr", str(tsr), "-ssr", str(ssr), "-tth", str(tth), "--seed", str(seed)])
 
 
 # ---- drop-outs -------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import torch
 from torch.nn import functional as F
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientfd import distillation, label_means
 from flcore.registry import get_server_class
@@ -17,7 +18,7 @@ from utils.results import read_h5
 
 
 def build(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FD", "--executor", "sequential", "-lr", "0.1", "-lbs", "20",
+    cfg = parse_config(cli(root, root, "-algo", "FD", "--executor", "sequential", "-lr", "0.1", "-lbs", "20",
                                 "-nc", "3", *flags))
     data = load_split("Digits", root, 3, "cpu")
     return get_server_class("FD")(cfg.replace(num_classes=data.num_classes), data, 0, None)
@@ -144,9 +145,9 @@ def test_lambda_zero_is_local_and_lambda_changes_it(digits_tiny_root, tmp_path):
 
 def test_ala_is_refused(digits_tiny_root):
     with pytest.raises(FLError, match="-ala"):
-        main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FD", "-ala"))
+        parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FD", "-ala"))
 
 
 def test_a_negative_lambda_is_refused(digits_tiny_root):
     with pytest.raises(FLError, match="-lam >= 0"):
-        main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FD", "-lam", "-0.5"))
+        parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FD", "-lam", "-0.5"))

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import torch
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.registry import get_server_class
 from flcore.servers.serveramp import FedAMPServer, heur_attention, pairwise_cosine
@@ -15,7 +16,7 @@ from utils.results import read_h5
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedAMP", "--executor", "sequential", *flags))
+    cfg = parse_config(cli(root, root, "-algo", "FedAMP", "--executor", "sequential", *flags))
     return get_server_class("FedAMP")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root))
 
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients import clientas
 from flcore.clients.clientas import fisher_trace
@@ -17,7 +18,7 @@ from utils.data_utils import load_split
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedAS", "--executor", "sequential", "-nc", "3", "-lbs", "20",
+    cfg = parse_config(cli(root, root, "-algo", "FedAS", "--executor", "sequential", "-nc", "3", "-lbs", "20",
                                 "-lr", "0.1", "--train_loss_eval", "off", *flags))
     return get_server_class("FedAS")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root, 3))
 

@@ -10,6 +10,7 @@ import torch
 from torch.nn import functional as F
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
@@ -18,7 +19,7 @@ from utils.seeding import torch_gen
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedBABU", "--executor", "sequential", *flags))
+    cfg = parse_config(cli(root, root, "-algo", "FedBABU", "--executor", "sequential", *flags))
     return get_server_class("FedBABU")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root))
 
 
@@ -117,4 +118,4 @@ def test_ala_adapts_the_body_under_the_common_head(digits_noniid_root, tmp_path)
 
 def test_fte_zero_is_refused(digits_noniid_root):
     with pytest.raises(FLError, match="-fte must be >= 1"):
-        get_server_class("FedBABU").check_config(main.parse_config(["-algo", "FedBABU", "-fte", "0"]))
+        get_server_class("FedBABU").check_config(parse_config(["-algo", "FedBABU", "-fte", "0"]))

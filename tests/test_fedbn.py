@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientbase import Upload
 from flcore.clients.clientbn import bn_prefixes
@@ -18,7 +19,7 @@ from utils.errors import FLError
 
 
 def build(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedBN", "--executor", "sequential", "-lr", "0.1", *flags))
+    cfg = parse_config(cli(root, root, "-algo", "FedBN", "--executor", "sequential", "-lr", "0.1", *flags))
     data = load_split("Digits", root, None, "cpu")
     return get_server_class("FedBN")(cfg.replace(num_classes=data.num_classes), data, 0, None)
 
@@ -100,7 +101,7 @@ def test_auto_model_is_bncnn(digits_tiny_root):
 
 def test_dp_is_refused(digits_tiny_root):
     with pytest.raises(FLError, match="-dp"):
-        main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedBN", "-dp"))
+        parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedBN", "-dp"))
 
 
 def test_ala_runs_and_leaves_bn_alone(digits_tiny_root, tmp_path):

@@ -5,7 +5,7 @@ bad -tau/-bt). -dp: tests/test_dp_registry.py."""
 import pytest
 import torch
 
-import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientcac import critical_mask
 from flcore.registry import get_server_class
@@ -15,7 +15,7 @@ from utils.errors import FLError
 
 
 def make_server(root, *flags, algo="FedCAC"):
-    cfg = main.parse_config(cli(root, root, "-algo", algo, "--executor", "sequential", "-gr", "2", *flags))
+    cfg = parse_config(cli(root, root, "-algo", algo, "--executor", "sequential", "-gr", "2", *flags))
     return get_server_class(algo)(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root))
 
 
@@ -149,18 +149,18 @@ def test_nothing_critical_is_fedavg(digits_tiny_root):
                                            (("-tau", "1.5"), "-tau")])
 def test_refusals(flags, message, digits_tiny_root):
     with pytest.raises(FLError, match=message):
-        main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCAC", *flags))
+        parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCAC", *flags))
 
 
 def test_every_entry_critical_and_a_short_beta_are_accepted(digits_tiny_root):
     """-tau 1 (PFLlib's) and any positive -bt are valid."""
-    cfg = main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCAC", "-tau", "1", "-bt", "0.5"))
+    cfg = parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCAC", "-tau", "1", "-bt", "0.5"))
     assert (cfg.tau, cfg.beta) == (1.0, 0.5)
 
 
 def test_defaults_are_the_official_cifar10_configuration(digits_tiny_root):
     """τ 0.5 with β 100, the official CIFAR-10 config (its CIFAR-100 pair is τ 0.4, β 170)."""
-    cfg = main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCAC"))
+    cfg = parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCAC"))
     assert (cfg.tau, cfg.beta) == (0.5, 100.0)
 
 

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientcp import CPModel, mmd
 from flcore.registry import get_server_class
@@ -20,7 +21,7 @@ from utils.errors import FLError
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedCP", "--executor", "sequential", "-nc", "3", *flags))
+    cfg = parse_config(cli(root, root, "-algo", "FedCP", "--executor", "sequential", "-nc", "3", *flags))
     return get_server_class("FedCP")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root, 3))
 
 
@@ -138,9 +139,9 @@ def test_gumbel_noise_comes_from_the_clients_own_stream(digits_tiny_root):
 
 
 def test_lambda_zero_is_accepted_and_a_negative_one_refused(digits_tiny_root):
-    assert main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCP", "-lam", "0")).lamda == 0
+    assert parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCP", "-lam", "0")).lamda == 0
     with pytest.raises(FLError, match="-lam >= 0"):
-        main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCP", "-lam", "-0.5"))
+        parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedCP", "-lam", "-0.5"))
 
 
 def test_a_classifier_that_is_not_linear_is_refused(digits_tiny_root, monkeypatch):

@@ -9,6 +9,7 @@ import torch
 from torch.func import functional_call
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientbase import Upload
 from flcore.registry import get_server_class
@@ -20,7 +21,7 @@ FAST = ("-lr", "0.1", "-lbs", "20", "--train_loss_eval", "off")
 
 
 def build(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedCross", "--executor", "sequential", *FAST, *flags))
+    cfg = parse_config(cli(root, root, "-algo", "FedCross", "--executor", "sequential", *FAST, *flags))
     data = load_split("Digits", root, None, "cpu")
     return get_server_class("FedCross")(cfg.replace(num_classes=data.num_classes), data, 0, None)
 
@@ -246,7 +247,7 @@ def test_bad_flags_get_one_clear_line(digits_tiny_root, tmp_path, capsys):
     assert "-ca must be in [0, 1]" in capsys.readouterr().err
     assert main.main(cli(digits_tiny_root, tmp_path, *base, "-rjr")) == 2
     assert "drop -rjr" in capsys.readouterr().err
-    cfg = main.parse_config(cli(digits_tiny_root, tmp_path, *base, "--collaberative_model_select_strategy", "2"))
+    cfg = parse_config(cli(digits_tiny_root, tmp_path, *base, "--collaberative_model_select_strategy", "2"))
     assert cfg.collaborative_model_select_strategy == 2  # PFLlib's spelling is accepted
 
 

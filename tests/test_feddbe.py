@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientdbe import mean_regularizer, running_mean_update
 from flcore.registry import get_server_class
@@ -17,7 +17,7 @@ from utils.seeding import torch_gen
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedDBE", "--executor", "sequential", "-gr", "2", *flags))
+    cfg = parse_config(cli(root, root, "-algo", "FedDBE", "--executor", "sequential", "-gr", "2", *flags))
     return get_server_class("FedDBE")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root))
 
 

@@ -7,6 +7,7 @@ import torch
 from torch.func import functional_call
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientbase import Upload
 from flcore.clients.clientdyn import dyn_penalty_grad
@@ -16,7 +17,7 @@ from utils.data_utils import load_split
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedDyn", "--executor", "sequential", *flags))
+    cfg = parse_config(cli(root, root, "-algo", "FedDyn", "--executor", "sequential", *flags))
     return get_server_class("FedDyn")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root))
 
 

@@ -9,6 +9,7 @@ import torch
 from torch.nn import functional as F
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientgc import GCModel
 from flcore.registry import get_server_class
@@ -17,7 +18,7 @@ from utils.data_utils import load_split
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedGC", "--executor", "sequential", "-nc", "3", *flags))
+    cfg = parse_config(cli(root, root, "-algo", "FedGC", "--executor", "sequential", "-nc", "3", *flags))
     return get_server_class("FedGC")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root, 3))
 
 

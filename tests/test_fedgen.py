@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientbase import Upload
 from flcore.clients.clientgen import Generator, generated_weight
@@ -21,7 +22,7 @@ from utils.results import read_h5
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedGen", "--executor", "sequential", "-lr", "0.1",
+    cfg = parse_config(cli(root, root, "-algo", "FedGen", "--executor", "sequential", "-lr", "0.1",
                                 "-se", "5", *flags))
     data = load_split("Digits", root, None, "cpu")
     return get_server_class("FedGen")(cfg.replace(num_classes=data.num_classes), data, 0, None)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.prototypes import class_means
 from flcore.registry import get_server_class
@@ -16,7 +17,7 @@ from utils.errors import FLError
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedGH", "--executor", "sequential", "-nc", "3", "-lbs", "20",
+    cfg = parse_config(cli(root, root, "-algo", "FedGH", "--executor", "sequential", "-nc", "3", "-lbs", "20",
                                 "-lr", "0.1", "--train_loss_eval", "off", *flags))
     return get_server_class("FedGH")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root, 3))
 
@@ -130,7 +131,7 @@ def test_ala_adapts_the_received_header(digits_tiny_root, tmp_path):
 
 
 def test_server_rate_must_be_positive(digits_tiny_root):
-    cfg = main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedGH", "-slr", "0.01"))
+    cfg = parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedGH", "-slr", "0.01"))
     assert cfg.server_learning_rate == 0.01
     with pytest.raises(FLError, match="-slr must be > 0"):
-        main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedGH", "-slr", "0"))
+        parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedGH", "-slr", "0"))

@@ -8,6 +8,7 @@ import torch
 from torch.nn import functional as F
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientkd import (adaptive_kd_losses, compress_state, decompress, energy_threshold,
                                     hidden_and_logits, shared_entries, svd_compress)
@@ -19,7 +20,7 @@ from utils.errors import FLError
 
 
 def build(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedKD", "--executor", "sequential", "-lr", "0.1",
+    cfg = parse_config(cli(root, root, "-algo", "FedKD", "--executor", "sequential", "-lr", "0.1",
                                 "-lbs", "20", "-nc", "3", "-gr", "4", *flags))
     data = load_split("Digits", root, 3, "cpu")
     return get_server_class("FedKD")(cfg.replace(num_classes=data.num_classes), data, 0, None)
@@ -196,10 +197,10 @@ def test_server_compresses_the_mean_update_at_the_rounds_threshold(digits_tiny_r
 def test_thresholds_and_mentee_rate_bounds(flags, ok, digits_tiny_root):
     args = cli(digits_tiny_root, digits_tiny_root, "-algo", "FedKD", *flags)
     if ok:
-        main.parse_config(args)
+        parse_config(args)
     else:
         with pytest.raises(FLError, match="FedKD needs"):
-            main.parse_config(args)
+            parse_config(args)
 
 
 def test_threshold_of_a_one_round_run_is_t_end():

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientlc import calibrated_logits
 from flcore.registry import get_server_class
@@ -15,7 +16,7 @@ from utils.results import read_h5
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedLC", "--executor", "sequential", *flags))
+    cfg = parse_config(cli(root, root, "-algo", "FedLC", "--executor", "sequential", *flags))
     return get_server_class("FedLC")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root))
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientntd import not_true, ntd_loss
 from flcore.registry import get_server_class
@@ -17,7 +18,7 @@ from utils.results import read_h5
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedNTD", "--executor", "sequential", *flags))
+    cfg = parse_config(cli(root, root, "-algo", "FedNTD", "--executor", "sequential", *flags))
     return get_server_class("FedNTD")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root))
 
 
@@ -125,7 +126,7 @@ def test_flags_are_checked(digits_root, tmp_path, capsys):
 def test_beta_and_tau_bounds_at_their_edges(flags, ok, digits_root):
     args = cli(digits_root, digits_root, "-algo", "FedNTD", *flags)
     if ok:
-        main.parse_config(args)
+        parse_config(args)
     else:
         with pytest.raises(FLError, match="FedNTD needs -bt >= 0 and -tau > 0"):
-            main.parse_config(args)
+            parse_config(args)

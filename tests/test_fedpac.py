@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientpac import feature_statistics
 from flcore.prototypes import aggregate_prototypes
@@ -18,7 +19,7 @@ from utils.data_utils import load_split
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedPAC", "--executor", "sequential", "-lr", "0.1",
+    cfg = parse_config(cli(root, root, "-algo", "FedPAC", "--executor", "sequential", "-lr", "0.1",
                                 "-lbs", "20", *flags))
     return get_server_class("FedPAC")(cfg.replace(num_classes=10), load_split("Digits", root))
 

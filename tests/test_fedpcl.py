@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientpcl import pcl_loss, prototype_contrastive_loss
 from flcore.prototypes import NearestPrototype
@@ -17,7 +18,7 @@ from utils.errors import FLError
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedPCL", "--executor", "sequential", "-lr", "0.1",
+    cfg = parse_config(cli(root, root, "-algo", "FedPCL", "--executor", "sequential", "-lr", "0.1",
                                 "-lbs", "20", *flags))
     return get_server_class("FedPCL")(cfg.replace(num_classes=10), load_split("Digits", root))
 
@@ -113,9 +114,9 @@ def test_ala_and_dp_are_refused(flag, digits_tiny_root, capsys):
 
 
 def test_tau_must_be_positive(digits_tiny_root):
-    assert main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedPCL", "-tau", "0.01")).tau == 0.01
+    assert parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedPCL", "-tau", "0.01")).tau == 0.01
     with pytest.raises(FLError, match="-tau > 0"):
-        main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedPCL", "-tau", "0"))
+        parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedPCL", "-tau", "0"))
 
 
 def test_client_loss_contrasts_normalised_representations_with_padded_tables(digits_tiny_root):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientbase import Upload
 from flcore.registry import get_server_class
@@ -20,7 +21,7 @@ LOCAL = {"FedPer": "head.", "LG-FedAvg": "base."}
 
 
 def make_server(root, algo, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", algo, "--executor", "sequential", *flags))
+    cfg = parse_config(cli(root, root, "-algo", algo, "--executor", "sequential", *flags))
     return get_server_class(algo)(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root))
 
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.prototypes import NearestPrototype, aggregate_prototypes, class_prototypes, prototype_pull, representations
 from flcore.registry import get_server_class
@@ -15,7 +16,7 @@ from utils.data_utils import load_split
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedProto", "--executor", "sequential", "-lr", "0.1",
+    cfg = parse_config(cli(root, root, "-algo", "FedProto", "--executor", "sequential", "-lr", "0.1",
                                 "-lbs", "20", *flags))
     return get_server_class("FedProto")(cfg.replace(num_classes=10), load_split("Digits", root))
 
@@ -151,6 +152,6 @@ def test_ala_and_dp_are_refused(flag, digits_tiny_root, capsys):
 def test_lambda_zero_is_accepted_and_a_negative_one_refused(digits_tiny_root):
     from utils.errors import FLError
 
-    assert main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedProto", "-lam", "0")).lamda == 0
+    assert parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedProto", "-lam", "0")).lamda == 0
     with pytest.raises(FLError, match="-lam >= 0"):
-        main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedProto", "-lam", "-0.5"))
+        parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedProto", "-lam", "-0.5"))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientbase import Upload
 from flcore.clients.clientrod import balanced_softmax_loss
@@ -17,7 +17,7 @@ from utils.data_utils import load_split
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedRoD", "--executor", "sequential", *flags))
+    cfg = parse_config(cli(root, root, "-algo", "FedRoD", "--executor", "sequential", *flags))
     return get_server_class("FedRoD")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root))
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import main
+from cli import parse_config
 from conftest import REPO, cli
 from utils.results import read_h5
 
@@ -46,7 +47,7 @@ def test_data_in_another_case_runs_that_split(digits_tiny_root, tmp_path, capsys
                                                   ("-algo", "fedpox", "FedProx"), ("--aggregator", "medain", "median")])
 def test_a_misspelt_name_gets_the_closest_names(flag, given, closest, capsys):
     with pytest.raises(SystemExit) as stop:
-        main.parse_config([flag, given])
+        parse_config([flag, given])
     assert stop.value.code == 2
     line = error_line(capsys)
     assert f"unknown value '{given}'; did you mean " in line and closest in line.split("did you mean")[1].split("?")[0]
@@ -54,7 +55,7 @@ def test_a_misspelt_name_gets_the_closest_names(flag, given, closest, capsys):
 
 def test_a_name_with_nothing_close_keeps_argparse_s_line(capsys):
     with pytest.raises(SystemExit):
-        main.parse_config(["-algo", "Zzzzzz"])
+        parse_config(["-algo", "Zzzzzz"])
     assert "invalid choice: 'Zzzzzz'" in error_line(capsys)
 
 

@@ -7,7 +7,7 @@ bound itself is accepted (so ``<`` against ``<=`` shows); every refused value li
 """
 import pytest
 
-import main
+from cli import parse_config
 from conftest import cli
 from utils.errors import FLError
 
@@ -64,7 +64,7 @@ CASES = [pytest.param(algo, flag, value, refused, extra, id=f"{algo}{flag}={valu
 
 
 def parse(root, algo, *flags):
-    return main.parse_config(cli(root, root, "-algo", algo, *flags))
+    return parse_config(cli(root, root, "-algo", algo, *flags))
 
 
 @pytest.mark.parametrize("algo, flag, value, refused, extra", CASES)

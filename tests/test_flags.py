@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.registry import get_server_class
 from flcore.trainmodel.models import build_model
@@ -22,7 +23,7 @@ FAST = ("-lbs", "20", "--train_loss_eval", "off")
 
 def make_server(root, *flags, algo="FedAvg"):
     """A server whose clients are objects in this process (their attributes can be read)."""
-    cfg = main.parse_config(cli(root, root, "--executor", "sequential", "-algo", algo, *flags))
+    cfg = parse_config(cli(root, root, "--executor", "sequential", "-algo", algo, *flags))
     return get_server_class(algo)(cfg.replace(num_classes=10), load_split("Digits", root))
 
 
@@ -131,7 +132,7 @@ def test_save_folder_holds_the_final_global_model(digits_root, tmp_path):
     assert main.main(flags) == 0
     saved = torch.load(folder / "Digits_FedAvg_test_0_server.pt", weights_only=True)
     # a second identical run, built here, and its aggregated model
-    cfg = main.parse_config(flags)
+    cfg = parse_config(flags)
     data = load_split("Digits", digits_root)
     server = get_server_class("FedAvg")(cfg.replace(num_classes=10), data, 0, None, SequentialExecutor())
     initial = {k: v.clone() for k, v in server.global_model.state_dict().items()}

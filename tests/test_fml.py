@@ -6,6 +6,7 @@ import torch
 from torch.func import functional_call
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientfml import mutual_losses
 from flcore.registry import get_server_class
@@ -14,7 +15,7 @@ from utils.data_utils import load_split
 
 
 def build(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FML", "--executor", "sequential", "-lr", "0.1", "-lbs", "20",
+    cfg = parse_config(cli(root, root, "-algo", "FML", "--executor", "sequential", "-lr", "0.1", "-lbs", "20",
                                 "-nc", "3", *flags))
     data = load_split("Digits", root, 3, "cpu")
     return get_server_class("FML")(cfg.replace(num_classes=data.num_classes), data, 0, None)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientgpfl import CoV, angle_loss, magnitude_loss
 from flcore.registry import get_server_class
@@ -15,7 +16,7 @@ from utils.data_utils import load_split
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "GPFL", "--executor", "sequential", "-nc", "3", *flags))
+    cfg = parse_config(cli(root, root, "-algo", "GPFL", "--executor", "sequential", "-nc", "3", *flags))
     return get_server_class("GPFL")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root, 3))
 
 

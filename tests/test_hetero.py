@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.registry import ALGORITHMS, get_server_class
 from flcore.servers.serverbase import Server
@@ -99,11 +100,11 @@ def test_the_declaration_covers_every_registered_algorithm(digits_tiny_root, tmp
         if name in SUPPORTED:
             assert not support.refusal and (support.same_shape, support.personal) == SUPPORTED[name], name
             assert support.shares, name
-            main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", name, *TWO))
+            parse_config(cli(digits_tiny_root, tmp_path, "-algo", name, *TWO))
         else:
             assert support.refusal, name
             with pytest.raises(FLError, match=f"--client_models: {name} is refused: its server averages") as e:
-                main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", name, *TWO))
+                parse_config(cli(digits_tiny_root, tmp_path, "-algo", name, *TWO))
             assert "\n" not in str(e.value)
 
 
@@ -128,7 +129,7 @@ def conv_count(model: nn.Module) -> int:
 
 
 def server_for(algo: str, root, *extra) -> Server:
-    cfg = main.parse_config(cli(root, root, "--executor", "sequential", "-algo", algo, "-fd", "48", *TWO, *extra))
+    cfg = parse_config(cli(root, root, "--executor", "sequential", "-algo", algo, "-fd", "48", *TWO, *extra))
     return get_server_class(algo)(cfg.replace(num_classes=10), load_split("Digits", root))
 
 

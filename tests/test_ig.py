@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import main
+from cli import parse_config
 from conftest import cli
 from utils import dlg
 from utils.results import read_h5
@@ -198,7 +199,7 @@ def test_ig_refuses_its_image_prior_on_other_inputs():
 def test_ig_defaults_are_the_papers_and_the_clis_and_its_options_are_keywords():
     import inspect
 
-    cfg = main.parse_config([])
+    cfg = parse_config([])
     p = inspect.signature(dlg.invert_gradients).parameters
     assert (p["iters"].default, p["tv"].default, p["lr"].default) == (cfg.ig_iters, cfg.ig_tv, 0.1) == (4000, 1e-4, 0.1)
     assert all(p[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("labels", "iters", "tv", "lr", "generator",

@@ -1,5 +1,5 @@
 """The import structure of system/, read with ``ast`` (nothing is imported): the project's own modules
-import each other without cycles, and the generic layers (utils/, runtime/) never reach into the
+import each other without cycles, and the generic layers (utils/, runtime/, plugins/) never reach into the
 algorithms (flcore/). Every ``import`` statement counts, including those inside functions; the lazy
 registry's "module:Class" strings are not imports."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 SYSTEM = Path(__file__).resolve().parents[1] / "system"
-PACKAGES = ("flcore", "runtime", "utils")
+PACKAGES = ("flcore", "plugins", "runtime", "utils")
 SCRIPTS = ("main.py", "cli.py", "get_mean_std.py")
 
 
@@ -151,7 +151,7 @@ def test_no_import_cycles(graph):
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-@pytest.mark.parametrize("layer", ["utils", "runtime"])
+@pytest.mark.parametrize("layer", ["utils", "runtime", "plugins"])
 def test_generic_layers_do_not_import_algorithms(graph, layer):
     bad = sorted(f"{m} imports {t}" for m, targets in graph.items() if m.split(".")[0] == layer
                  for t in targets if t.split(".")[0] == "flcore")

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.trainmodel.models import MODEL_SPECS, Digit5CNN, HARCNN, ModelError, build_model, modality_of
 from flcore.trainmodel.parts import head_of, layer_groups, split_head
@@ -145,7 +146,7 @@ def test_auto_picks_the_splits_default_model_else_one_for_its_modality():
 
 
 def test_m_takes_pfllib_names_and_aliases_in_any_case():
-    assert [main.parse_config(["-m", m]).model for m in ("resnet34", "MobileNetV2", "mclr_logistic", "fasttext")] == [
+    assert [parse_config(["-m", m]).model for m in ("resnet34", "MobileNetV2", "mclr_logistic", "fasttext")] == [
         "ResNet34", "MobileNet", "MLR", "fastText"]
 
 

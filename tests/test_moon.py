@@ -8,6 +8,7 @@ import torch
 from torch.nn import functional as F
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientmoon import contrastive_loss
 from flcore.registry import get_server_class
@@ -16,7 +17,7 @@ from utils.results import read_h5
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "MOON", "--executor", "sequential", "-lr", "0.1", *flags))
+    cfg = parse_config(cli(root, root, "-algo", "MOON", "--executor", "sequential", "-lr", "0.1", *flags))
     data = load_split("Digits", root, None, "cpu")
     return get_server_class("MOON")(cfg.replace(num_classes=data.num_classes), data, 0, None)
 

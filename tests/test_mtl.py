@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.clients.clientmtl import mtl_penalty
 from flcore.registry import get_server_class
@@ -18,7 +19,7 @@ SEQ = ("--executor", "sequential")
 
 
 def build(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "FedMTL", *SEQ, "-lr", "0.1", *flags))
+    cfg = parse_config(cli(root, root, "-algo", "FedMTL", *SEQ, "-lr", "0.1", *flags))
     data = load_split("Digits", root, None, "cpu")
     return get_server_class("FedMTL")(cfg.replace(num_classes=data.num_classes), data, 0, None)
 
@@ -101,7 +102,7 @@ def test_lambda_zero_is_local(digits_tiny_root, tmp_path):
 @pytest.mark.optional_deps("opacus")
 def test_ala_refused_and_dp_runs(digits_tiny_root, tmp_path):
     with pytest.raises(FLError, match="-ala"):
-        main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedMTL", "-ala"))
+        parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedMTL", "-ala"))
     assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedMTL", "-dp", "-gr", "2", "-lr", "0.1")) == 0
     assert read_h5(tmp_path / "Digits_FedMTL_test_0.h5")["rs_dp_epsilon_max"][-1] > 0
 
@@ -114,7 +115,7 @@ def test_negative_weights_end_with_one_line(flags, digits_tiny_root, tmp_path, c
 
 
 def test_itk_is_accepted_with_a_warning_and_only_when_given(digits_tiny_root, capsys):
-    main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedMTL"))
+    parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedMTL"))
     assert capsys.readouterr().err == ""
-    main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedMTL", "-itk", "4000"))
+    parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedMTL", "-itk", "4000"))
     assert "-itk 4000 has no effect" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import main
+from cli import parse_config
 from conftest import cli
 import flcore.clients.clientpartial as cp
 from flcore.registry import get_server_class
@@ -19,7 +20,7 @@ from utils.results import read_h5
 
 
 def make_server(root, *flags, algo="PartialFed"):
-    cfg = main.parse_config(cli(root, root, "-algo", algo, "--executor", "sequential", *flags))
+    cfg = parse_config(cli(root, root, "-algo", algo, "--executor", "sequential", *flags))
     return get_server_class(algo)(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root))
 
 
@@ -235,7 +236,7 @@ def test_bad_strategy_flags_get_one_line(flag, digits_root, tmp_path, capsys):
 
 def test_strategy_flags_at_their_bounds_are_accepted(digits_root):
     """No temperature decay, a frozen choice (rate 0) and nothing held out (no learning) are valid runs."""
-    cfg = main.parse_config(cli(digits_root, digits_root, "-algo", "PartialFed", "--tau_decay", "1",
+    cfg = parse_config(cli(digits_root, digits_root, "-algo", "PartialFed", "--tau_decay", "1",
                                 "--strategy_lr", "0", "--strategy_percent", "0"))
     assert (cfg.tau_decay, cfg.strategy_lr, cfg.strategy_percent) == (1.0, 0.0, 0.0)
 

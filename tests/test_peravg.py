@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-import main
+from cli import parse_config
 from conftest import cli
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
@@ -15,7 +15,7 @@ from utils.seeding import torch_gen
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "Per-FedAvg", "--executor", "sequential", *flags))
+    cfg = parse_config(cli(root, root, "-algo", "Per-FedAvg", "--executor", "sequential", *flags))
     cfg = cfg.replace(device="cpu", num_classes=10)
     return get_server_class("Per-FedAvg")(cfg, load_split("Digits", root))
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-import main
+from cli import parse_config
 from conftest import cli
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
@@ -13,7 +13,7 @@ from utils.errors import FLError
 
 
 def make_server(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "PFL-DA", "--executor", "sequential", "-gr", "2", *flags))
+    cfg = parse_config(cli(root, root, "-algo", "PFL-DA", "--executor", "sequential", "-gr", "2", *flags))
     return get_server_class("PFL-DA")(cfg.replace(device="cpu", num_classes=10), load_split("Digits", root))
 
 
@@ -82,4 +82,4 @@ def test_only_the_global_head_is_uploaded_and_averaged(digits_tiny_root, monkeyp
 
 def test_ala_is_refused(digits_tiny_root):
     with pytest.raises(FLError, match="-ala"):
-        main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "PFL-DA", "-ala"))
+        parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "PFL-DA", "-ala"))

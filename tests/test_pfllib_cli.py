@@ -3,6 +3,7 @@ run for a round on Digits); lines PFLlib would misread fail with one clear messa
 import pytest
 
 import main
+from cli import parse_config, print_config
 from conftest import cli
 
 # (PFLlib command line after "python main.py", with -data/-gr replaced for a tiny run) -> expected config values
@@ -31,7 +32,7 @@ PARSES = [
 
 @pytest.mark.parametrize("line,expected", PARSES, ids=[p[0] for p in PARSES])
 def test_pfllib_line_parses_with_its_meaning(line, expected, digits_root, tmp_path):
-    cfg = main.parse_config(cli(digits_root, tmp_path, *line.split()))
+    cfg = parse_config(cli(digits_root, tmp_path, *line.split()))
     for key, value in expected.items():
         assert getattr(cfg, key) == value, (key, getattr(cfg, key))
 
@@ -43,7 +44,7 @@ def test_pfllib_line_parses_with_its_meaning(line, expected, digits_root, tmp_pa
     ("-algo Local -se 10 -tau 0.5 -hd 64 -al 0.1", "-al, -hd, -se, -tau", ["server_epochs", "tau", "hidden_dim", "alpha"]),
 ])
 def test_other_algorithms_flags_are_accepted_with_a_warning(line, unused, dests, digits_root, tmp_path, capsys):
-    cfg = main.parse_config(cli(digits_root, tmp_path, *line.split()))
+    cfg = parse_config(cli(digits_root, tmp_path, *line.split()))
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"warning: -algo {cfg.algorithm} does not use {unused}; ignored"], err
     assert not any(hasattr(cfg, d) for d in dests)  # nothing of theirs reaches the run's config
@@ -51,7 +52,7 @@ def test_other_algorithms_flags_are_accepted_with_a_warning(line, unused, dests,
 
 
 def test_flags_the_algorithm_uses_are_not_warned_about(digits_root, tmp_path, capsys):
-    cfg = main.parse_config(cli(digits_root, tmp_path, "-algo", "FedProx", "-mu", "0.1"))
+    cfg = parse_config(cli(digits_root, tmp_path, "-algo", "FedProx", "-mu", "0.1"))
     assert cfg.mu == 0.1 and capsys.readouterr().err == ""
 
 
@@ -72,7 +73,7 @@ def test_one_round_of_pfllib_lines_runs(digits_root, tmp_path):
 ])
 def test_bad_lines_fail_with_one_line(line, message, digits_root, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        main.parse_config(cli(digits_root, tmp_path, *line.split()))
+        parse_config(cli(digits_root, tmp_path, *line.split()))
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
@@ -90,15 +91,15 @@ def test_p_means_what_it_means_in_pfllib(flags, names, digits_root, tmp_path):
     from runtime.executors import SequentialExecutor
     from utils.data_utils import load_split
 
-    cfg = main.parse_config(cli(digits_root, tmp_path, "-algo", "FedALA", "-et", "1", "-s", "80", *flags))
+    cfg = parse_config(cli(digits_root, tmp_path, "-algo", "FedALA", "-et", "1", "-s", "80", *flags))
     server = get_server_class("FedALA")(cfg.replace(num_classes=10), load_split("Digits", digits_root), 0, None,
                                         SequentialExecutor())
     assert server.clients[0].ala.names == names
 
 
 def test_startup_print_marks_values_that_differ_from_pfllib(digits_root, tmp_path, capsys):
-    cfg = main.parse_config(cli(digits_root, tmp_path, "-algo", "MOON", "-p", "2"))
-    main.print_config(cfg)
+    cfg = parse_config(cli(digits_root, tmp_path, "-algo", "MOON", "-p", "2"))
+    print_config(cfg)
     out = capsys.readouterr().out.splitlines()
     assert "  mu = 5.0   (PFLlib default: 0.0)" in out and "  tau = 0.5   (PFLlib default: 1.0)" in out
     assert "  layer_idx = 2" in out and "  local_learning_rate = 0.005" in out  # same as PFLlib: unmarked
@@ -110,7 +111,7 @@ def test_device_ids_are_written_without_spaces_and_the_first_is_the_device(given
                                                                            tmp_path, monkeypatch):
     import torch
 
-    cfg = main.parse_config(cli(digits_root, tmp_path, "-dev", "cuda", "-did", given))
+    cfg = parse_config(cli(digits_root, tmp_path, "-dev", "cuda", "-did", given))
     assert cfg.device_id == kept
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a machine with GPUs, as far as this goes
     assert main.resolve_device(cfg).device == device

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import main
+from cli import parse_config
 from conftest import cli
 from flcore.trainmodel.models import DNN
 from utils import dlg, dp_sgd, privacy_monitor
@@ -82,7 +83,7 @@ def stub_split(shape, num_classes=10, config=None):
 
 
 def test_each_round_attacks_k_distinct_clients_drawn_among_all_active():
-    cfg = main.parse_config(["-dlg", "--dlg_clients", "2", "-dlgg", "2"])
+    cfg = parse_config(["-dlg", "--dlg_clients", "2", "-dlgg", "2"])
     monitor = privacy_monitor.PrivacyMonitor(cfg, 0, stub_split([1, 8, 8]))
     active = [SimpleNamespace(id=cid, model=nn.Linear(2, 2)) for cid in (3, 8, 11, 14, 20)]
     attacked = []
@@ -117,7 +118,7 @@ def test_the_monitor_attacks_what_the_client_reveals_and_scores_it_by_hand(attac
     with torch_seeded(0, 0, "test-monitor"):
         start = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
     names = ["1.weight", "1.bias"]
-    cfg = main.parse_config(["-dlg", "-dlgg", "1", "--dlg_clients", "1", "--dlg_batch", "2", "-bnpc", "2",
+    cfg = parse_config(["-dlg", "-dlgg", "1", "--dlg_clients", "1", "--dlg_batch", "2", "-bnpc", "2",
                              "-dlga", attack, "--dlg_target", target, "-dev", "cpu"])
     cfg = cfg.replace(privacy=dp, dp_level="sample", dp_clip=0.05, dp_sigma=0.0)  # no noise: the release is exact
     saved, grids = [], []
@@ -208,24 +209,26 @@ def test_the_monitor_attacks_what_the_client_reveals_and_scores_it_by_hand(attac
 
 
 def test_dp_figures_are_each_clients_epsilon_and_a_trained_client_without_one_is_an_error():
-    cfg = main.parse_config([]).replace(privacy=True, dp_level="sample", dp_delta=1e-5)
-    data = stub_split([1, 8, 8])
-    monitor = privacy_monitor.PrivacyMonitor(cfg, 0, data)
+    from plugins.dp_sample import SampleDP
+
+    cfg = parse_config([]).replace(privacy=True, dp_level="sample", dp_delta=1e-5)
     eps = {1: 0.5, 2: 0.0, 3: 2.5, 5: 0.0}
     clients = [SimpleNamespace(id=cid, dp_epsilon=lambda delta, cid=cid: eps[cid] if delta == 1e-5 else -1.0)
                for cid in eps]
-    monitor.before_training(0, [clients[0], clients[2]])  # 2 and 5 have not trained: an epsilon of 0 is right
-    got = monitor.metrics(clients)
+    server = SimpleNamespace(cfg=cfg, clients=clients)
+    dp = SampleDP()
+    dp.before_training(server, [clients[0], clients[2]])  # 2 and 5 have not trained: an epsilon of 0 is right
+    got = dp.metrics(server, None, None)
     assert (got["dp_epsilon_max"], got["dp_epsilon_mean"]) == (2.5, 0.75)
     assert got["dp_client_epsilon"].tolist() == [0.5, 0.0, 2.5, 0.0]
-    monitor.before_training(1, clients)  # now all four trained: 2 and 5 without a DP step
+    dp.before_training(server, clients)  # now all four trained: 2 and 5 without a DP step
     with pytest.raises(FLError, match=r"^-dp: client 2 trained but its DP accountant is empty"):
-        monitor.metrics(clients)
-    assert privacy_monitor.PrivacyMonitor(cfg.replace(privacy=False), 0, data).metrics(clients) == {}
+        dp.metrics(server, None, None)
+    assert SampleDP.build(cfg.replace(privacy=False), server) is None
 
 
 def test_the_monitor_reads_pixel_bounds_per_channel_from_the_split():
-    cfg = main.parse_config(["-dlg"])
+    cfg = parse_config(["-dlg"])
 
     def box(shape, config):
         return privacy_monitor.PrivacyMonitor(cfg, 0, stub_split(shape, config=config)).box()
@@ -389,7 +392,7 @@ def test_accountant_matches_published_epsilons(sigma, q, steps, eps):
 
 @pytest.mark.optional_deps("opacus")
 def test_dp_sgd_without_noise_or_clipping_is_plain_sgd(digits_root):
-    cfg = main.parse_config(cli(digits_root, digits_root, "-dp", "-dps", "1", "--dp_clip", "1e9", "-gr", "1",
+    cfg = parse_config(cli(digits_root, digits_root, "-dp", "-dps", "1", "--dp_clip", "1e9", "-gr", "1",
                                 "--executor", "sequential"))
     from utils.data_utils import load_split
     from flcore.clients.clientbase import Client
@@ -413,7 +416,7 @@ def test_dp_sgd_privatises_the_modules_the_client_names_and_refuses_others(digit
     """The seam: DP-SGD's per-sample gradients reach every module ``dp_modules`` names (here a second module
     trained beside the model: without noise or clipping its gradient is the plain one), and a parameter the
     optimizer trains outside those modules is refused instead of stepped without privacy."""
-    cfg = main.parse_config(cli(digits_root, digits_root, "-dp", "-dps", "1", "--dp_clip", "1e9", "-gr", "1",
+    cfg = parse_config(cli(digits_root, digits_root, "-dp", "-dps", "1", "--dp_clip", "1e9", "-gr", "1",
                                 "--executor", "sequential"))
     from utils.data_utils import load_split
     from flcore.clients.clientbase import Client
@@ -452,16 +455,18 @@ def test_dp_sgd_privatises_the_modules_the_client_names_and_refuses_others(digit
 def test_dp_refuses_batchnorm():
     from flcore.trainmodel.models import resnet18
 
-    cfg = main.parse_config(["-dp", "-gr", "1"])
+    cfg = parse_config(["-dp", "-gr", "1"])
     with pytest.raises(FLError, match="BatchNorm"):
         dp_sgd.DPSGD.from_config(cfg, 0, 0, resnet18(1, 10), 100)
     with pytest.raises(FLError, match="-dps must be > 0"):
-        main.parse_config(["-dp", "-dps", "0"])  # parsing validates
-    cfg = main.parse_config(["-dp", "-gr", "1"])
-    main.validate(cfg.replace(dp_sigma=0.5))
-    main.validate(cfg.replace(privacy=False, dp_sigma=0.0))  # sigma 0 is fine without -dp
+        parse_config(["-dp", "-dps", "0"])  # parsing validates
+    cfg = parse_config(["-dp", "-gr", "1"])
+    from plugins.dp_sample import SampleDP
+
+    SampleDP.check(cfg.replace(dp_sigma=0.5), None, set())
+    SampleDP.check(cfg.replace(privacy=False, dp_sigma=0.0), None, set())  # sigma 0 is fine without -dp
     with pytest.raises(FLError, match="-dps must be > 0"):
-        main.validate(cfg.replace(dp_sigma=0.0))
+        SampleDP.check(cfg.replace(dp_sigma=0.0), None, set())
 
 
 # ---- inside a run --------------------------------------------------------------------------------------
@@ -567,7 +572,7 @@ def test_update_target_of_a_round_of_several_steps(digits_tiny_root, monkeypatch
     from flcore.registry import get_server_class
     from utils.data_utils import load_split
 
-    cfg = main.parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedAvg", "--executor", "sequential",
+    cfg = parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedAvg", "--executor", "sequential",
                                 "-lr", "0.05", "-lbs", "20", "-ls", "2", "-nc", "3", "-dlg", "-dlgg", "1",
                                 "--dlg_iters", "1", "-bnpc", "1", "--dlg_clients", "1", "--dlg_target", "update"))
     data = load_split("Digits", digits_tiny_root, 3)
@@ -647,7 +652,7 @@ def test_dp_sgd_streams_and_refusal_name_by_hand():
     OS-seeded one, a config without that flag keeps the seeded stream; a BatchNorm refusal names the first
     BatchNorm layer."""
     model = nn.Linear(2, 2)
-    cfg = main.parse_config(["-dp", "-gr", "1", "--seed", "4"]).replace(device="cpu")
+    cfg = parse_config(["-dp", "-gr", "1", "--seed", "4"]).replace(device="cpu")
     dp = dp_sgd.DPSGD.from_config(cfg, 3, 1, model, 50)
     assert dp.secure is None
     assert torch.equal(torch.randn(5, generator=dp.generator), torch.randn(5, generator=torch_gen(4, 1, "dp-noise", 3)))

@@ -123,9 +123,9 @@ def test_a_local_cluster_starts_on_loopback_quietly_with_the_library_and_a_watch
     assert token_note.level == logging.ERROR  # Ray's note on its session token, at every start, silenced
     (opts,) = started.calls
     assert opts == {"include_dashboard": False, "logging_level": 30, "num_cpus": 3,
-                    "runtime_env": {"py_modules": [str(raypool.SYSTEM_DIR / p) for p in ("flcore", "runtime", "utils")]}}
-    assert sorted(p.name for p in raypool.SYSTEM_DIR.iterdir() if p.name in ("flcore", "runtime", "utils")) == [
-        "flcore", "runtime", "utils"]
+                    "runtime_env": {"py_modules": [str(raypool.SYSTEM_DIR / p) for p in ("flcore", "plugins", "runtime", "utils")]}}
+    assert sorted(p.name for p in raypool.SYSTEM_DIR.iterdir() if p.name in ("flcore", "plugins", "runtime", "utils")) == [
+        "flcore", "plugins", "runtime", "utils"]
     assert started.cluster is False and ray_constants.ENABLE_RAY_CLUSTER == before  # off for the start only
     assert signal.getsignal(signal.SIGTERM) is term  # Ray's SIGTERM handler replaced by the caller's again
     assert raypool._watcher == ["watcher 1"] and started.visible is None
@@ -273,7 +273,7 @@ def test_the_executor_starts_ray_with_the_runs_address_and_gpu_ids(stand_in):
 
 
 def test_gpus_per_worker_takes_zero_and_rays_least_share():
-    from main import parse_config
+    from cli import parse_config
 
     assert [parse_config(["--gpus_per_worker", g]).gpus_per_worker for g in ("0", "0.0001")] == [0.0, 0.0001]
 

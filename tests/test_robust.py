@@ -1,4 +1,4 @@
-"""Robust aggregators (--aggregator, utils/robust.py) against numbers computed by hand, the geometric median
+"""Robust aggregators (--aggregator, plugins/aggregators.py) against numbers computed by hand, the geometric median
 against a brute-force minimiser, and the option on a real server."""
 import numpy as np
 import pytest
@@ -6,9 +6,9 @@ import torch
 from scipy.optimize import minimize
 
 import main
-from conftest import cli
+from conftest import cli, opened
 from test_executors import build
-from utils import robust
+from plugins import aggregators as robust
 
 # Five uploads: a 2-vector and an integer counter, with unequal sample weights.
 W = [[1.0, 10.0], [2.0, -3.0], [9.0, 0.0], [4.0, 5.0], [-6.0, 7.0]]
@@ -149,7 +149,7 @@ def test_median_on_a_server_is_the_coordinate_wise_median_of_the_uploads(digits_
     server = build(digits_tiny_root, "FedAvg", "--aggregator", "median", "--train_loss_eval", "off")
     seen = []
     average = server.average_uploads
-    monkeypatch.setattr(server, "average_uploads", lambda uploads: (seen.append(uploads), average(uploads)))
+    monkeypatch.setattr(server, "average_uploads", lambda uploads: (seen.append(opened(uploads)), average(uploads)))
     server.run_round(0)
     uploads = seen[0]
     assert len(uploads) == 5

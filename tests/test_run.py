@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import main
+from cli import parse_config
 from conftest import SHARED_DATA, cli
 from utils.results import read_h5
 
@@ -67,7 +68,7 @@ def test_several_runs_use_consecutive_seeds(digits_root, tmp_path, capsys):
 
 
 def test_join_ratio_and_drop_rate(digits_root):
-    cfg = main.parse_config(cli(digits_root, digits_root, "-jr", "0.4", "-cdr", "0.5", "-gr", "1",
+    cfg = parse_config(cli(digits_root, digits_root, "-jr", "0.4", "-cdr", "0.5", "-gr", "1",
                                 "--executor", "sequential"))
     from flcore.servers.serveravg import FedAvgServer
     from utils.data_utils import load_split
@@ -88,7 +89,7 @@ def test_local_keeps_models_apart(digits_noniid_root, tmp_path):
     from flcore.servers.serverlocal import LocalServer
     from utils.data_utils import load_split
 
-    cfg = main.parse_config(cli(digits_noniid_root, digits_noniid_root, "-algo", "Local", "-gr", "2", "-lr",
+    cfg = parse_config(cli(digits_noniid_root, digits_noniid_root, "-algo", "Local", "-gr", "2", "-lr",
                                 "0.05", "-lbs", "10", "-ls", "1", "--executor", "sequential"))
     server = LocalServer(cfg.replace(num_classes=10), load_split("Digits", digits_noniid_root))
     starts = [(copy.deepcopy(c.model), c.batch_gen.get_state()) for c in server.clients]

@@ -5,14 +5,14 @@ import math
 import torch
 from torch.func import functional_call
 
-import main
+from cli import parse_config
 from conftest import cli
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
 
 
 def build(root, *flags):
-    cfg = main.parse_config(cli(root, root, "-algo", "SCAFFOLD", "--executor", "sequential", "-lr", "0.05",
+    cfg = parse_config(cli(root, root, "-algo", "SCAFFOLD", "--executor", "sequential", "-lr", "0.05",
                                 "-lbs", "32", *flags))
     data = load_split("Digits", root, None, "cpu")
     return get_server_class("SCAFFOLD")(cfg.replace(num_classes=data.num_classes), data, 0, None)

@@ -1,4 +1,4 @@
-"""Server optimizers (--server_opt, utils/server_opt.py; FedAvgM, FedAdagrad, FedAdam, FedYogi): three rounds of
+"""Server optimizers (--server_opt, plugins/optimizers.py; FedAvgM, FedAdagrad, FedAdam, FedYogi): three rounds of
 a real server against a reference loop written here, BatchNorm statistics averaged, a split model's shared part,
 -slr's resolution and the refusal of algorithms that average no model. Resume equality: tests/test_executors.py
 (RESUMED)."""
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import main
-from conftest import cli
+from cli import parse_config
+from conftest import cli, plugin
 from flcore.servers.serverbase import Server
 from test_executors import build
 from utils.errors import FLError
@@ -70,25 +71,26 @@ def test_three_rounds_match_the_reference_loop(name, digits_tiny_root, monkeypat
     for k in after.keys() - params:  # BatchNorm statistics and counters: the mean, never a step
         assert torch.allclose(after[k].double(), seen[2][1][k].round() if not after[k].is_floating_point()
                               else seen[2][1][k], atol=1e-6), k
-    assert set(server.server_opt.m) == params and (name == "avgm") == (not server.server_opt.v)
+    opt = plugin(server, "ServerOpt").optimizer
+    assert set(opt.m) == params and (name == "avgm") == (not opt.v)
 
 
 def test_the_registered_algorithms_are_fedavg_with_their_optimizer(digits_tiny_root, tmp_path):
     for algo, opt, lr in (("FedAvgM", "avgm", 1.0), ("FedAdagrad", "adagrad", 0.1), ("FedAdam", "adam", 0.01),
                           ("FedYogi", "yogi", 0.01)):
-        cfg = main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", algo))
+        cfg = parse_config(cli(digits_tiny_root, tmp_path, "-algo", algo))
         assert (cfg.server_opt, cfg.server_learning_rate, cfg.server_momentum) == (opt, lr, 0.9), algo
         assert (cfg.server_beta2, cfg.server_tau) == (0.99, 1e-3)
-    given = main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAdam", "-slr", "0.2"))
+    given = parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAdam", "-slr", "0.2"))
     assert given.server_learning_rate == 0.2
     # plain server SGD defaults to eta = 1, which is FedAvg (the module docstring's claim)
-    sgd = main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAvg", "--server_opt", "sgd"))
+    sgd = parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAvg", "--server_opt", "sgd"))
     assert sgd.server_learning_rate == 1.0
 
 
 def test_slr_keeps_its_meaning_for_scaffold_and_fedgh_and_is_ignored_elsewhere(digits_tiny_root, tmp_path, capsys):
     def slr(*flags):
-        return main.parse_config(cli(digits_tiny_root, tmp_path, *flags)).server_learning_rate
+        return parse_config(cli(digits_tiny_root, tmp_path, *flags)).server_learning_rate
 
     assert slr("-algo", "SCAFFOLD") == 1.0 and slr("-algo", "FedGH", "-slr", "0.1") == 0.1
     assert capsys.readouterr().err == ""
@@ -116,23 +118,28 @@ def test_algorithms_that_average_no_model_are_refused(algo, flags, digits_tiny_r
     assert not list(tmp_path.glob("*.h5"))
 
 
-def test_an_aggregate_that_bypasses_average_uploads_is_caught(digits_tiny_root, monkeypatch):
-    """The run-time guard behind the declarations: an averaging server whose aggregate does not go
-    through average_uploads stops with a clear line instead of silently ignoring the flags."""
-    server = build(digits_tiny_root, "FedAvg", "--aggregator", "median")
+@pytest.mark.parametrize("flags,message", [
+    (("--server_opt", "avgm"), "does not go through average_uploads; it must declare averaging_refusal"),
+    (("--aggregator", "median"), "reads its uploads' model entries outside average_uploads; declare robust_refusal"),
+])
+def test_an_aggregate_that_bypasses_average_uploads_is_caught(flags, message, digits_tiny_root, monkeypatch):
+    """The run-time guards behind the declarations: an averaging server whose aggregate does not go
+    through average_uploads stops with a clear line instead of silently ignoring the flags; under a robust
+    rule its first read of an upload's content outside the seam does."""
+    server = build(digits_tiny_root, "FedAvg", *flags)
 
     def plain(self, uploads):
         self.load_aggregate(self.global_model, uploads[0].state)
 
     monkeypatch.setattr(Server, "aggregate", plain)
-    with pytest.raises(FLError, match="averaging_refusal"):
+    with pytest.raises(FLError, match=message):
         server.run_round(0)
 
 
 def test_yogi_leaves_v_unchanged_where_it_equals_the_squared_pseudo_gradient():
     """Yogi's sign(v - g²) is 0 where v = g² exactly (here v starts at τ² = 0.25 and g = 0.5): v stays 0.25 and
     the step is η m / (√v + τ) = 1 * 0.05 / (0.5 + 0.5), by hand."""
-    from utils.server_opt import ServerOptimizer
+    from plugins.optimizers import ServerOptimizer
 
     opt = ServerOptimizer("yogi", lr=1.0, beta1=0.9, beta2=0.5, tau=0.5)
     out = opt.step({"w": torch.tensor([0.5])}, {"w": torch.tensor([0.0])}, ["w"])
@@ -143,9 +150,11 @@ def test_yogi_leaves_v_unchanged_where_it_equals_the_squared_pseudo_gradient():
 def test_the_constructors_defaults_are_the_papers_and_the_clis(digits_tiny_root, tmp_path):
     """Reddi et al. fix β1 = 0.9 and β2 = 0.99; τ = 1e-3 is this library's default. Built directly (a
     researcher's script) or from the command line, an optimizer gets the same values."""
-    from utils.server_opt import ServerOptimizer
+    from plugins.optimizers import ServerOptimizer
 
     direct = ServerOptimizer("adam", 0.01)
     assert (direct.beta1, direct.beta2, direct.tau) == (0.9, 0.99, 1e-3)
-    built = ServerOptimizer.from_config(main.parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAdam")))
+    from plugins.server_opt import ServerOpt
+
+    built = ServerOpt.build(parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAdam")), None).optimizer
     assert (built.beta1, built.beta2, built.tau, built.lr) == (0.9, 0.99, 1e-3, 0.01)

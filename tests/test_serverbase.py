@@ -10,7 +10,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 import main
-from conftest import QUICK, build_server as build, cli
+from conftest import QUICK, build_server as build, cli, plugin
 from utils.results import read_h5
 
 
@@ -111,7 +111,7 @@ def test_an_evaluation_pools_every_clients_own_metrics_and_the_benign_ones_apart
     tests = [c.test_metrics() for c in server.clients]
     trains = [c.train_metrics() for c in server.clients]
     vals = [c.val_metrics() for c in server.clients]
-    bad = set(server.attack.malicious)
+    bad = set(plugin(server, "Attack").malicious)
     benign = [i for i in range(len(server.clients)) if i not in bad]
     assert 0 < len(bad) < len(server.clients)
 
@@ -143,14 +143,14 @@ def test_an_evaluation_pools_every_clients_own_metrics_and_the_benign_ones_apart
 ])
 def test_the_aggregator_gets_the_flags_and_the_krum_f_the_attack_implies(flags, f, digits_tiny_root, tmp_path,
                                                                          monkeypatch):
-    from utils import robust
+    from plugins import aggregators as robust
 
     seen = []
     aggregate = robust.aggregate
 
-    def recording(states, weights, rule, keys, trim_frac, krum_f):
+    def recording(states, weights, rule, keys, trim_frac, krum_f, *rest):
         seen.append((rule, trim_frac, krum_f, list(weights)))
-        return aggregate(states, weights, rule, keys, trim_frac, krum_f)
+        return aggregate(states, weights, rule, keys, trim_frac, krum_f, *rest)
 
     monkeypatch.setattr(robust, "aggregate", recording)
     server = build(digits_tiny_root, tmp_path, "-gr", "1", *flags)

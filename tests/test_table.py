@@ -175,15 +175,16 @@ def test_inputs_globs_json_and_errors(two_algos, capsys):
 
 
 def test_reproduction_command_parses_back_to_the_config():
+    import cli
     import main
 
-    cfg = main.parse_config(["-data", "Digits", "-algo", "FedProx", "-mu", "0.1", "-lr", "0.05", "-ala", "-gr", "7",
+    cfg = cli.parse_config(["-data", "Digits", "-algo", "FedProx", "-mu", "0.1", "-lr", "0.05", "-ala", "-gr", "7",
                              "-go", "x", "--executor", "sequential", "--no-progress", "--seed", "3"]).to_dict()
     cmd = table.reproduce_command(cfg, [1, 2])
     assert cmd.startswith("python system/main.py -data Digits -algo FedProx -gr 7 ")
     argv = shlex.split(cmd)[2:]
     assert argv[-4:] == ["-pv", "1", "-t", "3"]
-    again = main.parse_config(argv).to_dict()
+    again = cli.parse_config(argv).to_dict()
     skip = table.NOT_IN_COMMAND | {"prev", "times"}
     assert {k: v for k, v in again.items() if k not in skip} == {k: v for k, v in cfg.items() if k not in skip}
     assert (again["prev"], again["times"]) == (1, 3)

@@ -7,6 +7,7 @@ import pytest
 import torch
 from scipy.stats import norm
 
+from conftest import plugin
 from test_attacks import uploads_before_and_after_the_attack
 from utils import update_attacks as ua
 
@@ -94,7 +95,7 @@ def test_malicious_uploads_on_a_server_match_a_reference_loop(kind, digits_tiny_
     server, sent, seen, glob = uploads_before_and_after_the_attack(digits_tiny_root, monkeypatch, "--attack", kind,
                                                                    "--attack_frac", "0.4")
     params = [k for k, _ in server.global_model.named_parameters()]
-    bad = set(server.attack.malicious)
+    bad = set(plugin(server, "Attack").malicious)
     good = [c for c in sent if c not in bad]
     assert len(bad) == 2 and len(good) == 3
     rows = np.stack([np.concatenate([(sent[c][k].double() - glob[k].double()).numpy().ravel() for k in params])

@@ -66,14 +66,16 @@ def _literal(node: ast.expr):
 def _spec(call: ast.Call) -> FlagSpec:
     names = tuple(a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str))
     kw = {k.arg: k.value for k in call.keywords}
-    dest = _literal(kw["dest"]) if "dest" in kw else next((n for n in names if n.startswith("--")), names[0]).lstrip("-")
+    dest = (_literal(kw["dest"]) if "dest" in kw
+            else next((n for n in names if n.startswith("--")), names[0]).lstrip("-"))
     kind = "str"
     if isinstance(kw.get("type"), ast.Name) and kw["type"].id in ("float", "int"):
         kind = kw["type"].id
     action = "store"
     if "action" in kw:
         text = ast.unparse(kw["action"])
-        action = "store_true" if text == "'store_true'" else "optional" if text.endswith("BooleanOptionalAction") else text
+        action = ("store_true" if text == "'store_true'" else "optional" if text.endswith("BooleanOptionalAction")
+                  else text)
     choices = _literal(kw["choices"]) if "choices" in kw else None
     return FlagSpec(names, dest.replace("-", "_"), kind, action, None if choices is None else tuple(choices))
 

@@ -18,8 +18,8 @@ import torch
 from runtime.executors import ClientHost, PoolExecutor, WorkerLost, to_device, to_wire
 from utils.errors import FLError
 
-SYSTEM_DIR = Path(__file__).resolve().parents[1]  # holds the importable packages flcore/, runtime/, utils/
-PACKAGES = ("flcore", "runtime", "utils")
+SYSTEM_DIR = Path(__file__).resolve().parents[1]  # holds the importable packages flcore/, plugins/, runtime/, utils/
+PACKAGES = ("flcore", "plugins", "runtime", "utils")
 RAY_PIN = "ray==2.60.0"
 RESOURCE_UNITS = 10_000  # Ray counts a resource in 1/10000ths (a request must be a multiple of 0.0001)
 
@@ -205,7 +205,7 @@ class RayExecutor(PoolExecutor):
         except exc.RayTaskError as e:
             if isinstance(e.cause, (FLError, ModuleNotFoundError)):
                 hint = ("" if isinstance(e.cause, FLError) else "; start Ray through runtime.raypool.init_ray "
-                        "(or with runtime_env py_modules of system/flcore, system/runtime and system/utils)")
+                        "(or with runtime_env py_modules of system/flcore, system/plugins, system/runtime and system/utils)")
                 raise type(e.cause)(f"{e.cause}{hint}") from None
             raise
         return to_device(answers, self.server_device)

@@ -242,10 +242,7 @@ def local_split(data: ClientData, cfg, run: int, cid: int) -> ClientData:
     """One client's data as its run sees it: with ``-fs K`` K training samples per class
     (``few_shot_indices``), then with ``--val_ratio r`` a validation split of round(r * n) of those (at
     least one, and one left to train on) held out of training. Both are drawn from the client's own
-    (seed, run, id) streams; the test split is never touched. With ``--attack labelflip`` a malicious
-    client's training labels are flipped (utils/attacks.py), with ``--attack backdoor`` a share of its
-    training images carry the trigger and the target label (utils/backdoor.py)."""
-    from utils.attacks import backdoors, flip_labels, flips_labels
+    (seed, run, id) streams; the test split is never touched."""
     from utils.seeding import torch_gen
 
     x, y = data.x_train, data.y_train
@@ -260,15 +257,4 @@ def local_split(data: ClientData, cfg, run: int, cid: int) -> ClientData:
         n_val = min(max(1, round(cfg.val_ratio * len(y))), len(y) - 1)
         val, keep = perm[:n_val], perm[n_val:].sort().values
         x_val, y_val, x, y = x[val], y[val], x[keep], y[keep]
-    if flips_labels(cfg, run, cid):  # --attack labelflip: a malicious client trains on y -> C-1-y
-        y = flip_labels(y, cfg.num_classes)
-    if backdoors(cfg, run, cid):
-        from utils.backdoor import poison_training
-
-        if data.white is None or min(x.shape[-2:]) < cfg.trigger_size:
-            raise FLError(f"--attack backdoor stamps a {cfg.trigger_size}x{cfg.trigger_size} trigger on images; "
-                          f"this split's inputs have shape {tuple(x.shape[1:])}: use an image split or a smaller "
-                          f"--trigger_size")
-        x, y = poison_training(x, y, cfg.backdoor_target, cfg.backdoor_frac, cfg.trigger_size, data.white,
-                               torch_gen(cfg.seed, run, "backdoor", cid))
     return ClientData(x, y, data.x_test, data.y_test, x_val, y_val, data.white)

@@ -1,7 +1,6 @@
 """Client-level DP (``-dp --dp_level client``): DP-FedAvg with fixed or adaptive clipping, a wrapper around the
-server's aggregation step (``ClientLevelDP.aggregate``, applied by ``Server._aggregate``; held and reported by
-``utils/privacy_monitor.py``'s ``PrivacyMonitor``); its epsilon comes from the accountant DP-SGD uses
-(``utils/dp_sgd.py``'s ``epsilon``)."""
+server's aggregation step (``ClientLevelDP.aggregate``, held and applied by the plug-in plugins/dp_client.py);
+its epsilon comes from the accountant DP-SGD uses (``utils/dp_sgd.py``'s ``epsilon``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,6 +11,7 @@ import torch
 from torch import nn
 
 from utils.dp_sgd import epsilon
+from utils.entries import aligned_names
 from utils.errors import FLError
 from utils.seeding import torch_gen
 
@@ -38,19 +38,6 @@ def clip_update(delta: dict[str, torch.Tensor], clip: float) -> tuple[dict[str, 
     return {k: d * factor for k, d in delta.items()}, norm
 
 
-def aligned_names(model: nn.Module, state: dict) -> dict[str, str]:
-    """{upload name: ``model``'s name} for an upload's state. Uploads of a part of the model (FedRep's body:
-    ``model.base.state_dict()``) carry names relative to that part; they are prefixed with the submodule
-    whose state they match. Empty when nothing matches."""
-    own = set(model.state_dict())
-    if set(state) <= own:
-        return {k: k for k in state}
-    for prefix, module in model.named_modules():
-        if prefix and state and set(state) <= set(module.state_dict()):
-            return {k: f"{prefix}.{k}" for k in state}
-    return {}
-
-
 def _leaves(payload) -> tuple:
     """Identity of a broadcast payload: the ids of the modules and tensors it holds, in order."""
     if isinstance(payload, (nn.Module, torch.Tensor)):
@@ -66,7 +53,7 @@ def _leaves(payload) -> tuple:
 
 class ClientLevelDP:
     """The server's side of client-level DP (DP-FedAvg, McMahan et al. 2018; adaptive clipping, Andrew et
-    al. 2021), built by ``PrivacyMonitor`` with ``-dp --dp_level client``.
+    al. 2021), built by the plug-in plugins/dp_client.py with ``-dp --dp_level client``.
 
     Each round, for the m clients selected: every upload's update D_i = W_i - W (W: the global model the
     round started from, on the entries the upload holds) is clipped to L2 norm S (``--dp_clip``), and the

@@ -1,11 +1,8 @@
-"""The server's side of privacy in any algorithm (``PrivacyMonitor``): the DLG / iDLG / IG evaluation of what
-clients expose (``-dlg``; the attacks themselves are ``utils/dlg.py``), the epsilon every evaluation reports
-(``-dp``) and, with ``--dp_level client``, the state of ``utils/dp_client.py``'s DP-FedAvg (``client_dp``), which
-wraps the server's aggregation step."""
+"""The DLG / iDLG / IG evaluation of what clients expose (``-dlg``, the plug-in plugins/dlg.py; the attacks
+themselves are ``utils/dlg.py``), for any algorithm."""
 from __future__ import annotations
 
 import copy
-import sys
 from collections import Counter
 
 import numpy as np
@@ -14,9 +11,9 @@ from torch import nn
 from tqdm import tqdm
 
 from utils import dlg
-from utils.dp_client import ClientLevelDP, aligned_names
 from utils.dp_sgd import dp_gradient
-from utils.dp_support import client_level, sample_level, uncovered_steps
+from utils.dp_support import sample_level
+from utils.entries import aligned_names
 from utils.errors import FLError
 from utils.seeding import np_rng, torch_gen
 
@@ -45,59 +42,40 @@ def guess_scores(originals: torch.Tensor, k: int, mean, std) -> tuple[torch.Tens
 
 
 def align_state(model: nn.Module, state: dict) -> dict:
-    """An upload's state keyed by ``model``'s own names (``dp_client.aligned_names``' rule)."""
+    """An upload's state keyed by ``model``'s own names (``entries.aligned_names``' rule)."""
     return {name: state[k] for k, name in aligned_names(model, state).items()}
 
 
 class PrivacyMonitor:
-    """Runs the DLG/iDLG evaluation (``-dlg``) and reports DP epsilon (``-dp``) for any algorithm.
+    """Runs the DLG/iDLG evaluation (``-dlg``) for any algorithm.
 
-    The server calls ``before_training`` (snapshot of the models the attacked clients start the round
-    from), ``after_upload`` (the attack, before aggregation) and ``metrics`` (each evaluation). The
+    The plug-in calls ``before_training`` (snapshot of the models the attacked clients start the round
+    from) and ``after_upload`` (the attack, before aggregation). The
     attacker is the server, given each attacked client's starting model: for FedAvg that is the global
     model it sent; for personalised methods (FedALA's ALA-initialised model, private heads) it is more
     than a real server knows, so the scores are an upper bound on what leaks."""
 
-    def __init__(self, cfg, run: int, data, recorder=None, server_cls=None):
+    def __init__(self, cfg, run: int, data, recorder=None):
         self.cfg, self.run, self.recorder = cfg, run, recorder
         self.input_shape, self.num_classes = tuple(data.input_shape), data.num_classes
         norm = data.config.get("normalize") or {}
         channels = self.input_shape[0] if len(self.input_shape) == 3 else 1
         self.mean, self.std = norm.get("mean", [0.0] * channels), norm.get("std", [1.0] * channels)
         self.starts: dict[int, nn.Module] = {}
-        self.trained: set[int] = set()  # ids of the clients that have trained in this run (-dp's guard)
-        # --dp_level client: the server's clipping, noise and accountant, wrapped around its aggregation step
-        self.client_dp = ClientLevelDP(cfg, run) if client_level(cfg) else None
-        if cfg.dlg_eval and len(self.input_shape) != 3:
+        if len(self.input_shape) != 3:
             raise FLError(f"-dlg reconstructs images, but split '{data.name}' holds inputs of shape "
                           f"{list(self.input_shape)}; use an image split (Digits, MNIST, Cifar10, ...)")
-        if cfg.privacy and run == cfg.prev and server_cls is not None:
-            steps = uncovered_steps(cfg, server_cls)
-            if steps:
-                print(f"warning: -dp: {cfg.algorithm}'s epsilon does not cover: {'; '.join(steps)} "
-                      f"(see docs/privacy.md)", file=sys.stderr)
-
-    @classmethod
-    def from_config(cls, cfg, run: int, data, recorder=None, server_cls=None) -> "PrivacyMonitor | None":
-        return cls(cfg, run, data, recorder, server_cls) if (cfg.dlg_eval or cfg.privacy) else None
 
     def attacks(self, round_idx: int) -> bool:
-        return self.cfg.dlg_eval and round_idx % self.cfg.dlg_gap == 0
+        return round_idx % self.cfg.dlg_gap == 0
 
     def before_training(self, round_idx: int, active: list) -> None:
-        """Pick this round's attacked clients (own stream) and keep a copy of the model each starts from;
-        note who trains (``metrics`` checks that each of them has a DP history)."""
+        """Pick this round's attacked clients (own stream) and keep a copy of the model each starts from."""
         self.starts = {}
-        self.trained.update(c.id for c in active)
         if not self.attacks(round_idx) or not active:
             return
         for i in attacked_positions(self.cfg.seed, self.run, round_idx, len(active), self.cfg.dlg_clients):
             self.starts[active[i].id] = copy.deepcopy(active[i].model)
-
-    def check_broadcast(self, payloads: list) -> None:
-        """``--dp_level client``: refuse a broadcast that sends clients different models (before any training)."""
-        if self.client_dp is not None:
-            self.client_dp.check_broadcast(self.cfg.algorithm, payloads)
 
     def after_upload(self, round_idx: int, active: list, uploads: list) -> None:
         """Attack each snapshotted client ``-bnpc`` times; record and print the round's scores."""
@@ -189,21 +167,3 @@ class PrivacyMonitor:
         dlg.save_grid(torch.cat([r["orig"] for r in rows]), torch.cat([r["recon"] for r in rows]),
                       self.recorder.out_dir / f"{self.recorder.stem}_dlg_r{round_idx}.png",
                       [f"{p:.1f} dB" for p in psnr.tolist()])
-
-    def metrics(self, clients: list) -> dict:
-        """Per-evaluation DP figures: epsilon of every client at ``--dp_delta`` (0 before it trains); the
-        server prints the maximum with the round's accuracy. A client that trained under ``-dp`` without a
-        single DP-SGD step (an algorithm whose training bypasses the DP path) is an error: its epsilon of 0
-        would claim privacy the run did not give."""
-        if not self.cfg.privacy:
-            return {}
-        if self.client_dp is not None:  # one client-level epsilon, the same for every client
-            e = self.client_dp.epsilon(self.cfg.dp_delta)
-            return {"dp_epsilon_max": e, "dp_epsilon_mean": e, "dp_client_epsilon": np.full(len(clients), e),
-                    "dp_clip_norm": self.client_dp.clip}
-        eps = np.array([c.dp_epsilon(self.cfg.dp_delta) for c in clients])
-        bare = [c.id for c, e in zip(clients, eps) if c.id in self.trained and not e > 0]
-        if bare:
-            raise FLError(f"-dp: client {bare[0]} trained but its DP accountant is empty: {self.cfg.algorithm}'s "
-                          f"training bypassed DP-SGD, so the run is not private (a bug: refuse -dp in its check_config)")
-        return {"dp_epsilon_max": float(eps.max()), "dp_epsilon_mean": float(eps.mean()), "dp_client_epsilon": eps}

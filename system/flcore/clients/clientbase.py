@@ -19,6 +19,7 @@ import time
 import torch
 from torch import nn
 
+import plugins
 from flcore.trainmodel.parts import HEAD, ala_names, batch_dependent, head_of
 from runtime import state
 from runtime.stacked import sgd_step
@@ -59,6 +60,8 @@ class Client:
         self.cfg, self.id, self.run = cfg, cid, run
         self.device = torch.device(cfg.device)
         data = local_split(data, cfg, run, cid)  # -fs, --val_ratio
+        # the plug-ins' say on the training data (--attack labelflip: y -> C-1-y; backdoor: triggered images)
+        data = plugins.client_data(cfg, run, cid, data)
         self.x_train, self.y_train = data.x_train, data.y_train
         self.x_test, self.y_test = data.x_test, data.y_test
         self.x_val, self.y_val = data.x_val, data.y_val  # None without --val_ratio
@@ -81,11 +84,8 @@ class Client:
             head = None if batch_dependent(self.model) else HEAD
             self.ala = ALA.from_config(cfg, cid, run, ala_names(self.model, cfg.layer_idx, cfg.ala_layers), head)
         self.train_time: list[float] = []  # seconds of each local training, one entry per round trained
-        self.dp = None  # -dp: this client's DP-SGD noise stream and accountant history
-        if cfg.privacy:
-            from utils.dp_sgd import DPSGD
-
-            self.dp = DPSGD.from_config(cfg, cid, run, self.model, self.train_samples)
+        self.dp = None  # -dp: this client's DP-SGD noise stream and accountant history (plugins/dp_sample.py)
+        plugins.setup_client(cfg, self)  # what the plug-ins keep on a client (DP-SGD's accountant)
 
     def __getattr__(self, name: str):
         # Reached only for attributes not found the normal way: a client parked off the device

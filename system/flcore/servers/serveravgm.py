@@ -1,7 +1,7 @@
 """FedAvgM: Hsu, Qi, Brown. Measuring the Effects of Non-Identical Data Distribution for Federated Visual
 Classification. arXiv 2019. https://arxiv.org/abs/1909.06335
 
-FedAvg with ``--server_opt avgm`` (utils/server_opt.py), which any averaging algorithm takes: clients train as
+FedAvg with ``--server_opt avgm`` (plugins/optimizers.py), which any averaging algorithm takes: clients train as
 in FedAvg and the server, instead of taking the sample-weighted mean Θ̄ as the new model, applies server
 momentum: m <- β1 m + g, Θ <- Θ - η m, with g = Θ - Θ̄ (Θ̄ the round's aggregate). Only parameters are
 stepped; BatchNorm statistics take the aggregate. The optimizer's state lives on the server and is

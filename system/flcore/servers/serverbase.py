@@ -10,11 +10,11 @@ Round t (0-based, ``-gr`` rounds in all), ``run_round(t)``:
 After the last round the final global model is sent once more (to a selection drawn as for a round) and
 evaluated, so a run of R rounds has evaluations at rounds 0 (initial model), eg, 2eg, ... and R, all by
 one rule: every client receives the broadcast; the selected ones run their local initialisation (ALA, with
-``--ala_clients all`` every client does), and each client's own model is evaluated. With ``-dlg`` / ``-dp`` the privacy monitor
-(utils/privacy_monitor.py) snapshots the attacked clients' start models before training, attacks their uploads
-before aggregation and adds DP epsilon to each evaluation; with ``-dp --dp_level client`` DP-FedAvg wraps the
-aggregation step (``_aggregate``: each upload's update clipped, their mean noised, ``aggregate`` run on the
-release; utils/dp_client.py); the algorithms need not know. What an algorithm cannot take, and what its epsilon leaves out, is its ``dp_support`` declaration.
+``--ala_clients all`` every client does), and each client's own model is evaluated. The cross-cutting features
+(attacks, robust aggregation, server optimizers, DP, the DLG monitor: plugins/) act at the round's named
+points, the loop calling every plug-in the flags turn on (``self.plugins``) without naming any; the
+algorithms need not know. What an algorithm cannot take is its declarations: ``dp_support``,
+``averaging_refusal``, ``robust_refusal``.
 
 A new algorithm subclasses ``Server`` (setting ``client_class``) and overrides only the hooks it changes:
 ``add_args`` / ``check_config`` (its flags), ``build_model``, ``select_clients``, ``prepare_broadcast`` /
@@ -33,7 +33,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-import sys
 import time
 
 import numpy as np
@@ -48,19 +47,18 @@ from runtime import checkpoint, state
 from runtime.choose import make_executor
 from runtime.executors import ClientFactory, WorkerLost
 from runtime.faults import SlowClients
-from utils import robust
-from utils.attacks import Attack
+from plugins import build_all
+from utils.aggregate import weighted_average
 from utils.comm import payload_bytes
 from utils.data_utils import FederatedData
+from utils.entries import SealedUpload
 from utils.dp_support import DPSupport
 from utils.errors import Diverged, FLError
 from utils.metrics import summarize
 from utils.model_support import ModelSupport, check_same_shape
-from utils.privacy_monitor import PrivacyMonitor
 from utils.results import RunRecorder
 from utils.seeding import np_rng, torch_seeded
 from utils.selection import select
-from utils.server_opt import ServerOptimizer
 
 
 class Server:
@@ -80,6 +78,9 @@ class Server:
     # --server_opt / --aggregator / upload attacks: why this server does not average a model (refused at
     # start-up), "" when its ``aggregate`` averages uploads through ``average_uploads`` (the one path).
     averaging_refusal = ""
+    # --aggregator: why a robust rule cannot guard this server (refused at start-up), "" when every computation
+    # of its server that reads uploaded content goes through ``average_uploads`` (tests/test_no_bypass.py).
+    robust_refusal = ""
     # -slr's default where the algorithm's own server step reads it without --server_opt (SCAFFOLD, FedGH).
     slr_default: float | None = None
 
@@ -103,14 +104,11 @@ class Server:
     checkpoint_skip = ("checkpoints",)  # attributes a checkpoint leaves out
     checkpoint_fixed = ("run",)  # whose run the state is: a saved state must hold the same value
     # built from the flags by the constructor: where the fresh server holds None, a saved state holds None too
-    checkpoint_built = ("client_model_names", "privacy", "server_opt", "attack")
+    checkpoint_built = ("client_model_names",)  # (the plug-ins: a list, built from the flags as the saved one was)
 
     def __init__(self, cfg, data: FederatedData, run: int = 0, recorder: RunRecorder | None = None,
                  executor=None):
         cfg = cfg.replace(num_clients=len(data.clients))  # -nc cut the split already; None meant all
-        if cfg.attack == "backdoor" and cfg.backdoor_target >= data.num_classes:
-            raise FLError(f"--backdoor_target {cfg.backdoor_target}: split '{data.name}' has classes 0.."
-                          f"{data.num_classes - 1}")
         self.cfg, self.data, self.run = cfg, data, run
         self.device = torch.device(cfg.device)
         # --client_models: each client's architecture, trained clients then new ones (-nnc); None without it
@@ -129,21 +127,10 @@ class Server:
         self.late: list[int] = []  # clients whose upload missed the last round (-tth)
         self.recorder = recorder
         self.checkpoints = checkpoint.Checkpoints(recorder)  # the run's file and restart point
-        self.privacy = PrivacyMonitor.from_config(cfg, run, data, recorder, type(self))  # None unless -dlg or -dp
-        if self.clients and self.clients[0].ala is not None:
-            names = self.clients[0].ala.names
-            count = (f"top {cfg.ala_layers or 'all'} layer(s)" if cfg.ala_layers is not None
-                     else f"last {cfg.layer_idx or 'all'} tensor(s), -p")
-            print(f"ALA adapts {len(names)} tensor(s) ({count}): {', '.join(names)}")
-        # --server_opt: its per-entry state; --attack: the malicious set (both part of the checkpointed state)
-        self.server_opt = ServerOptimizer.from_config(cfg)
-        self.attack = Attack.from_config(cfg, run)
-        if self.attack is not None and recorder is not None:
-            recorder.meta["malicious_clients"] = list(self.attack.malicious)
+        # the cross-cutting features the flags turn on (plugins/), called at the round's points; their state
+        # is part of the checkpointed state
+        self.plugins = build_all(cfg, self)
         self.averaged = False  # whether this round's aggregate went through average_uploads
-        # --aggregator cclip: the previous aggregate update per averaged part (checkpointed with the server)
-        self.robust_centers: dict[str, torch.Tensor] = {}
-        self.bulyan_warned = False  # --aggregator bulyan: its n < 4f + 3 line is printed once per run
         self.selected: list[Client] = []
         self.round_idx = 0
         self.bytes_down = self.bytes_up = 0  # of the current round: what _send_models / _receive_models moved
@@ -232,8 +219,8 @@ class Server:
                 if id(payload) not in sizes:
                     sizes[id(payload)] = payload_bytes(payload)
                 self.bytes_down += sizes[id(payload)]
-        if self.privacy is not None:  # --dp_level client releases one model: refuse per-client payloads
-            self.privacy.check_broadcast([args[0] for _, args in calls])
+        for p in self.plugins:
+            p.on_broadcast(self, [args[0] for _, args in calls])
         self.call_each("receive", calls)
 
     def _active_clients(self, participants: list[Client]) -> list[Client]:
@@ -257,18 +244,16 @@ class Server:
         return uploads
 
     def _aggregate(self, uploads: list[Upload]) -> None:
-        """The round's aggregation step: the algorithm's ``aggregate``, wrapped by DP-FedAvg with ``--dp_level
-        client`` (``ClientLevelDP.aggregate``: the uploads' clipped updates against the global model, their
-        noised mean over the selected clients, then ``aggregate`` on that release). With ``--server_opt`` or
-        ``--aggregator`` the algorithm's ``aggregate`` must have gone through ``average_uploads``."""
+        """The round's aggregation step: the algorithm's ``aggregate``, wrapped by the plug-ins'
+        ``wrap_aggregate`` (DP-FedAvg with ``--dp_level client``). Where a plug-in acts on
+        ``average_uploads`` (``averages``: a robust rule, a server optimizer), the algorithm's ``aggregate``
+        must have gone through it."""
         self.averaged = False
-        dp = None if self.privacy is None else self.privacy.client_dp
-        if dp is None:
-            self.aggregate(uploads)
-        else:
-            dp.aggregate(self.aggregate, self.cfg.algorithm, uploads, self.global_model, len(self.selected),
-                         len(self.clients))
-        if uploads and not self.averaged and (self.server_opt is not None or self.cfg.aggregator != "mean"):
+        step = self.aggregate
+        for p in reversed(self.plugins):  # the first plug-in's wrapper is the outermost
+            step = p.wrap_aggregate(self, step)
+        step(uploads)
+        if uploads and not self.averaged and any(p.averages for p in self.plugins):
             raise FLError(f"--server_opt / --aggregator: {self.cfg.algorithm}'s aggregate does not go through "
                           f"average_uploads; it must declare averaging_refusal")
 
@@ -282,49 +267,27 @@ class Server:
                         prefix: str = "") -> None:
         """The one path by which a server averages uploaded model entries into one of its models (``target``,
         by default the global model): the uploads' entries whose names start with ``prefix`` (taken off to
-        name ``target``'s entries) are combined by ``--aggregator`` (utils/robust.py; the sample-weighted
-        mean by default), stepped by ``--server_opt`` (utils/server_opt.py: parameters only, BatchNorm
-        statistics take the aggregate) and loaded by ``load_aggregate``; ``target``'s other entries keep
-        their values. A split model's shared part: the uploads name global entries; FedRep's body:
-        ``target=self.global_model.base``."""
-        cfg = self.cfg
+        name ``target``'s entries) are combined by the plug-ins' ``combine`` (``--aggregator``,
+        plugins/robust.py; the sample-weighted mean by default), stepped by their ``step`` (``--server_opt``,
+        plugins/server_opt.py: parameters only, BatchNorm statistics take the aggregate) and loaded by
+        ``load_aggregate``; ``target``'s other entries keep their values. A split model's shared part: the
+        uploads name global entries; FedRep's body: ``target=self.global_model.base``."""
+        uploads = [u.opened() if isinstance(u, SealedUpload) else u for u in uploads]
         keys = [k for k in uploads[0].state if k.startswith(prefix)]
-        # f: --krum_f as given (a misestimate is expressible), else this round's malicious uploads
-        f = cfg.krum_f if cfg.krum_f is not None else self.attack.count(uploads) if self.attack else 0
         current = target.state_dict() if target is not None else self.global_model.state_dict()
         target = self.global_model if target is None else target
-        extra = {}
-        if cfg.aggregator in robust.CENTERED:  # rules on updates: the model they are averaged into
-            center = self.robust_centers.get(self._center_key(target, prefix))
-            extra = dict(reference={prefix + k: v for k, v in current.items()}, center=center, tau=cfg.cclip_tau,
-                         iters=cfg.cclip_iters, norm_bound=cfg.norm_bound)
-        if cfg.aggregator == "bulyan" and 2 * f < len(uploads) < 4 * f + 3 and not self.bulyan_warned:
-            self.bulyan_warned = True
-            print(f"warning: --aggregator bulyan: round {self.round_idx} has {len(uploads)} uploads, fewer than "
-                  f"4f + 3 = {4 * f + 3} (f = {f}); its guarantee is lost and it averages "
-                  f"{max(len(uploads) - 4 * f, 1)} value(s) per coordinate (said once per run)", file=sys.stderr)
-        try:
-            agg = robust.aggregate([u.state for u in uploads], [u.weight for u in uploads], cfg.aggregator, keys,
-                                   cfg.trim_frac, f, **extra)
-        except ValueError as e:  # too few uploads for Krum, Bulyan or the trimmed mean this round
-            raise FLError(f"--aggregator {cfg.aggregator}, round {self.round_idx}: {e}; lower --krum_f or "
-                          f"--trim_frac, or select more clients (-jr); results so far are kept") from None
+        reference = {k: current[k[len(prefix):]] for k in keys if k[len(prefix):] in current}
+        reference = reference if len(reference) == len(keys) else None
+        agg = next((a for a in (p.combine(self, uploads, keys, reference, target, prefix) for p in self.plugins)
+                    if a is not None), None)
+        if agg is None:
+            agg = weighted_average([u.state for u in uploads], [u.weight for u in uploads], keys)
         agg = {k[len(prefix):]: v for k, v in agg.items()}
-        if cfg.aggregator == "cclip":  # the next round's center: this round's aggregate update
-            floating = [k for k in agg if agg[k].is_floating_point()]
-            self.robust_centers[self._center_key(target, prefix)] = (
-                robust.flatten([agg], floating)[0] - robust.flatten([current], floating)[0])
-        if self.server_opt is not None:
-            params = [k for k, _ in target.named_parameters() if k in agg]
-            agg = self.server_opt.step(current, agg, params)
+        params = [k for k, _ in target.named_parameters() if k in agg]
+        for p in self.plugins:
+            agg = p.step(self, current, agg, params)
         self.load_aggregate(target, {**current, **agg})
         self.averaged = True
-
-    def _center_key(self, target: torch.nn.Module, prefix: str) -> str:
-        """``--aggregator cclip``: the name its center is kept under, one per averaged part of a model."""
-        name = next((f"model.{n}" if n else "model" for n, m in self.global_model.named_modules() if m is target),
-                    type(target).__name__)
-        return f"{name}:{prefix}"
 
     def load_aggregate(self, target: torch.nn.Module, state: dict) -> None:
         """Load an aggregated ``state`` into a server model. With ``--bn_stats local`` only parameters are
@@ -337,8 +300,7 @@ class Server:
             target.load_state_dict(state)
 
     def after_round(self) -> None:
-        """Called at the end of every round (checkpoints and similar add-ons hook in here; the DLG
-        evaluation needs the uploads before aggregation and runs through ``self.privacy`` instead)."""
+        """Called at the end of every round, before the plug-ins' ``after_round``."""
 
     # ---- evaluation --------------------------------------------------------------------------------
     def evaluate(self) -> dict:
@@ -351,20 +313,12 @@ class Server:
         if train_loss and not np.isfinite(summary["train_loss"]):  # as a non-finite training loss does
             raise Diverged(f"round {self.round_idx}: the evaluated train loss is {summary['train_loss']}; lower -lr "
                            f"(now {self.cfg.local_learning_rate}) or check the model and the data")
-        if self.attack is not None:  # the same summary over the benign clients only (benign_test_acc, ...)
-            ok = self.attack.benign_mask([c.id for c in self.clients])
-            benign = summarize(tests[ok, 0], tests[ok, 1], tests[ok, 2], trains[ok, 0], trains[ok, 1])
-            summary.update({f"benign_{k}": v for k, v in benign.items() if k != "client_test_acc"})
-            if self.attack.kind == "backdoor":  # the trigger's success on the benign clients' own models
-                hits, n = np.array(self.call_clients([c for c, b in zip(self.clients, ok) if b], "backdoor_metrics"),
-                                   dtype=np.float64).reshape(-1, 2).sum(0)
-                summary["backdoor_asr"] = float(hits / n) if n else float("nan")
+        for p in self.plugins:  # the benign clients' summary (--attack), DP epsilon (-dp), ...
+            summary.update(p.metrics(self, tests, trains))
         if self.cfg.val_ratio > 0:  # sample-weighted, as test_acc
             correct, n = np.array(self.call_clients(self.clients, "val_metrics"), dtype=np.float64).sum(0)
             summary["val_acc"] = float(correct / n)
         summary.update(self.extra_metrics())
-        if self.privacy is not None:
-            summary.update(self.privacy.metrics(self.clients))
         return summary
 
     def extra_metrics(self) -> dict:
@@ -463,16 +417,16 @@ class Server:
         if t % cfg.eval_gap == 0:
             self._record(self.evaluate())
         active = self._active_clients(self.selected)
-        if self.privacy is not None:  # -dlg: keep the models the attacked clients start from
-            self.privacy.before_training(t, active)
+        for p in self.plugins:  # -dlg: the attacked clients' start models
+            p.before_training(self, active)
         self._train_clients(active)
         uploads = self._receive_models(active)
-        if self.attack is not None:  # --attack: the malicious clients' uploads, poisoned
-            uploads = self.attack.poison(uploads, self.global_model, t)
-        if self.privacy is not None:  # -dlg: attack what they upload, before aggregation
-            self.privacy.after_upload(t, active, uploads)
+        for p in self.plugins:  # --attack poisons the malicious uploads; -dlg attacks what they upload
+            uploads = p.on_uploads(self, active, uploads)
         self._aggregate(uploads)
         self.after_round()
+        for p in self.plugins:
+            p.after_round(self)
         if self.recorder is not None:
             self.recorder.round_time.append(time.perf_counter() - start)
             self.recorder.round_bytes["up"].append(self.bytes_up)

@@ -18,10 +18,11 @@ this is FedAvg number for number. The local solver is the paper's general form: 
 
 A client uploads its model x_i and ||a_i||_1 (``extras["a_norm"]``), the same information as d_i; the
 server forms each normalised model x^t − τ_eff d_i and averages those through ``average_uploads`` with
-the sample weights, whose mean is the update above. So ``--aggregator`` acts on the normalised updates
-(a client gains no weight by taking more steps), ``--server_opt`` steps on the pseudo-gradient
+the sample weights, whose mean is the update above. So ``--server_opt`` steps on the pseudo-gradient
 τ_eff Σ_i p_i d_i (``avgm`` is the paper's FedNova with server momentum), and the upload attacks and the
-privacy monitor see models, as FedAvg's. Only parameters are normalised; BatchNorm statistics, which no
+privacy monitor see models, as FedAvg's. ``--aggregator`` is refused (``robust_refusal``): τ_eff, the mean of
+the uploaded ||a_i||_1, rescales every update before any rule sees it, so one client's ||a_i||_1 would move
+them all. Only parameters are normalised; BatchNorm statistics, which no
 SGD step moves, are averaged as FedAvg's. With ``-ala`` the local model starts from ALA's initialisation
 and x^t − x_i, which d_i normalises, includes that shift. ``--dp_level client`` is refused: its release is
 one mean update, with no per-client ||a_i||_1 left to normalise by.
@@ -46,8 +47,8 @@ class FedNovaServer(Server):
     table_row = dict(
         paper="Wang et al., NeurIPS 2020, [arXiv 2007.07481](https://arxiv.org/abs/2007.07481)",
         family="traditional FL, normalised averaging: each update divided by its local solver's ‖a_i‖₁ (τ_i for "
-               "plain SGD), the mean rescaled by τ_eff = Σ p_i ‖a_i‖₁; the normalised models pass `--aggregator` "
-               "and `--server_opt`; `--dp_level client` refused",
+               "plain SGD), the mean rescaled by τ_eff = Σ p_i ‖a_i‖₁; the normalised models pass `--server_opt`; "
+               "`--aggregator` and `--dp_level client` refused",
         flags="`-rho` ρ 0, `-mu` μ 0 (the paper's vanilla FedNova)",
         ala="yes: the local model; its ALA shift is part of the normalised update")
     client_class = FedNovaClient
@@ -56,6 +57,8 @@ class FedNovaServer(Server):
         client_refusal="its server normalises each client's update by that client's own ‖a_i‖₁, which the "
                        "release's one mean update no longer carries",
     )
+    # --aggregator: τ_eff, the mean of the uploaded ‖a_i‖₁, rescales every update outside the rule
+    robust_refusal = "its server rescales every update by the mean of the uploaded ‖a_i‖₁, outside the rule"
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -75,6 +75,8 @@ class FedGCServer(PartSharingServer):
         ala="yes: the body")
     client_class = FedGCClient
     pfllib_defaults = {"lamda": 1.0}
+    # --aggregator: the embeddings regulariser reads every client's uploaded class embeddings, outside the rule
+    robust_refusal = "its server's embeddings regulariser reads every uploaded class embedding, outside the rule"
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         refusal=("each client uploads the class embeddings of exactly the labels in its data, which reveals its "
                  "label set"),

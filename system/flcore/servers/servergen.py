@@ -93,6 +93,8 @@ class FedGenServer(Server):
     client_class = FedGenClient
     pfllib_defaults = {"noise_dim": 512, "generator_learning_rate": 0.005, "hidden_dim": 512, "server_epochs": 1000}
     personalized = False
+    # --aggregator: the generator is trained on every uploaded head and label count, outside the rule
+    robust_refusal = "its server trains the generator on every uploaded head and label count, outside the rule"
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         refusal="it uploads each client's label counts",
     )

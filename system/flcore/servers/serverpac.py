@@ -88,6 +88,10 @@ class FedPACServer(Server):
         ala="yes: the body, under the client's new head")
     client_class = FedPACClient
     pfllib_defaults = {"lamda": 1.0, "plocal_epochs": 1}
+    # --aggregator: the heads each client gets are mixed from the uploaded heads, and the global prototypes
+    # from the uploaded centroids, outside the rule (tests/test_no_bypass.py)
+    robust_refusal = ("each client's head is combined from the uploaded heads, and the global prototypes from the "
+                      "uploaded centroids, outside the rule")
     dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
         refusal=("it uploads class centroids and feature statistics (means of the private training "
                  "representations), neither noised nor accounted"),

@@ -1,7 +1,7 @@
 """FedYogi: Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar, McMahan. Adaptive Federated Optimization.
 ICLR 2021. https://arxiv.org/abs/2003.00295
 
-FedAvg with ``--server_opt yogi`` (utils/server_opt.py), which any averaging algorithm takes: clients train as
+FedAvg with ``--server_opt yogi`` (plugins/optimizers.py), which any averaging algorithm takes: clients train as
 in FedAvg and the server, instead of taking the sample-weighted mean Θ̄ as the new model, applies Yogi on the
 pseudo-gradient g = Θ - Θ̄ (Θ̄ the round's aggregate): m <- β1 m + (1 - β1) g, v <- v - (1 - β2) g² sign(v -
 g²), Θ <- Θ - η m / (√v + τ). Only parameters are stepped; BatchNorm statistics take the aggregate. The

@@ -1,4 +1,5 @@
-"""Server optimizers (``--server_opt``): the server treats the round's aggregate as a pseudo-gradient step.
+"""Server optimizers (``--server_opt``, the plug-in plugins/server_opt.py): the server treats the round's
+aggregate as a pseudo-gradient step.
 
 Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar, McMahan. "Adaptive Federated Optimization", ICLR
 2021 (arXiv 2003.00295), Algorithm 2; FedAvgM: Hsu, Qi, Brown, "Measuring the Effects of Non-Identical
@@ -22,59 +23,79 @@ here (η 0.1 for adagrad, 0.01 for adam and yogi, τ 10^-3) lie in the region it
 tasks found best. BatchNorm running statistics and integer entries are not parameters: they take the
 aggregate's value, never a step. The state (m, v) is kept per entry name and carries across rounds; it is
 part of the server's checkpointed state (runtime/state.py saves this object's attributes).
+
+Adding an optimizer is one function here, registered with ``@optimizer("name", lr=default η)``: it takes the
+optimizer (its hyper-parameters and state ``m``, ``v``), an entry's name, its current value x and the
+pseudo-gradient g, and returns the new value.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
-NAMES = ("sgd", "avgm", "adagrad", "adam", "yogi")
-DEFAULT_LR = {"sgd": 1.0, "avgm": 1.0, "adagrad": 0.1, "adam": 0.01, "yogi": 0.01}
+OPTIMIZERS: dict[str, Callable] = {}
+
+
+def optimizer(name: str, lr: float):
+    """Register the decorated step as ``--server_opt name`` (``lr``: its default -slr)."""
+    def register(fn):
+        OPTIMIZERS[name] = fn
+        return fn
+    return register
+
+
+@optimizer("sgd", lr=1.0)
+def sgd(o: "ServerOptimizer", k: str, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    return x - o.lr * g
+
+
+@optimizer("avgm", lr=1.0)
+def avgm(o: "ServerOptimizer", k: str, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    o.m[k] = m = o.beta1 * o.m.get(k, torch.zeros_like(x)) + g
+    return x - o.lr * m
+
+
+def adaptive(o: "ServerOptimizer", k: str, x: torch.Tensor, g: torch.Tensor, second) -> torch.Tensor:
+    """The first moment, the second by ``second(v, g²)``, and the step x - η m / (√v + τ)."""
+    o.m[k] = m = o.beta1 * o.m.get(k, torch.zeros_like(x)) + (1 - o.beta1) * g
+    v = o.v.get(k, torch.full_like(x, o.tau ** 2))
+    o.v[k] = v = second(v, g * g)
+    return x - o.lr * m / (v.sqrt() + o.tau)
+
+
+@optimizer("adagrad", lr=0.1)
+def adagrad(o: "ServerOptimizer", k: str, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    return adaptive(o, k, x, g, lambda v, g2: v + g2)
+
+
+@optimizer("adam", lr=0.01)
+def adam(o: "ServerOptimizer", k: str, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    return adaptive(o, k, x, g, lambda v, g2: o.beta2 * v + (1 - o.beta2) * g2)
+
+
+@optimizer("yogi", lr=0.01)
+def yogi(o: "ServerOptimizer", k: str, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    return adaptive(o, k, x, g, lambda v, g2: v - (1 - o.beta2) * g2 * torch.sign(v - g2))
 
 
 class ServerOptimizer:
     """One server optimizer's hyper-parameters and its per-entry state ``m`` and ``v``."""
 
     def __init__(self, name: str, lr: float, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3):
-        if name not in NAMES:
-            raise ValueError(f"unknown server optimizer '{name}'; choose one of {', '.join(NAMES)}")
+        if name not in OPTIMIZERS:
+            raise ValueError(f"unknown server optimizer '{name}'; choose one of {', '.join(OPTIMIZERS)}")
         self.name, self.lr, self.beta1, self.beta2, self.tau = name, float(lr), float(beta1), float(beta2), float(tau)
         self.m: dict[str, torch.Tensor] = {}
         self.v: dict[str, torch.Tensor] = {}
-
-    @classmethod
-    def from_config(cls, cfg) -> "ServerOptimizer | None":
-        """The run's optimizer (``--server_opt`` and its flags, -slr already resolved), None with ``off``."""
-        if cfg.server_opt == "off":
-            return None
-        return cls(cfg.server_opt, cfg.server_learning_rate, cfg.server_momentum, cfg.server_beta2, cfg.server_tau)
 
     def step(self, current: Mapping[str, torch.Tensor], aggregate: Mapping[str, torch.Tensor],
              params: Iterable[str]) -> dict[str, torch.Tensor]:
         """``aggregate`` with each entry named in ``params`` replaced by its optimizer step from ``current``
         (the server's model before the round); the state of those entries is updated."""
         out = dict(aggregate)
+        fn = OPTIMIZERS[self.name]
         for k in params:
             x = current[k].detach()
-            g = x - aggregate[k].to(x.device, x.dtype)
-            if self.name == "sgd":
-                out[k] = x - self.lr * g
-                continue
-            m = self.m.get(k, torch.zeros_like(x))
-            if self.name == "avgm":
-                self.m[k] = m = self.beta1 * m + g
-                out[k] = x - self.lr * m
-                continue
-            self.m[k] = m = self.beta1 * m + (1 - self.beta1) * g
-            v = self.v.get(k, torch.full_like(x, self.tau ** 2))
-            g2 = g * g
-            if self.name == "adagrad":
-                v = v + g2
-            elif self.name == "adam":
-                v = self.beta2 * v + (1 - self.beta2) * g2
-            else:  # yogi
-                v = v - (1 - self.beta2) * g2 * torch.sign(v - g2)
-            self.v[k] = v
-            out[k] = x - self.lr * m / (v.sqrt() + self.tau)
+            out[k] = fn(self, k, x, x - aggregate[k].to(x.device, x.dtype))
         return out

@@ -1,10 +1,16 @@
-"""Robust aggregation rules (``--aggregator``): pure functions on lists of state dicts and on stacked flat
-updates, kept apart from the orchestration so tests can check them by hand.
+"""Aggregation rules (``--aggregator``, the plug-in plugins/robust.py): pure functions on stacked flat
+uploads, kept apart from the orchestration so tests can check them by hand.
 
-Each rule takes the n uploads of a round as rows of an n x d float64 matrix (every floating entry the
-algorithm averages, parameters and BatchNorm statistics alike, flattened in name order) and returns one
-d-vector; integer entries (BatchNorm's ``num_batches_tracked``) always get the rounded sample-weighted mean
-of ``weighted_average``. Which rules use the sample counts:
+Adding a rule is one function here, registered by name with ``@rule("name")``: ``--aggregator`` lists it
+(read from this file's source, without torch: plugins/__init__.py ``registered``) and every algorithm whose
+server averages through ``Server.average_uploads`` can use it. A rule takes the n uploads of a round as rows
+of an n x d float64 matrix ``x`` (every floating entry the algorithm averages, parameters and BatchNorm
+statistics alike, flattened in name order) and a ``RuleInputs`` (the sample weights, the number f of
+Byzantine uploads assumed this round, ``--trim_frac``, the model the uploads are averaged into as a
+d-vector, the centered rules' options, and ``note`` to say when the rule degenerates), and returns one
+d-vector, or a list of row indices whose uploads are averaged with their sample weights (a selection rule:
+Krum). Integer entries (BatchNorm's ``num_batches_tracked``) always get the rounded sample-weighted mean of
+``weighted_average`` (of the selected uploads, for a selection rule). Which rules use the sample counts:
 
 - ``mean``: the sample-weighted mean (FedAvg; exactly ``weighted_average``).
 - ``median``: the coordinate-wise median, unweighted (Yin et al., ICML 2018); for even n the mean of the
@@ -34,19 +40,107 @@ of ``weighted_average``. Which rules use the sample counts:
   update scaled to norm at most M, x_i <- x_i / max(1, ||x_i|| / M), then their sample-weighted mean (FedAvg
   on bounded updates); M = ``--norm_bound``, by default the median of the round's update norms.
 f (Krum, Multi-Krum, Bulyan) is ``--krum_f`` when given (a misestimate is expressible), otherwise the count
-of the round's uploads that come from malicious clients (0 without ``--attack``).
+of the round's uploads that come from malicious clients (0 without ``--attack``). A rule that degenerates in
+a round says so once per run (the trimmed mean's k = 0, the median of two uploads, Multi-Krum with f = 0,
+Bulyan below 4f + 3 uploads).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
 from utils.aggregate import weighted_average
 
-RULES = ("mean", "median", "trimmed_mean", "krum", "multikrum", "geomed", "bulyan", "cclip", "normclip")
-F_RULES = ("krum", "multikrum", "bulyan")  # the rules that take f
-CENTERED = ("cclip", "normclip")  # the rules that work on updates: they need the model averaged into
+RULES: dict[str, Callable] = {}
+
+
+def rule(name: str, takes_f: bool = False, on_updates: bool = False):
+    """Register the decorated function as ``--aggregator name``; ``takes_f``: it reads f (``--krum_f`` applies);
+    ``on_updates``: it works on updates, against the model the uploads are averaged into."""
+    def register(fn):
+        RULES[name] = fn
+        return fn
+    return register
+
+
+@dataclasses.dataclass
+class RuleInputs:
+    """What a rule may read besides the uploads: ``weights`` (n, float64, as sent), ``f`` (Byzantine uploads
+    assumed this round), ``trim_frac``, ``reference`` (the model the uploads are averaged into, as a d-vector;
+    None in a bare call), ``center`` / ``tau`` / ``iters`` (centered clipping), ``norm_bound`` (norm
+    bounding) and ``note(text)``, which says once per run that the rule degenerates (a warning line)."""
+    weights: torch.Tensor
+    f: int = 0
+    trim_frac: float = 0.2
+    reference: torch.Tensor | None = None
+    center: torch.Tensor | None = None
+    tau: float = 10.0
+    iters: int = 1
+    norm_bound: float | None = None
+    note: Callable[[str], None] = lambda text: None
+
+
+@rule("mean")
+def mean(x: torch.Tensor, inputs: RuleInputs) -> torch.Tensor:
+    """The sample-weighted mean (``aggregate`` computes it entry by entry, exactly as FedAvg)."""
+    return inputs.weights / inputs.weights.sum() @ x
+
+
+@rule("median")
+def median(x: torch.Tensor, inputs: RuleInputs) -> torch.Tensor:
+    if x.shape[0] <= 2:
+        inputs.note(f"the median of {x.shape[0]} upload(s) is their unweighted mean")
+    return coordinate_median(x)
+
+
+@rule("trimmed_mean")
+def trimmed(x: torch.Tensor, inputs: RuleInputs) -> torch.Tensor:
+    n = x.shape[0]
+    k = int(inputs.trim_frac * n)
+    if k == 0:
+        inputs.note(f"k = floor({inputs.trim_frac:g} x {n}) = 0: nothing is trimmed (the unweighted mean)")
+    return trimmed_mean(x, k)
+
+
+@rule("krum", takes_f=True)
+def krum(x: torch.Tensor, inputs: RuleInputs) -> list[int]:
+    return krum_select(x, inputs.f, 1)
+
+
+@rule("multikrum", takes_f=True)
+def multikrum(x: torch.Tensor, inputs: RuleInputs) -> list[int]:
+    if inputs.f == 0:
+        inputs.note("f = 0: Multi-Krum keeps every upload (the weighted mean)")
+    return krum_select(x, inputs.f, x.shape[0] - inputs.f)
+
+
+@rule("geomed")
+def geomed(x: torch.Tensor, inputs: RuleInputs) -> torch.Tensor:
+    return geometric_median(x, inputs.weights)
+
+
+@rule("bulyan", takes_f=True)
+def bulyan_rule(x: torch.Tensor, inputs: RuleInputs) -> torch.Tensor:
+    n, f = x.shape[0], inputs.f
+    if 2 * f < n < 4 * f + 3:
+        inputs.note(f"{n} uploads, fewer than 4f + 3 = {4 * f + 3} (f = {f}); its guarantee is lost and it "
+                    f"averages {max(n - 4 * f, 1)} value(s) per coordinate")
+    return bulyan(x, f)
+
+
+@rule("cclip", on_updates=True)
+def cclip(x: torch.Tensor, inputs: RuleInputs) -> torch.Tensor:
+    ref = inputs.reference
+    center = torch.zeros_like(ref) if inputs.center is None else inputs.center
+    return ref + centered_clip(x - ref, center, inputs.tau, inputs.iters)
+
+
+@rule("normclip", on_updates=True)
+def normclip(x: torch.Tensor, inputs: RuleInputs) -> torch.Tensor:
+    ref = inputs.reference
+    return ref + norm_clip(x - ref, inputs.weights, inputs.norm_bound)
 
 
 def coordinate_median(x: torch.Tensor) -> torch.Tensor:
@@ -152,42 +246,28 @@ def geometric_median(x: torch.Tensor, weights: torch.Tensor, tol: float = 1e-7, 
 def aggregate(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float], rule: str = "mean",
               keys=None, trim_frac: float = 0.2, krum_f: int = 0, reference: Mapping | None = None,
               center: torch.Tensor | None = None, tau: float = 10.0, iters: int = 1,
-              norm_bound: float | None = None) -> dict[str, torch.Tensor]:
+              norm_bound: float | None = None, note: Callable[[str], None] | None = None) -> dict[str, torch.Tensor]:
     """The ``rule`` aggregate of the entries ``keys`` (default: all) of ``states`` (see the module
-    docstring); ``mean`` is ``weighted_average`` itself. ``cclip`` and ``normclip`` take ``reference``, the
-    state the uploads are updates of (by the same names), and ``cclip`` its ``center`` update (the flat
-    floating entries; None: zero), ``tau`` and ``iters``."""
+    docstring); ``mean`` is ``weighted_average`` itself. ``reference``: the state the uploads are averaged
+    into (by the same names), which ``cclip`` and ``normclip`` need; ``cclip`` also takes its ``center``
+    update (the flat floating entries; None: zero), ``tau`` and ``iters``, ``normclip`` its ``norm_bound``."""
     if rule == "mean":
         return weighted_average(states, weights, keys)
+    if rule not in RULES:
+        raise ValueError(f"unknown aggregator '{rule}'; choose one of {', '.join(RULES)}")
     keys = list(keys if keys is not None else states[0].keys())
-    n = len(states)
-    if rule in ("krum", "multikrum"):
-        floating = [k for k in keys if states[0][k].is_floating_point()]
-        chosen = krum_select(flatten(states, floating), krum_f, 1 if rule == "krum" else n - krum_f)
-        return weighted_average([states[i] for i in chosen], [weights[i] for i in chosen], keys)
-    out = weighted_average(states, weights, [k for k in keys if not states[0][k].is_floating_point()])
     floating = [k for k in keys if states[0][k].is_floating_point()]
     if not floating:
-        return out
+        return weighted_average(states, weights, keys)
     x = flatten(states, floating)
-    if rule == "median":
-        flat = coordinate_median(x)
-    elif rule == "trimmed_mean":
-        flat = trimmed_mean(x, int(trim_frac * n))
-    elif rule == "geomed":
-        flat = geometric_median(x, torch.as_tensor([float(w) for w in weights], dtype=torch.float64))
-    elif rule == "bulyan":
-        flat = bulyan(x, krum_f)
-    elif rule in CENTERED:
-        ref = flatten([reference], floating)[0]
-        if rule == "cclip":
-            flat = ref + centered_clip(x - ref, torch.zeros_like(ref) if center is None else center, tau, iters)
-        else:
-            flat = ref + norm_clip(x - ref, torch.as_tensor([float(w) for w in weights], dtype=torch.float64),
-                                   norm_bound)
-    else:
-        raise ValueError(f"unknown aggregator '{rule}'; choose one of {', '.join(RULES)}")
-    out.update(unflatten(flat, states[0], floating))
+    inputs = RuleInputs(torch.as_tensor([float(w) for w in weights], dtype=torch.float64), krum_f, trim_frac,
+                        None if reference is None else flatten([reference], floating)[0], center, tau, iters,
+                        norm_bound, note or (lambda text: None))
+    result = RULES[rule](x, inputs)
+    if isinstance(result, list):  # a selection: its uploads' weighted mean, every entry
+        return weighted_average([states[i] for i in result], [weights[i] for i in result], keys)
+    out = weighted_average(states, weights, [k for k in keys if not states[0][k].is_floating_point()])
+    out.update(unflatten(result, states[0], floating))
     return {k: out[k] for k in keys}
 
 
