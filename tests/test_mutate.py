@@ -89,11 +89,11 @@ def test_the_doc_lists_the_modules_in_scope_not_yet_run_and_keeps_its_text_outsi
     (repo / "pkg" / "b.py").write_text("x = 1 + 2\n")
     (repo / "pkg" / "__init__.py").write_text("")  # nothing to mutate: not listed
     (results / "a.json").write_text(json.dumps({"module": "pkg/a.py", "sha": "", "date": "d", "mutants": []}))
-    doc = tmp_path / "testing.md"
-    doc.write_text("intro\n<!-- mutation-table:begin -->\nSTALE\n<!-- mutation-table:end -->\nmiddle\n"
-                   "<!-- mutation-survivors:begin -->\nSTALE\n<!-- mutation-survivors:end -->\nend\n")
+    doc, notes = tmp_path / "testing.md", tmp_path / "mutation-survivors.md"
+    doc.write_text("intro\n<!-- mutation-table:begin -->\nSTALE\n<!-- mutation-table:end -->\nmiddle\n")
+    notes.write_text("head\n<!-- mutation-survivors:begin -->\nSTALE\n<!-- mutation-survivors:end -->\nend\n")
     for name, value in (("REPO", repo), ("RESULTS", results), ("EQUIVALENT", results / "equivalent.json"),
-                        ("DOC", doc), ("SCOPE", ["pkg/*.py"])):
+                        ("DOC", doc), ("SURVIVORS_DOC", notes), ("SCOPE", ["pkg/*.py"])):
         monkeypatch.setattr(mutate, name, value)
     # b.py: "1 + 2" -> "1 - 2", and each constant +- 1: 5 mutants
     assert mutate.not_yet_run() == ("Not yet run (1 modules, 5 mutants; a later run adds each with the command "
@@ -102,8 +102,8 @@ def test_the_doc_lists_the_modules_in_scope_not_yet_run_and_keeps_its_text_outsi
     text = doc.read_text()
     assert text.startswith("intro\n<!-- mutation-table:begin -->\nBy folder:\n\n| family |") and "STALE" not in text
     assert "\nBy module:\n\n| module |" in text
-    assert "\n<!-- mutation-table:end -->\nmiddle\n<!-- mutation-survivors:begin -->\n" in text
-    assert text.endswith("<!-- mutation-survivors:end -->\nend\n") and "`pkg/b.py` (5)" in text
+    assert text.endswith("\n<!-- mutation-table:end -->\nmiddle\n") and "`pkg/b.py` (5)" in text
+    assert "STALE" not in notes.read_text() and notes.read_text().startswith("head\n<!-- mutation-survivors:begin")
 
 
 def test_the_folder_summary_adds_its_modules_first_runs_and_current_counts(tmp_path, monkeypatch):
