@@ -14,6 +14,7 @@ from cli import parse_config
 from conftest import cli
 from flcore.trainmodel.models import DNN
 from utils import dlg, dp_sgd, privacy_monitor
+from utils.entries import trainable_names
 from utils.errors import FLError
 from utils.results import read_h5
 from utils.seeding import torch_gen, torch_seeded
@@ -359,7 +360,7 @@ def test_per_sample_gradients_match_a_loop(digits_images, digits_mlp):
     _, normed, labels = digits_images
     x, y = normed[:5], labels[:5]
     holder = dp_sgd._LossHolder({"m": digits_mlp}, lambda a, b: torch.nn.functional.cross_entropy(digits_mlp(a), b))
-    names = [f"m.{n}" for n in dlg.trainable_names(digits_mlp)]
+    names = [f"m.{n}" for n in trainable_names(digits_mlp)]
     grads, losses = dp_sgd.per_sample_gradients(holder, names, x, y)
     for i in range(5):
         ref = dlg.model_gradient(digits_mlp, x[i:i + 1], y[i:i + 1])

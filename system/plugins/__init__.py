@@ -23,6 +23,7 @@ The interface (``Plugin``), in the spirit of Flower's wrapper strategies:
     ``step(server, current, aggregate, params)``   inside ``average_uploads``, after ``combine``
     ``after_round(server)``                at the end of every round
     ``metrics(server, tests, trains)``     more series for each evaluation (a dict)
+    ``describe(summary)``                  its figures on the round's printed line: (before the accuracy, after)
   and ``attackers(ids)``: how many of these upload ids it controls (Krum's f follows it);
 - ``client_data(cfg, run, cid, data)`` and ``setup_client(cfg, client)`` (class methods): a client's data
   (``utils.data_utils.ClientData``) as it trains on it, and what the plug-in keeps on the client (DP-SGD's
@@ -101,6 +102,9 @@ class Plugin:
 
     def metrics(self, server, tests, trains) -> dict:
         return {}
+
+    def describe(self, summary: dict) -> tuple[str, str]:
+        return "", ""
 
     def attackers(self, ids: list[int]) -> int:
         return 0

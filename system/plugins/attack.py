@@ -146,6 +146,12 @@ class Attack(Plugin):
         return poison(self.kind, uploads, server.global_model, set(self.malicious), self.scale, self.seed, self.run,
                       server.round_idx, server.cfg)
 
+    def describe(self, summary: dict) -> tuple[str, str]:
+        benign = f"benign acc {summary['benign_test_acc']:.4f}, all "
+        if "backdoor_asr" in summary:
+            benign = f"backdoor ASR {summary['backdoor_asr']:.4f} | {benign}"
+        return benign, ""
+
     def metrics(self, server, tests, trains) -> dict:
         """The evaluation's summary over the benign clients only (``benign_test_acc``, ...); for the backdoor
         the trigger's success on the benign clients' own models (``backdoor_asr``)."""

@@ -50,6 +50,9 @@ class ClientDP(Plugin):
                               len(server.clients))
         return private
 
+    def describe(self, summary: dict) -> tuple[str, str]:
+        return "", f" | DP epsilon max {summary['dp_epsilon_max']:.3f}"
+
     def metrics(self, server, tests, trains) -> dict:
         """One client-level epsilon, the same for every client."""
         import numpy as np

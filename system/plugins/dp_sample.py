@@ -82,6 +82,9 @@ class SampleDP(Plugin):
     def before_training(self, server, active):
         self.trained.update(c.id for c in active)
 
+    def describe(self, summary: dict) -> tuple[str, str]:
+        return "", f" | DP epsilon max {summary['dp_epsilon_max']:.3f}"
+
     def metrics(self, server, tests, trains) -> dict:
         """Epsilon of every client at ``--dp_delta`` (0 before it trains); the server prints the maximum with
         the round's accuracy. A client that trained under ``-dp`` without a single DP-SGD step (an algorithm

@@ -35,14 +35,12 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
+from utils.entries import trainable_names
+
 MAX_PSNR = 100.0  # dB reported for a perfect reconstruction (MSE 1e-10), so means stay finite
 
 
 # ---- gradients -------------------------------------------------------------------------------------
-def trainable_names(model: nn.Module) -> list[str]:
-    return [n for n, p in model.named_parameters() if p.requires_grad]
-
-
 def grads_or_zeros(loss: torch.Tensor, tensors: list[torch.Tensor], create_graph: bool = False) -> list:
     """d loss / d each tensor; a tensor the loss does not use (a parameter only an algorithm's own loss
     trains, as GPFL's conditional embedding or PFL-DA's global head) gets zeros: what a client computing

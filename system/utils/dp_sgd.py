@@ -43,7 +43,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F
 
-from utils import dlg
+from utils.entries import trainable_names
 from utils.dp_support import sample_level
 from utils.errors import FLError
 from utils.seeding import torch_gen
@@ -94,8 +94,8 @@ def privatize(grads: dict[str, torch.Tensor], clip: float, sigma: float,
 def dp_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: float, sigma: float,
                 generator: torch.Generator) -> dict[str, torch.Tensor]:
     """One DP-SGD release of the mean cross-entropy gradient of ``model`` on (x, y): what a DP client's
-    single step reveals (the DP counterpart of ``dlg.model_gradient``)."""
-    names = dlg.trainable_names(model)
+    single step reveals (the DP counterpart of ``utils/dlg.py``'s ``model_gradient``)."""
+    names = trainable_names(model)
     holder = _LossHolder({"m": model}, lambda a, b: F.cross_entropy(model(a), b))
     grads, _ = per_sample_gradients(holder, [f"m.{n}" for n in names], x, y)
     return {n[2:]: g for n, g in privatize(grads, clip, sigma, generator).items()}

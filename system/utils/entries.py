@@ -6,6 +6,11 @@ from torch import nn
 from utils.errors import FLError
 
 
+def trainable_names(model: nn.Module) -> list[str]:
+    """The names of ``model``'s parameters that training updates (``requires_grad``)."""
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
 def aligned_names(model: nn.Module, state: dict) -> dict[str, str]:
     """{upload name: ``model``'s name} for an upload's state. Uploads of a part of the model (FedRep's body:
     ``model.base.state_dict()``) carry names relative to that part; they are prefixed with the submodule

@@ -13,7 +13,7 @@ from tqdm import tqdm
 from utils import dlg
 from utils.dp_sgd import dp_gradient
 from utils.dp_support import sample_level
-from utils.entries import aligned_names
+from utils.entries import aligned_names, trainable_names
 from utils.errors import FLError
 from utils.seeding import np_rng, torch_gen
 
@@ -91,7 +91,7 @@ class PrivacyMonitor:
 
     def _attack_client(self, round_idx: int, client, start: nn.Module, upload) -> list[dict]:
         cfg = self.cfg
-        names = dlg.trainable_names(start)
+        names = trainable_names(start)
         batch = min(cfg.dlg_batch, client.train_samples)
         if cfg.dlg_target == "update":
             state = align_state(start, (upload.state if upload is not None else None) or {})

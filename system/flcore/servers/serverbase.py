@@ -326,15 +326,13 @@ class Server:
         return {}
 
     def _record(self, summary: dict) -> None:
-        dp = f" | DP epsilon max {summary['dp_epsilon_max']:.3f}" if "dp_epsilon_max" in summary else ""
         loss = "" if self.cfg.train_loss_eval == "off" else f" | train loss {summary['train_loss']:.4f}"
         val = f" | val acc {summary['val_acc']:.4f}" if "val_acc" in summary else ""
-        benign = f"benign acc {summary['benign_test_acc']:.4f}, all " if "benign_test_acc" in summary else ""
-        if "backdoor_asr" in summary:
-            benign = f"backdoor ASR {summary['backdoor_asr']:.4f} | {benign}"
-        tqdm.write(f"round {self.round_idx:4d} | {benign}acc {summary['test_acc']:.4f} "
+        words = [p.describe(summary) for p in self.plugins]  # the plug-ins' own figures (benign acc, epsilon)
+        before, after = "".join(w[0] for w in words), "".join(w[1] for w in words)
+        tqdm.write(f"round {self.round_idx:4d} | {before}acc {summary['test_acc']:.4f} "
                    f"(clients {summary['test_acc_mean']:.4f} ± {summary['test_acc_std']:.4f}, worst "
-                   f"{summary['test_acc_min']:.4f}){val} | auc {summary['test_auc']:.4f}{loss}{dp}")
+                   f"{summary['test_acc_min']:.4f}){val} | auc {summary['test_auc']:.4f}{loss}{after}")
         if self.recorder is not None:
             self.recorder.add(self.round_idx, summary)
             self.recorder.save()
