@@ -163,7 +163,6 @@ NOT_IN_LABEL = table.IGNORED | {"dataset", "algorithm", "num_clients", "num_clas
 def algorithm_defaults(base: tuple[str, ...], algo: str) -> dict:
     """The configuration ``-algo algo`` gets under the sweep's ``base`` flags (parsed once per algorithm)."""
     import cli
-    import main
 
     return cli.parse_config([*base, "-algo", algo]).to_dict()
 
@@ -190,7 +189,7 @@ def relabel(data: dict, base: list[str]) -> dict:
     export written with other labels merges with new runs without losing a row)."""
     import shlex
 
-    import main
+    import cli
 
     out = {"splits": {}}
     for split, entries in data.get("splits", {}).items():

@@ -233,7 +233,7 @@ def config_hash(cfg_dict: dict, defaults: dict) -> str:
 
 def parse_job_flags(argv: list[str]):
     """``cli.parse_config`` with its one-line error captured instead of printed; returns (cfg, error)."""
-    import main
+    import cli
     from utils.errors import FLError
 
     err = io.StringIO()
@@ -253,7 +253,7 @@ def effective_defaults(flags: list[str], cfg, known: dict | None = None) -> dict
     optimizer's step size) the value it resolves to when no flag sets it. An algorithm's own default then
     stays out of the hash, whether it lives in its parser or is resolved after parsing. They depend on the
     algorithm and the split only: ``known`` (one sweep's) keeps them per pair, so each is worked out once."""
-    import main
+    import cli
 
     key = (cli.algorithm_arg(flags), cfg.dataset)
     if known is not None and key in known:
@@ -274,6 +274,7 @@ def build_jobs(base: list[str], grids: list[dict], seeds: list[int], tag: str, o
     """Returns (jobs, invalid): ``invalid`` lists (flags, one-line error) of grid points main.py refuses.
     ``per_algorithm``: flags added to every job of that ``-algo`` (after the grid's, so they win).
     Raises SweepError when two jobs would write one result file."""
+    import cli
     import main
 
     for flag in RESERVED:

@@ -62,7 +62,7 @@ def test_one_round_of_pfllib_lines_runs(digits_root, tmp_path):
 
 
 @pytest.mark.parametrize("line,message", [
-    ("-algo FedNope", "invalid choice: 'FedNope'"),
+    ("-algo FedNope", "unknown value 'FedNope'; did you mean"),
     ("-m VGG99", "invalid choice: 'VGG99'"),
     ("-ld maybe", "expected true/false/1/0, got 'maybe'"),
     ("-algo FedAvg -mu abc", "expected a number, got 'abc'"),
