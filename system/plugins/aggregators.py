@@ -51,7 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from utils.aggregate import weighted_average
+from utils.aggregate import squared_distances, weighted_average
 
 RULES: dict[str, Callable] = {}
 
@@ -169,19 +169,6 @@ def krum_scores(x: torch.Tensor, f: int) -> torch.Tensor:
 def krum_select(x: torch.Tensor, f: int, m: int) -> list[int]:
     """Indices of the m rows of lowest Krum score (ties: the lower index first)."""
     return torch.sort(krum_scores(x, f), stable=True).indices[:m].tolist()
-
-
-def squared_distances(x: torch.Tensor) -> torch.Tensor:
-    """n x n matrix of squared distances between the rows of ``x``, +inf on the diagonal (a row is not its
-    own neighbour). From the Gram matrix G of the rows taken relative to the first one: G_ii + G_jj - 2 G_ij,
-    floored at 0. One matrix product instead of n passes over n x d differences (20 uploads of the CNN:
-    about 0.1 s instead of 2 s a round); translating by a row keeps the cancellation to the uploads' spread,
-    small integers stay exact, and equal rows are at distance exactly 0."""
-    c = x - x[0]
-    g = c @ c.T
-    g = (g + g.T) / 2  # the product need not be symmetric to the last bit
-    sq = g.diagonal()
-    return (sq[:, None] + sq[None, :] - 2 * g).clamp_min(0).fill_diagonal_(float("inf"))
 
 
 def bulyan_sizes(n: int, f: int) -> tuple[int, int]:

@@ -101,7 +101,7 @@ def _spread(benign: torch.Tensor, dev: torch.Tensor):
 
 def _benign_distances(benign: torch.Tensor) -> torch.Tensor:
     """Squared distances between the benign rows (0 on the diagonal), from their Gram matrix."""
-    from utils.robust import squared_distances
+    from utils.aggregate import squared_distances
 
     return squared_distances(benign).fill_diagonal_(0.0)
 
