@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import main
+from cli import parse_config
 from conftest import cli
 from test_hostile import SEQ, STEM, World, safe, snapshot
 from utils import fileio
@@ -222,7 +223,7 @@ def test_config_file_and_numeric_flags(pristine, data):
         argv = cli(pristine / "data", Path(d) / "out", "--config", str(path), *SEQ)
         try:
             with contextlib.redirect_stderr(io.StringIO()):
-                cfg = main.parse_config(argv)
+                cfg = parse_config(argv)
         except FLError:
             return
         except SystemExit as e:

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import main
+from cli import parse_config
 from conftest import REPO, cli
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -471,7 +472,7 @@ def parse_refused(world, *flags):
 
     try:
         with contextlib.redirect_stderr(open(os.devnull, "w")):
-            main.parse_config(cli(world.root, world.out, *SEQ, *flags))
+            parse_config(cli(world.root, world.out, *SEQ, *flags))
     except FLError as e:
         return str(e)
     except SystemExit:
