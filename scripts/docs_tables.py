@@ -102,6 +102,34 @@ def batched_table() -> tuple[Path, str, str]:
     return REPO / "docs" / "performance.md", TABLE_HEADER, table
 
 
+SECURITY_DOC = REPO / "docs" / "security.md"
+BOUNDS_START, BOUNDS_END = "<!-- numeric flags: utils/bounds.py markdown() -->\n", "\n<!-- end of numeric flags -->"
+
+
+def bounds_table() -> str:
+    """docs/security.md's table of every numeric flag's accepted range (utils/bounds.py), over the common
+    parser and every algorithm's."""
+    import cli
+    from flcore.registry import ALGORITHMS
+    from utils import bounds
+
+    return bounds.markdown([cli.base_parser(), *(cli.parser_for(name) for name in ALGORITHMS)])
+
+
+def write_bounds(check: bool) -> bool:
+    """Whether docs/security.md's numeric-flags table (between its markers) is current; rewrite it unless
+    ``check``."""
+    text = SECURITY_DOC.read_text()
+    start = text.index(BOUNDS_START) + len(BOUNDS_START)
+    end = text.index(BOUNDS_END, start)
+    new = bounds_table()
+    if text[start:end] == new:
+        return True
+    if not check:
+        SECURITY_DOC.write_text(text[:start] + new + text[end:])
+    return False
+
+
 def tables() -> list[tuple[Path, str, str]]:
     """(file, the table's header line, the table as the declarations make it) for every generated table."""
     import dp_coverage
@@ -123,6 +151,8 @@ def main(argv=None) -> int:
             stale.append(path.relative_to(REPO))
             if not args.check:
                 path.write_text(before + table + after)
+    if not write_bounds(args.check):
+        stale.append(SECURITY_DOC.relative_to(REPO))
     if args.check and stale:
         print(f"{', '.join(map(str, stale))}: generated table(s) differ from the code's declarations; run "
               f"python scripts/docs_tables.py", file=sys.stderr)

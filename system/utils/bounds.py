@@ -100,14 +100,12 @@ def check(args, actions) -> None:
                           else f"{flag} {v} is out of range: it takes {rule(a)}")
 
 
-def markdown() -> str:
-    """The table of docs/security.md: every numeric flag of the common parser and of every algorithm."""
-    import cli
-    from flcore.registry import ALGORITHMS
-
+def markdown(parsers) -> str:
+    """The table of docs/security.md: every numeric flag of ``parsers`` (the common parser and every
+    algorithm's: scripts/docs_tables.py passes them, since utilities import neither the command line nor
+    an algorithm)."""
     rows: dict[str, tuple[str, str, str]] = {}
-    for name in [None, *ALGORITHMS]:
-        parser = cli.base_parser() if name is None else cli.parser_for(name)
+    for parser in parsers:
         for a in numeric_actions(parser):
             if a.dest not in rows:
                 rows[a.dest] = (" / ".join(a.option_strings), "int" if a.type is int else "float", rule(a))
