@@ -187,3 +187,39 @@ def test_a_lock_of_a_reused_pid_is_stale(tmp_path):
     fd = locks.take_lock(fileio.Folder(tmp_path), "r.lock")
     assert (tmp_path / "r.lock").read_text().split()[0] == str(os.getpid())
     locks.release_lock(fileio.Folder(tmp_path), "r.lock", fd)
+
+
+# ---- every file through the I/O layer ------------------------------------------------------------------------
+RAW = r"\bopen\(|\.read_text\(|\.read_bytes\(|\.write_text\(|\.write_bytes\(|np\.load\(|h5py\.File\(|json\.load\(|" \
+      r"torch\.load\(|torch\.save\(|\.unlink\(|\.mkdir\(|rmtree|os\.remove|os\.replace|savefig\("
+ALLOWED = {  # (file, what the line holds): why it is not a file of a run's folder or of a user
+    ("system/runtime/reaper.py", "/proc/"): "the run's own processes, in /proc",
+    ("system/flcore/flags.py", "path.read_text()"): "the library's own source files",
+    ("system/runtime/executors.py", "rmtree(self.folder"): "the parked-client folder this run made (mkdtemp)",
+    ("system/runtime/parking.py", "rmtree, self.folder"): "the parked-client folder this run made (mkdtemp)",
+    ("dataset/utils/dataset_utils.py", "rmtree(made"): "the download folder this generator made, when it failed",
+    ("system/utils/results.py", "h5py.File(file"): "a file object the I/O layer opened",
+    ("system/runtime/state.py", "torch.load(io.BytesIO"): "bytes the I/O layer read",
+    ("system/runtime/state.py", "torch.save(tree, buf)"): "into memory",
+}
+
+
+def test_the_library_and_its_scripts_open_files_only_through_the_io_layer():
+    import re
+
+    from conftest import REPO
+
+    files = [p for p in (REPO / "system").rglob("*.py") if p.name not in ("fileio.py", "locks.py")]
+    files += [REPO / "scripts" / n for n in ("table.py", "plot.py", "sweep.py")]
+    files += [REPO / "dataset" / "utils" / "dataset_utils.py"]
+    raw = []
+    for path in files:
+        rel = str(path.relative_to(REPO))
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            if re.search(RAW, code) and "fileio." not in code and '"""' not in line and "``" not in line and not any(
+                    rel == f and s in line for f, s in ALLOWED):
+                if re.search(r"lambda f|\(f, |\(file, |\(f\)|replace\(\[", code):  # a file object from fileio
+                    continue
+                raw.append(f"{rel}:{n}: {line.strip()}")
+    assert raw == []

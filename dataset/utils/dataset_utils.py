@@ -230,7 +230,7 @@ def arrays_sha256(*arrays):
 def file_sha256(path):
     """Checksum of a file's bytes, read in chunks."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with fileio.open_read(path, "--source", cap=fileio.NPZ_CAP << 4) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()

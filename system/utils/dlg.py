@@ -360,5 +360,12 @@ def save_grid(originals: torch.Tensor, recon: torch.Tensor, path, titles: list[s
     axes[0][0].set_ylabel("original", fontsize=8)
     axes[1][0].set_ylabel("recon.", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    from pathlib import Path
+
+    from utils import fileio
+
+    path = Path(path)
+    try:  # through the I/O layer: a temporary file renamed into place, no symlink followed
+        fileio.Folder(path.parent).replace([(path.name, lambda f: fig.savefig(f, dpi=80, format="png"))])
+    finally:
+        plt.close(fig)

@@ -163,7 +163,6 @@ class PrivacyMonitor:
             return
         self.recorder.add_series("dlg", round_idx, values)
         self.recorder.save()
-        self.recorder.out_dir.mkdir(parents=True, exist_ok=True)
         dlg.save_grid(torch.cat([r["orig"] for r in rows]), torch.cat([r["recon"] for r in rows]),
                       self.recorder.out_dir / f"{self.recorder.stem}_dlg_r{round_idx}.png",
                       [f"{p:.1f} dB" for p in psnr.tolist()])
