@@ -267,7 +267,12 @@ def train_and_record(cfg: Config, server, recorder) -> None:
         raise Interrupted(f"interrupted in round {server.round_idx}; {done} evaluation(s) kept in "
                           f"{recorder.h5_path}; {resume}") from None
     except Exception as e:
-        recorder.finish("failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        from runtime.checkpoint import blame
+
+        misfit = blame(server, e)  # a resumed run: the error comes from its checkpoint's values
+        recorder.finish("failed", str(misfit) if misfit else f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        if misfit is not None:
+            raise misfit from None
         raise
     # each client's local training time, one entry per round it trained (the cost side of a table)
     recorder.meta["client_train_time_s"] = [list(c.train_time) for c in server.clients]

@@ -64,6 +64,7 @@ class Checkpoints:
         self.recorder = recorder
         self.path = None if recorder is None else checkpoint_file(recorder)
         self.restart_point: Path | dict | None = None
+        self.resumed: Path | None = None  # the checkpoint this run continues, once restored
 
     def begin(self, server) -> int:
         """Resume from the run's checkpoint with ``--resume`` (when there is one), else start at round 0.
@@ -71,7 +72,7 @@ class Checkpoints:
         first = 0
         if server.cfg.resume and self.path is not None and os.path.lexists(self.path):
             first = restore(server, load(self.path, server), self.path)
-            self.restart_point = self.path
+            self.restart_point = self.resumed = self.path
             print(f"resuming {self.path.name} after round {first - 1}")
         else:
             if server.cfg.resume:
@@ -212,6 +213,22 @@ def check_values(ckpt: dict, server, path) -> None:
             raise damaged(f"{key} is not increasing rounds up to its round {rnd}")
 
 
+# What the rounds after a restore may raise when a checkpoint's values have the right kinds but do not fit
+# (an index past the data, a tensor of another shape, None where a round reads a value): the run names the
+# checkpoint (``blame``) instead of showing a traceback.
+MISFIT = (TypeError, ValueError, IndexError, AttributeError, KeyError, RuntimeError)
+
+
+def blame(server, error: BaseException) -> FLError | None:
+    """The one-line error for ``error`` raised while running a resumed run's rounds, or None when the run
+    was not resumed or the error is not one a misfit state raises."""
+    path = getattr(getattr(server, "checkpoints", None), "resumed", None)
+    if path is None or isinstance(error, FLError) or not isinstance(error, MISFIT):
+        return None
+    return FLError(f"checkpoint {path} does not fit this run ({type(error).__name__}: {state.first_line(error)} "
+                   f"after it was restored); delete it to start over")
+
+
 def restore(server, ckpt: dict, source) -> int:
     """Put every client (when saved), the server and the recorder back to the checkpoint; returns the
     first round still to run. A state that does not fit the run is refused with one line."""
@@ -223,7 +240,9 @@ def restore(server, ckpt: dict, source) -> int:
             server.recorder.load_state_dict(state.decode(ckpt["recorder"], None, {}, "cpu", "recorder"))
     except state.StateError as e:
         raise FLError(f"checkpoint {source} does not fit this run ({e}); delete it to start over") from None
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+    except FLError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as e:  # torch's own checks
         raise FLError(f"checkpoint {source} is damaged ({state.first_line(e)}); delete it to start over") from None
     except RecursionError:
         raise FLError(f"checkpoint {source} is damaged (nested too deeply); delete it to start over") from None

@@ -281,6 +281,9 @@ def _module(dec, saved, live, where, new_module):
     except RuntimeError as e:
         raise StateError(f"{where}: {first_line(e)}") from None
     modules, training = list(live.modules()), saved["training"]
+    if not isinstance(training, list) or not all(type(t) is bool for t in training) or not isinstance(
+            saved["frozen"], list) or not all(type(n) is str for n in saved["frozen"]):
+        raise StateError(f"{where}: damaged module entry (training flags and frozen names)")
     if len(modules) != len(training):
         raise StateError(f"{where}: {len(training)} submodules saved, the model has {len(modules)}")
     for m, flag in zip(modules, training):
