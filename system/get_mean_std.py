@@ -11,13 +11,25 @@ any keys and writes tables).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-import table  # noqa: E402
+def _load_table():
+    """scripts/table.py, the tool this one is a preset of, loaded from its file (no search-path edit)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "table.py"
+    spec = importlib.util.spec_from_file_location("table", path)
+    module = sys.modules.get("table")
+    if module is not None and Path(getattr(module, "__file__", "")).resolve() == path:
+        return module
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["table"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+table = _load_table()
 
 
 def main(argv=None) -> int:

@@ -156,3 +156,24 @@ def test_generic_layers_do_not_import_algorithms(graph, layer):
     bad = sorted(f"{m} imports {t}" for m, targets in graph.items() if m.split(".")[0] == layer
                  for t in targets if t.split(".")[0] == "flcore")
     assert not bad, bad
+
+
+def path_edits(source: str) -> list[int]:
+    """Lines of ``source`` that change ``sys.path`` (a call on it, or an assignment to it or a slice)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        target = node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            target = target.value if isinstance(target, ast.Subscript) else target
+        if isinstance(target, ast.Attribute) and target.attr == "path" and getattr(target.value, "id", "") == "sys":
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_no_module_under_system_edits_the_search_path():
+    """python system/main.py and cd system && python main.py put system/ on the path themselves; the
+    library's modules never change it."""
+    bad = {str(p.relative_to(SYSTEM)): path_edits(p.read_text()) for p in SYSTEM.rglob("*.py")}
+    assert {k: v for k, v in bad.items() if v} == {}
+    assert path_edits("import sys\nsys.path.insert(0, 'x')\nsys.path[:0] = ['y']\nsys.path += ['z']\n") == [2, 3, 4]
