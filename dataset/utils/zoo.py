@@ -22,6 +22,7 @@ and domains, a group id per sample). ``generate`` does the rest:
   ``vocab.txt``.
 """
 
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,18 +143,23 @@ def is_plain_npz(path):
     """An npz prepared for the generic path (it holds an array ``x``), as opposed to an official npz."""
     if path.suffix != ".npz" or not path.is_file():
         return False
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return "x" in data.files
-    except (ValueError, OSError):
+    try:  # its zip directory only, through the I/O layer (a regular file)
+        with du.fileio.open_read(path, "--source", cap=du.fileio.NPZ_CAP) as f:
+            return "x.npy" in zipfile.ZipFile(f).namelist()
+    except (ValueError, OSError, zipfile.BadZipFile, du.fileio.FileIOError):
         return False
 
 
 def load_npz(path, spec):
     """A prepared npz: arrays x, y and optionally groups (natural client / domain id per sample)."""
     x, y, _ = du.load_source_npz(path)
-    with np.load(path, allow_pickle=False) as data:
-        groups = data["groups"].astype(np.int64) if "groups" in data.files else None
+    try:  # headers checked before the array is read (system/utils/fileio.py)
+        with du.fileio.open_read(path, "--source", cap=du.fileio.NPZ_CAP) as f:
+            has_groups = "groups.npy" in zipfile.ZipFile(f).namelist()
+        groups = (du.fileio.read_npz(path, ("groups",), "--source", ratio=du.UNPACK_LIMIT["ratio"])["groups"]
+                  .astype(np.int64) if has_groups else None)
+    except (du.fileio.FileIOError, zipfile.BadZipFile, ValueError, TypeError) as e:
+        raise du.DatasetError(f"--source {Path(path).name}: its 'groups' cannot be read ({e})") from None
     if spec.scenario != "label skew" and groups is None:
         raise du.DatasetError(f"--source {Path(path).name} lacks the array 'groups' (the natural client or "
                               f"domain of each sample) that {spec.name} needs")
