@@ -240,7 +240,8 @@ def test_offline_download_is_one_clear_line(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(datasets, "MNIST", Offline)
     line = run_cli_error(capsys, generate_MNIST.main, ["noniid", "-", "dir", "--root", str(tmp_path)])
-    assert line.startswith("error: could not download MNIST (offline?); pass --source FILE.npz")
+    assert line.startswith("error: could not download MNIST (offline?); make MNIST's arrays into an npz once")
+    assert "pass --source FILE.npz" in line and "README's 'Generating client splits'" in line
 
 
 def test_torchvision_download_path_merges_train_and_test(tmp_path, monkeypatch):
