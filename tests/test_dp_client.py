@@ -262,6 +262,7 @@ def test_a_declared_refusal_is_one_line_at_start_up(monkeypatch):
             parse_config(["-algo", "FedAvg", "-dp", "--dp_level", level])
 
 
+@pytest.mark.optional_deps("opacus")
 def test_flags_are_checked():
     with pytest.raises(FLError, match="--dp_level client needs -dp"):
         parse_config(["--dp_level", "client"])

@@ -133,5 +133,5 @@ def test_ala_adapts_the_received_header(digits_tiny_root, tmp_path):
 def test_server_rate_must_be_positive(digits_tiny_root):
     cfg = parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedGH", "-slr", "0.01"))
     assert cfg.server_learning_rate == 0.01
-    with pytest.raises(FLError, match="-slr must be > 0"):
+    with pytest.raises(FLError, match="-slr 0 is out of range"):
         parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", "FedGH", "-slr", "0"))

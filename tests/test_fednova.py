@@ -133,7 +133,8 @@ def test_the_local_solver_is_momentum_sgd_on_the_proximal_loss(digits_tiny_root,
     (("-rho", "1"), "-rho must be in [0, 1)"),
     (("-mu", "-0.1"), "-mu must be >= 0"),
     (("-mu", "20", "-lr", "0.1"), "-mu x -lr < 1"),
-    (("-dp", "--dp_level", "client"), "--dp_level client: FedNova is refused"),
+    pytest.param(("-dp", "--dp_level", "client"), "--dp_level client: FedNova is refused",
+                 marks=pytest.mark.optional_deps("opacus")),
     (("--aggregator", "median"), "--aggregator: FedNova cannot take it: its server rescales every update"),
 ])
 def test_refused_settings_say_why(flags, message, tmp_path):

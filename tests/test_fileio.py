@@ -103,6 +103,7 @@ def test_json_nested_deeper_than_its_cap_is_refused(text):
     assert fileio.parse_json('["[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["]', "x")  # in a string
 
 
+@pytest.mark.optional_deps("yaml")
 def test_yaml_nested_deeper_than_its_cap_is_refused():
     with pytest.raises(fileio.FileIOError, match="nested more than 64 levels"):
         fileio.parse_yaml("a: " + "[" * 100 + "]" * 100, "x")

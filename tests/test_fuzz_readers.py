@@ -73,6 +73,7 @@ def test_json_reader(data):
         fileio.parse_json(data, "x")
 
 
+@pytest.mark.optional_deps("yaml")
 @budget(200)
 @given(st.text(max_size=200) | st.integers(1, 3000).map(lambda d: "a: " + "[" * d + "]" * d))
 def test_yaml_reader(text):

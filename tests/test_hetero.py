@@ -82,7 +82,7 @@ def test_a_bad_json_map_ends_with_one_line(case, digits_tiny_root, tmp_path, cap
 
 
 @pytest.mark.parametrize("value, message", [("CNN,,CNN1", "a comma list"), ("VGG,CNN", "unknown model 'VGG'"),
-                                            ("missing.json", "cannot read")])
+                                            ("missing.json", "does not exist")])
 def test_a_bad_list_or_file_ends_with_one_line(value, message, digits_tiny_root, tmp_path, capsys):
     err = one_line_error(capsys, cli(digits_tiny_root, tmp_path, "-algo", "Local", "-gr", "1",
                                      "--client_models", str(tmp_path / value) if value.endswith(".json") else value))

@@ -70,7 +70,7 @@ def test_generators_do_not_follow_a_train_link_or_a_planted_temporary_config(wor
     assert (world.gen / "G" / "config.json").is_file() and not (world.gen / "G" / "config.json").is_symlink()
 
 
-@pytest.mark.parametrize("flag", ["-sfn", "--tensorboard"])
+@pytest.mark.parametrize("flag", ["-sfn", pytest.param("--tensorboard", marks=pytest.mark.optional_deps("tensorboard"))])
 def test_sfn_and_tensorboard_do_not_follow_a_planted_folder_link(world, flag):
     (world.out / "m").symlink_to(world.outside)
     world.seal()
@@ -176,7 +176,7 @@ def test_an_npz_that_unpacks_far_beyond_its_size_is_refused_before_it_is_read(wo
     safe(*world.run(), refused=True, says="unpacks to")
 
 
-@pytest.mark.parametrize("kind", ["json", "yaml"])
+@pytest.mark.parametrize("kind", ["json", pytest.param("yaml", marks=pytest.mark.optional_deps("yaml"))])
 def test_deep_nesting_is_one_line_in_config_files(world, kind):
     from flcore.trainmodel.assign import read_client_models
     from utils.errors import FLError
