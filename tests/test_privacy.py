@@ -125,7 +125,8 @@ def test_the_monitor_attacks_what_the_client_reveals_and_scores_it_by_hand(attac
     saved, grids = [], []
     recorder = SimpleNamespace(out_dir=tmp_path / "results" / "run", stem="Stub_FedAvg",
                                add_series=lambda name, r, values: saved.append((name, r, values)),
-                               save=lambda: saved.append("saved"))
+                               save=lambda: (saved.append("saved"),  # as RunRecorder.save, it makes its folder
+                                             (tmp_path / "results" / "run").mkdir(parents=True, exist_ok=True)))
     monitor = privacy_monitor.PrivacyMonitor(cfg, 0, data, recorder)
     monkeypatch.setattr(dlg, "save_grid", lambda orig, recon, path, titles: grids.append(
         (orig.flatten(1)[:, 0].tolist(), recon.flatten(1)[:, 0].tolist(), path, path.parent.is_dir(), titles)))
