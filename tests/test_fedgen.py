@@ -217,7 +217,10 @@ def test_generator_training_matches_a_reference_loop_over_two_rounds(digits_tiny
         assert not server.generator.training
         torch.testing.assert_close(server.label_dist, p_y)
         for k, v in ref.state_dict().items():
-            torch.testing.assert_close(server.generator.state_dict()[k], v, msg=f"round {r}: {k}")
+            got = server.generator.state_dict()[k]
+            # float32 sums in another order: Adam's step (lr 0.01 · m / sqrt(v)) carries them to 1e-5 here
+            torch.testing.assert_close(got, v, atol=1e-4, rtol=1e-4,
+                                       msg=f"round {r}: {k}: largest difference {float((got - v).abs().max()):.3g}")
     assert 1 in drawn  # the share of a label held by a single sample was used
 
 
