@@ -5,7 +5,7 @@ take it refuses ``-ala`` in its ``check_config``."""
 from __future__ import annotations
 
 from plugins import Plugin
-from utils.errors import FLError
+from utils.errors import require
 
 
 class AdaptiveLocalAggregation(Plugin):
@@ -37,9 +37,7 @@ class AdaptiveLocalAggregation(Plugin):
             (cfg.ala_layers is None or cfg.ala_layers >= 0, "--ala_layers must be >= 0"),
             (cfg.ala_max_epochs >= 1, "--ala_max_epochs must be >= 1"), (cfg.ala_window >= 2, "--ala_window must be >= 2"),
         ]
-        for ok, msg in checks:
-            if not ok:
-                raise FLError(msg)
+        require(checks)
         return cfg
 
     @classmethod

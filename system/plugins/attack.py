@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from plugins import Plugin, declarations
-from utils.errors import FLError
+from utils.errors import FLError, require
 
 DEFAULT_FRACTION = 0.2
 
@@ -83,9 +83,7 @@ class Attack(Plugin):
              "--minmax_perturbation needs --attack minmax or minsum"),
             (cfg.attack_scale is None or cfg.attack_scale > 0, "--attack_scale must be > 0"),
         ]
-        for ok, msg in checks:
-            if not ok:
-                raise FLError(msg)
+        require(checks)
         if cfg.attack is not None and cfg.attack_frac is None:
             return cfg.replace(attack_frac=DEFAULT_FRACTION)
         return cfg

@@ -4,7 +4,7 @@ attacks their uploads before aggregation (after an ``--attack`` poisoned them)."
 from __future__ import annotations
 
 from plugins import Plugin
-from utils.errors import FLError
+from utils.errors import require
 
 
 class DLGMonitor(Plugin):
@@ -40,9 +40,7 @@ class DLGMonitor(Plugin):
             (cfg.dlg_batch >= 1, "--dlg_batch must be >= 1"),
             (cfg.ig_iters >= 1, "--ig_iters must be >= 1"), (cfg.ig_tv >= 0, "--ig_tv must be >= 0"),
         ]
-        for ok, msg in checks:
-            if not ok:
-                raise FLError(msg)
+        require(checks)
         return cfg
 
     @classmethod

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from plugins import Plugin
 from utils.dp_support import client_level
-from utils.errors import FLError
+from utils.errors import require
 
 
 class ClientDP(Plugin):
@@ -24,9 +24,7 @@ class ClientDP(Plugin):
              "--dp_quantile (adaptive clipping) needs -dp --dp_level client"),
             (cfg.dp_quantile is None or 0 < cfg.dp_quantile < 1, "--dp_quantile must be in (0, 1)"),
         ]
-        for ok, msg in checks:
-            if not ok:
-                raise FLError(msg)
+        require(checks)
         return cfg
 
     @classmethod

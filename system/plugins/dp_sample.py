@@ -9,7 +9,7 @@ import sys
 
 from plugins import Plugin
 from utils.dp_support import check_support, sample_level, uncovered_steps
-from utils.errors import FLError
+from utils.errors import FLError, require
 
 
 class SampleDP(Plugin):
@@ -44,9 +44,7 @@ class SampleDP(Plugin):
             (cfg.privacy or cfg.dp_level == "sample", "--dp_level client needs -dp"),
             (cfg.amp != "fp16" or not cfg.privacy, "--amp fp16 does not combine with -dp; use --amp bf16 or off"),
         ]
-        for ok, msg in checks:
-            if not ok:
-                raise FLError(msg)
+        require(checks)
         if cfg.privacy:
             import importlib.util
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 
 from plugins import Plugin, registered
-from utils.errors import FLError
+from utils.errors import FLError, require
 
 RULES = registered("aggregators", "rule")  # name -> {"takes_f": ..., "on_updates": ...}, read without torch
 AGGREGATORS = tuple(RULES)
@@ -69,9 +69,7 @@ class RobustAggregation(Plugin):
             (cfg.norm_bound is None or cfg.norm_bound > 0, "--norm_bound must be > 0"),
             (cfg.norm_bound is None or cfg.aggregator == "normclip", "--norm_bound needs --aggregator normclip"),
         ]
-        for ok, msg in checks:
-            if not ok:
-                raise FLError(msg)
+        require(checks)
         return cfg
 
     @classmethod

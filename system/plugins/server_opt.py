@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from plugins import Plugin, registered
-from utils.errors import FLError
+from utils.errors import FLError, require
 
 OPTIMIZERS = registered("optimizers", "optimizer")  # name -> {"lr": default}, read without torch
 
@@ -41,9 +41,7 @@ class ServerOpt(Plugin):
             (0 <= cfg.server_beta2 < 1, "--server_beta2 must be in [0, 1)"),
             (cfg.server_tau > 0, "--server_tau must be > 0"),
         ]
-        for ok, msg in checks:
-            if not ok:
-                raise FLError(msg)
+        require(checks)
         lr = cfg.server_learning_rate
         if cfg.server_opt != "off":
             lr = OPTIMIZERS[cfg.server_opt]["lr"] if lr is None else lr

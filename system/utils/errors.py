@@ -11,3 +11,10 @@ class Diverged(FLError):
 
 class Interrupted(FLError):
     """The run was stopped by Ctrl-C or SIGTERM; its message says what was kept and how to resume."""
+
+
+def require(checks) -> None:
+    """Raise FLError with the message of the first (condition, message) pair whose condition fails."""
+    for ok, msg in checks:
+        if not ok:
+            raise FLError(msg)
