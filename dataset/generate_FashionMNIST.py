@@ -23,10 +23,9 @@ Expected summary for the first example (seed 1; the rows vary with the seed)::
 """
 
 import sys
-from pathlib import Path
 
-if str(Path(__file__).resolve().parents[1]) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
 
 from dataset.utils.dataset_utils import ImageSpec, download_torchvision, generate_images, run_cli  # noqa: E402
 

@@ -105,7 +105,7 @@ class OneLineParser(argparse.ArgumentParser):
     prefix of its name, ``store_true`` switches accept an explicit value (``BoolFlag``), and every ``type=float``
     flag (an algorithm's too) takes finite numbers only (``finite_float``). ``flags`` lists every flag added
     through ``add_argument`` or a ``flag_group``: what scripts read about the flags (names, defaults, whether
-    a value follows; scripts/sweep.py, scripts/table.py)."""
+    a value follows; scripts/run/sweep.py, scripts/run/table.py)."""
 
     def __init__(self, *args, **kwargs):
         self.flags: list[argparse.Action] = []

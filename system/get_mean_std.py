@@ -5,7 +5,7 @@
 
 Takes ``.h5`` result files or their ``.json`` sidecars (globs, folders). Runs are grouped by algorithm
 (with "+ALA") and dataset, so different algorithms are never averaged into one mean; runs of one group that
-differ in another flag are still averaged, with a warning naming the flag (``scripts/table.py`` groups by
+differ in another flag are still averaged, with a warning naming the flag (``scripts/run/table.py`` groups by
 any keys and writes tables).
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 
 def _load_table():
-    """scripts/table.py, the tool this one is a preset of, loaded from its file (no search-path edit)."""
-    path = Path(__file__).resolve().parents[1] / "scripts" / "table.py"
+    """scripts/run/table.py, the tool this one is a preset of, loaded from its file (no search-path edit)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "run" / "table.py"
     spec = importlib.util.spec_from_file_location("table", path)
     module = sys.modules.get("table")
     if module is not None and Path(getattr(module, "__file__", "")).resolve() == path:

@@ -149,7 +149,7 @@ def refuse_existing(cfg: Config, runs=None) -> None:
 
 
 def set_up(cfg: Config):
-    """What a run needs before its server, for main.py and every script that builds one (scripts/benchmark.py):
+    """What a run needs before its server, for main.py and every script that builds one (scripts/run/benchmark.py):
     the device resolved, ``--amp`` checked against it, the split generated when missing and loaded (with its
     checks), its class count checked against ``-ncl``. Returns (cfg with the split's class and client counts,
     the split)."""
@@ -276,7 +276,7 @@ def train_and_record(cfg: Config, server, recorder) -> None:
         raise
     # each client's local training time, one entry per round it trained (the cost side of a table)
     recorder.meta["client_train_time_s"] = [list(c.train_time) for c in server.clients]
-    if cfg.global_rounds == 0:  # the initial model evaluated: scripts/table.py leaves it out unless --untrained
+    if cfg.global_rounds == 0:  # the initial model evaluated: scripts/run/table.py leaves it out unless --untrained
         recorder.meta["untrained"] = True
     recorder.finish("finished")
 

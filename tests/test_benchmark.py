@@ -1,4 +1,4 @@
-"""scripts/benchmark.py runs the executors side by side and reports consistent figures (a smoke test of
+"""scripts/run/benchmark.py runs the executors side by side and reports consistent figures (a smoke test of
 the figures' bookkeeping, not a timing test: speed is reported by the script, docs/performance.md)."""
 import json
 import sys
@@ -6,11 +6,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
 
 def test_benchmark_compares_executors(digits_root, tmp_path):
-    import benchmark
+    from scripts.run import benchmark
     from utils.data_utils import load_split
 
     n_train = sum(len(c.y_train) for c in load_split("Digits", digits_root, None, "cpu").clients)
@@ -43,7 +41,7 @@ def test_benchmark_compares_executors(digits_root, tmp_path):
 def test_benchmark_sets_up_as_main_does(digits_root):
     """The split is loaded and checked by main's own set-up: a class count the split does not have is the
     same one-line error as main.py's, before anything runs."""
-    import benchmark
+    from scripts.run import benchmark
     from utils.errors import FLError
 
     with pytest.raises(FLError, match="-ncl 3 but split 'Digits' has 10 classes"):

@@ -1,4 +1,4 @@
-"""scripts/benchmark_report.py: the export of real result files and its merging, and both protocols' tables,
+"""scripts/experiments/benchmark_report.py: the export of real result files and its merging, and both protocols' tables,
 the flatness check and the rank correlation computed from hand-made exports whose values are worked out by
 hand."""
 import json
@@ -8,9 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import benchmark_report as br  # noqa: E402
+from scripts.experiments import benchmark_report as br  # noqa: E402
 
 
 def run(acc, rounds=None, up=2.0, down=3.0, s=0.5, cpu=10.0, seed=0, split="h1"):

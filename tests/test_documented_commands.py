@@ -63,6 +63,8 @@ class Parsed(Exception):
 
 
 def load(path: Path):
+    """The script as a module, not as ``__main__``: its folder's _paths.py stays unused, the search path is
+    the suite's (the root and system/, pytest.ini), as for a script another one imports."""
     name = f"documented_{path.parent.name}_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -81,7 +83,6 @@ def parses(script: Path, args: list[str], monkeypatch) -> None:
         raise Parsed(result)
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_args)
-    monkeypatch.syspath_prepend(str(script.parent))
     module = load(script)
     assert hasattr(module, "main"), f"{script} has no main(argv)"
     try:
@@ -120,8 +121,7 @@ def test_every_documented_command_parses(doc, command, monkeypatch, tmp_path, ca
             assert "not installed" in str(e) or any(a in str(e) for a in named), f"{doc}: {command}: {e}"
         return
     monkeypatch.chdir(tmp_path)  # a script that writes before parsing writes here
-    if path == "scripts/sweep.py":  # its own flags, then main.py's for every job: its dry run checks both
-        monkeypatch.syspath_prepend(str(script.parent))
+    if path == "scripts/run/sweep.py":  # its own flags, then main.py's for every job: its dry run checks both
         code = load(script).main([*[a.replace("scripts/", f"{REPO}/scripts/", 1) for a in args], "--dry-run"])
         err = capsys.readouterr().err
         assert code == 0 or "not installed" in err, f"{doc}: {command}: {err.strip()}"
@@ -132,5 +132,5 @@ def test_every_documented_command_parses(doc, command, monkeypatch, tmp_path, ca
 def test_a_renamed_flag_or_moved_script_fails_the_check(monkeypatch, tmp_path, capsys):
     """The check itself: a flag the parser does not know exits 2 and fails it."""
     with pytest.raises(AssertionError, match="exit 2"):
-        parses(REPO / "scripts" / "table.py", ["results", "--no-such-flag"], monkeypatch)
-    assert not (REPO / "scripts" / "no_such_script.py").exists()
+        parses(REPO / "scripts" / "run" / "table.py", ["results", "--no-such-flag"], monkeypatch)
+    assert not (REPO / "scripts" / "run" / "no_such_script.py").exists()

@@ -1,6 +1,6 @@
 """Every algorithm's own flags default to the values its row in docs/algorithms.md gives for them (the papers'
 where they give one): a changed default, in the code or in its ``table_row``, fails here; the doc's table is
-written from the classes by ``python scripts/docs_tables.py`` and checked to match. Each "`-flag` [symbol] value" of a
+written from the classes by ``python scripts/dev/docs_tables.py`` and checked to match. Each "`-flag` [symbol] value" of a
 row's flags column with a number or on/off is checked, outside parentheses (which name alternatives). A
 default of None means "resolved from other flags" (FedAMP's per-kernel ξ_ii and σ, FedKD's -mlr = -lr):
 their own tests check the resolution."""
@@ -13,9 +13,7 @@ import cli
 import main
 from conftest import REPO
 from flcore.registry import ALGORITHMS, get_server_class
-
-sys.path.insert(0, str(REPO / "scripts"))
-import docs_tables  # noqa: E402
+from scripts.dev import docs_tables  # noqa: E402
 
 ROWS = {}  # -algo name -> the flags cell of its row, as written into docs/algorithms.md
 for line in docs_tables.algorithms_table().splitlines():

@@ -152,11 +152,11 @@ def test_dp_is_refused_or_counted_and_applied(algo, digits_tiny_root, monkeypatc
 
 def test_docs_table_is_the_declarations():
     """docs/privacy.md's per-algorithm table is generated from the servers' ``dp_support``
-    (scripts/dp_coverage.py)."""
-    from scripts import dp_coverage
+    (scripts/dev/dp_coverage.py)."""
+    from scripts.dev import dp_coverage
 
     _, table, _ = dp_coverage.split_doc(DOC.read_text())
-    assert table == dp_coverage.expected_table(), "run python scripts/dp_coverage.py"
+    assert table == dp_coverage.expected_table(), "run python scripts/dev/dp_coverage.py"
     assert "| FedProto | refused: " in table and "| FedAvg |" not in table
 
 

@@ -211,7 +211,7 @@ def test_the_library_and_its_scripts_open_files_only_through_the_io_layer():
     from conftest import REPO
 
     files = [p for p in (REPO / "system").rglob("*.py") if p.name not in ("fileio.py", "locks.py")]
-    files += [REPO / "scripts" / n for n in ("table.py", "plot.py", "sweep.py")]
+    files += [REPO / "scripts" / "run" / n for n in ("table.py", "plot.py", "sweep.py")]
     files += [REPO / "dataset" / "utils" / "dataset_utils.py"]
     raw = []
     for path in files:

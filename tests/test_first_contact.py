@@ -15,9 +15,7 @@ import main
 from cli import parse_config
 from conftest import REPO, cli
 from utils.results import read_h5
-
-sys.path.insert(0, str(REPO / "scripts"))
-import table  # noqa: E402
+from scripts.run import table  # noqa: E402
 
 
 def error_line(capsys) -> str:

@@ -241,9 +241,7 @@ def test_config_file_and_numeric_flags(pristine, data):
                                                                "per_algorithm", "export"]), values, max_size=3))
 def test_sweep_file_reader(spec):
     import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import sweep
+    from scripts.run import sweep
 
     with tempfile.TemporaryDirectory() as d:
         try:

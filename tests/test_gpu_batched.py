@@ -1,14 +1,12 @@
-"""scripts/gpu_batched.py's pieces that run without a GPU: PFLlib's file format of a split, and the budget
-that skips the steps which no longer fit (the whole script's dry run is ``DEV=cpu bash scripts/gpu_batched.sh``)."""
+"""scripts/experiments/gpu_batched.py's pieces that run without a GPU: PFLlib's file format of a split, and the budget
+that skips the steps which no longer fit (the whole script's dry run is ``DEV=cpu bash scripts/experiments/gpu_batched.sh``)."""
 import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import gpu_batched  # noqa: E402
+from scripts.experiments import gpu_batched  # noqa: E402
 from utils.data_utils import load_split  # noqa: E402
 
 

@@ -1,12 +1,10 @@
-"""scripts/gpu_cells.py: time-limited cells compared at equal rounds, never at their own last round."""
+"""scripts/experiments/gpu_cells.py: time-limited cells compared at equal rounds, never at their own last round."""
 import json
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import gpu_cells  # noqa: E402
+from scripts.experiments import gpu_cells  # noqa: E402
 from test_table import write_run  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""scripts/hetero_report.py --converged: the rows of clients with different models at convergence, from a
+"""scripts/experiments/hetero_report.py --converged: the rows of clients with different models at convergence, from a
 hand-made export whose numbers are worked out by hand. A row's accuracies appear only once every seed of the
 sweep file has ended (finished or diverged), else "pending"; its one-model column comes from Protocol B's
 export only where that ran on the split of the heterogeneous runs."""
@@ -6,9 +6,7 @@ import sys
 
 
 from conftest import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-import hetero_report  # noqa: E402
+from scripts.experiments import hetero_report  # noqa: E402
 
 ROUNDS = list(range(6))  # the last 20 % of rounds 0-5: round 5 alone
 
@@ -89,10 +87,10 @@ def test_no_run_ended_yet_gives_the_export_as_it_stands(tmp_path, capsys):
 def test_the_sweep_file_owes_both_splits_every_algorithm_three_seeds():
     import json
 
-    config = json.loads((REPO / "scripts" / hetero_report.CONVERGED_CONFIG).read_text())
+    config = json.loads((REPO / "scripts" / "experiments" / hetero_report.CONVERGED_CONFIG).read_text())
     splits, algorithms, seeds = hetero_report.sweep_cells(config)
     assert splits == ["FMNIST_pat_s1200", "FMNIST_dir0.1_s1200"] and seeds == [0, 1, 2]
-    quick = json.loads((REPO / "scripts" / "benchmark_hetero.json").read_text())
+    quick = json.loads((REPO / "scripts" / "experiments" / "benchmark_hetero.json").read_text())
     assert sorted(algorithms) == sorted(quick["grids"][0]["-algo"])
     assert all(a in config["base"] for a in ("--client_models", "HtFE-cnn", "150", "0.005"))
     assert config["export"] == "docs/benchmarks/hetero_converged.json"

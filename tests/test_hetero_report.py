@@ -1,4 +1,4 @@
-"""scripts/hetero_report.py: one table per split of the heterogeneous export; its one-model column comes from
+"""scripts/experiments/hetero_report.py: one table per split of the heterogeneous export; its one-model column comes from
 the quick protocol's export, else from the one-model export, and only from runs made on the same split as the
 heterogeneous rows."""
 import json
@@ -7,9 +7,7 @@ import sys
 import pytest
 
 from conftest import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-import hetero_report  # noqa: E402
+from scripts.experiments import hetero_report  # noqa: E402
 
 
 def run(acc, seed=0, split="h1"):

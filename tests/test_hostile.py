@@ -23,8 +23,6 @@ import main
 from cli import parse_config
 from conftest import REPO, cli
 
-sys.path.insert(0, str(REPO / "scripts"))
-
 STEM = "Digits_FedAvg_test_0"
 SEQ = ("--executor", "sequential")
 
@@ -574,7 +572,7 @@ def result(out: Path, stem: str, label: str = "FedAvg", goal: str = "t"):
 def table_text(w: World, *args):
     import io
 
-    import table
+    from scripts.run import table
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
@@ -645,8 +643,8 @@ def test_a_malformed_result_is_skipped_by_every_report(world, case, script):
     bad = result(world.out / "r", "Digits_FedAvg_t_1")
     REPORT_DAMAGE[case](bad)
     import get_mean_std
-    import plot
-    import table
+    from scripts.run import plot
+    from scripts.run import table
 
     entry = {"table": lambda: table.main([str(good.parent)]),
              "plot": lambda: plot.main(["curves", str(good.parent), "--out", str(world.out / "fig")]),
@@ -660,7 +658,7 @@ def test_a_malformed_result_is_skipped_by_every_report(world, case, script):
 # ---- sweep files --------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("spec", [{"tag": 5}, {"out": 5}, {"checkpoint_every": True}, "fifo"])
 def test_a_hostile_sweep_file_is_one_line(world, spec):
-    import sweep
+    from scripts.run import sweep
 
     path = world.tmp / "sweep.json"
     if spec == "fifo":
@@ -676,7 +674,7 @@ def test_a_hostile_sweep_file_is_one_line(world, spec):
 
 
 def test_a_planted_cpu_record_of_the_wrong_type_does_not_stop_a_sweep(world):
-    import sweep
+    from scripts.run import sweep
 
     job = sweep.Job(argv=[], stem="x", out=world.out, gr=1)
     job.log.parent.mkdir(parents=True, exist_ok=True)

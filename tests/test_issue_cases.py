@@ -141,8 +141,8 @@ def test_one_malformed_result_never_aborts_a_report(world, damage, script):
     import contextlib
 
     import get_mean_std
-    import plot
-    import table
+    from scripts.run import plot
+    from scripts.run import table
 
     good = result(world.out / "r", "Digits_FedAvg_t_0")
     damage(result(world.out / "r", "Digits_FedAvg_t_1"))

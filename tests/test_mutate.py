@@ -1,12 +1,10 @@
-"""scripts/mutate.py (mutation testing; cosmic-ray from requirements-dev.txt): the mutants this file's own
+"""scripts/dev/mutate.py (mutation testing; cosmic-ray from requirements-dev.txt): the mutants this file's own
 operators make on a small source, and which tests guard a module."""
 import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("cosmic_ray") is None,
                                 reason="needs cosmic-ray (pip install -r requirements-dev.txt)")
 
@@ -20,7 +18,7 @@ SOURCE = '''def f(a, b, opt, out):
 
 
 def test_mutants_of_a_small_source():
-    import mutate
+    from scripts.dev import mutate
 
     made = {(m["op"], m["to"]) for m in mutate.mutants(SOURCE)}
     for want in [("BinaryOperator_Add_Sub", "total = a - b"), ("FlipAugAssign", "total -= 2"),
@@ -38,7 +36,7 @@ def test_mutants_of_a_small_source():
 
 
 def test_guards_of_a_utility_module_are_its_importers_and_the_listed_files():
-    import mutate
+    from scripts.dev import mutate
 
     files, nodes = mutate.guards("system/utils/aggregate.py")
     assert nodes == []  # no algorithm's server is (or imports) it
@@ -63,7 +61,7 @@ def test_guards_of_a_utility_module_are_its_importers_and_the_listed_files():
 def test_the_tests_that_name_an_algorithm_in_their_code_or_through_a_helper():
     import re
 
-    import mutate
+    from scripts.dev import mutate
 
     text = ('def helper(root):\n    return build(root, "Ditto")\n\n\n'
             'def test_a(root):\n    assert helper(root)\n\n\n'
@@ -80,7 +78,7 @@ def test_the_doc_lists_the_modules_in_scope_not_yet_run_and_keeps_its_text_outsi
                                                                                               monkeypatch):
     import json
 
-    import mutate
+    from scripts.dev import mutate
 
     repo, results = tmp_path / "repo", tmp_path / "repo" / "results"
     (repo / "pkg").mkdir(parents=True)
@@ -112,7 +110,7 @@ def test_the_folder_summary_adds_its_modules_first_runs_and_current_counts(tmp_p
     (listed survivors only) and killed / (mutants - equivalent), worked out by hand."""
     import json
 
-    import mutate
+    from scripts.dev import mutate
 
     results = tmp_path / "results"
     results.mkdir()
@@ -140,7 +138,7 @@ def test_the_folder_summary_adds_its_modules_first_runs_and_current_counts(tmp_p
 def test_earlier_killers_run_first_latest_first_and_nothing_is_dropped():
     from types import SimpleNamespace
 
-    import mutate
+    from scripts.dev import mutate
 
     items = [SimpleNamespace(nodeid=n) for n in ("t.py::a", "t.py::b", "t.py::c", "u.py::d", "u.py::e")]
     # killed in this order: d, then b, then d again: d is the latest killer, b the one before
@@ -222,7 +220,7 @@ def test_uses_the_fixture(made):
 
 
 def test_statement_lines_give_each_line_its_statement_and_none_at_import():
-    import mutate
+    from scripts.dev import mutate
 
     lines = mutate.statement_lines(MODULE)
     assert lines[1] is None  # K = 2: runs at import
@@ -237,7 +235,7 @@ def test_statement_lines_give_each_line_its_statement_and_none_at_import():
 @pytest.mark.skipif(importlib.util.find_spec("coverage") is None,
                     reason="needs coverage (pip install -r requirements-dev.txt)")
 def test_each_line_maps_to_the_tests_that_run_it_in_this_process_a_fork_or_a_subprocess(tmp_path):
-    import mutate
+    from scripts.dev import mutate
 
     root = tmp_path / "repo"
     (root / "pkg").mkdir(parents=True)
@@ -282,7 +280,7 @@ def test_each_line_maps_to_the_tests_that_run_it_in_this_process_a_fork_or_a_sub
 def test_a_killer_that_fails_alone_on_the_unmutated_code_is_not_believed(tmp_path, monkeypatch):
     """test_second passes after test_first only: a mutant it "killed" when run alone is run again with every
     guarding test, in which it survives (the mutant, in a function no test calls, changes nothing)."""
-    import mutate
+    from scripts.dev import mutate
 
     root = tmp_path / "repo"
     (root / "pkg").mkdir(parents=True)
@@ -305,11 +303,11 @@ def test_a_killer_that_fails_alone_on_the_unmutated_code_is_not_believed(tmp_pat
 
 def one_line_repo(tmp_path, monkeypatch, test: str, equivalent: dict):
     """A made-up git repository: pkg/mod.py is "return x + 1" (three mutants: "x - 1", "x + 2", "x + 0"),
-    tests/test_mod.py holds ``test``; scripts/mutate.py pointed at it."""
+    tests/test_mod.py holds ``test``; scripts/dev/mutate.py pointed at it."""
     import json
     import subprocess
 
-    import mutate
+    from scripts.dev import mutate
 
     repo, results = tmp_path / "repo", tmp_path / "repo" / "results"
     (repo / "pkg").mkdir(parents=True)
@@ -327,7 +325,7 @@ def one_line_repo(tmp_path, monkeypatch, test: str, equivalent: dict):
 
 
 def test_a_module_no_test_guards_is_refused_not_recorded(tmp_path, monkeypatch):
-    import mutate
+    from scripts.dev import mutate
 
     repo = one_line_repo(tmp_path, monkeypatch, "assert True", {})
     (repo / "pkg" / "other.py").write_text("def g(x):\n    return x - 1\n")
@@ -339,7 +337,7 @@ def test_a_module_no_test_guards_is_refused_not_recorded(tmp_path, monkeypatch):
 def test_a_mutant_listed_as_equivalent_is_not_run(tmp_path, monkeypatch):
     """mutate() end to end: the test kills all three mutants, but "x + 2", listed as equivalent before the
     run, is recorded unrun."""
-    import mutate
+    from scripts.dev import mutate
 
     one_line_repo(tmp_path, monkeypatch, "assert mod.f(1) == 2", {"pkg/mod.py": [
         {"op": "NumberReplacer", "from": "return x + 1", "to": "return x + 2", "why": "made up"}]})
@@ -353,7 +351,7 @@ def test_survivors_rerun_against_the_tests_given_without_the_coverage_run(tmp_pa
     """A weak test leaves "x + 2" and "x + 0" alive; a test written since, given with --with, kills "x + 2"
     (recorded with it, as an earlier survivor) and misses "x + 0", which stays a survivor; the killed
     mutant of the first run is kept without a run, and no coverage run is made."""
-    import mutate
+    from scripts.dev import mutate
 
     repo = one_line_repo(tmp_path, monkeypatch, "assert mod.f(1) > 0", {})
     first = mutate.mutate("pkg/mod.py", full=False, fresh=True)
@@ -377,7 +375,7 @@ def test_survivors_rerun_against_the_tests_given_without_the_coverage_run(tmp_pa
 
 
 def test_the_killer_is_read_whole_from_the_summary_line():
-    import mutate
+    from scripts.dev import mutate
 
     log = ("F\n=== short test summary info ===\n"
            "FAILED tests/t.py::test_x[Ditto -mu -0.5] - Failed: DID NOT RAISE <class 'FLError'>\n"

@@ -9,12 +9,10 @@ import main
 from conftest import REPO, cli
 from utils import fileio
 
-sys.path.insert(0, str(REPO / "scripts"))
-
-import sweep  # noqa: E402
+from scripts.run import sweep  # noqa: E402
 
 EXPORTS = sorted((REPO / "docs" / "benchmarks").glob("*.json"))
-SWEEPS = sorted(p for p in (REPO / "scripts").glob("*.json")
+SWEEPS = sorted(p for p in (REPO / "scripts" / "experiments").glob("*.json")
                 if isinstance(d := fileio.read_json(p), dict) and ("grids" in d or "base" in d))
 
 
@@ -51,7 +49,6 @@ def test_a_checkpoint_of_an_earlier_format_is_refused_with_one_line(digits_tiny_
 
 
 def test_the_numeric_flags_table_of_the_docs_is_the_codes():
-    sys.path.insert(0, str(REPO / "scripts"))
-    import docs_tables
+    from scripts.dev import docs_tables
 
-    assert docs_tables.write_bounds(check=True), "run python scripts/docs_tables.py"
+    assert docs_tables.write_bounds(check=True), "run python scripts/dev/docs_tables.py"

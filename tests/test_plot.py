@@ -1,4 +1,4 @@
-"""scripts/plot.py: the curves' mean ± std against hand values, and smoke tests of every figure (the PNG
+"""scripts/run/plot.py: the curves' mean ± std against hand values, and smoke tests of every figure (the PNG
 exists, opens, has a plausible size and is not blank)."""
 import sys
 from pathlib import Path
@@ -6,10 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import plot  # noqa: E402
-import table  # noqa: E402
+from scripts.run import plot  # noqa: E402
+from scripts.run import table  # noqa: E402
 from test_table import write_run  # noqa: E402
 
 

@@ -1,10 +1,8 @@
-"""scripts/robustness_report.py: cells from a hand-made export."""
+"""scripts/experiments/robustness_report.py: cells from a hand-made export."""
 import sys
 
 from conftest import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-import robustness_report  # noqa: E402
+from scripts.experiments import robustness_report  # noqa: E402
 
 
 def entry(algo, attack, rule, seed, last, cpu=1.8, status="finished"):

@@ -199,7 +199,7 @@ def test_algorithms_override_only_the_hooks_the_readme_lists():
 
 
 def test_the_parser_records_every_flag_scripts_read():
-    """``parser.flags`` (what scripts/sweep.py and scripts/table.py read instead of argparse's internals) is
+    """``parser.flags`` (what scripts/run/sweep.py and scripts/run/table.py read instead of argparse's internals) is
     the parser's whole list of flags, in order, with an algorithm's own flags too."""
     import cli
 

@@ -1,4 +1,4 @@
-"""scripts/sweep.py: one result name per configuration, refusal of two jobs on one name, skipping complete
+"""scripts/run/sweep.py: one result name per configuration, refusal of two jobs on one name, skipping complete
 jobs, resuming an interrupted one (killed with SIGKILL) from its checkpoint, failures reported without
 stopping the others."""
 import fcntl
@@ -15,9 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import sweep  # noqa: E402
+from scripts.run import sweep  # noqa: E402
 from flcore.registry import ALGORITHMS  # noqa: E402
 
 
@@ -214,9 +212,9 @@ def test_every_sweep_file_of_the_docs_builds_its_jobs_and_the_reports_find_them(
     """The docs' experiments are sweep files: each builds its jobs with no grid point main.py refuses, and the
     report scripts name the runs they read from the sweep's own jobs (the FIGURES panels of docs/privacy.md
     are found among them)."""
-    import privacy_experiments
+    from scripts.experiments import privacy_experiments
 
-    scripts = Path(sweep.__file__).resolve().parent
+    scripts = Path(sweep.__file__).resolve().parents[1] / "experiments"  # the sweep files
     for path in sorted(scripts.glob("*.json")):
         spec = sweep.load_config_file(path)
         jobs, invalid = sweep.build_jobs([str(a) for a in spec.get("base", [])], spec.get("grids", [{}]),

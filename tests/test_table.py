@@ -1,4 +1,4 @@
-"""scripts/table.py: mean ± std over seeds of synthetic result files against hand-computed values, the
+"""scripts/run/table.py: mean ± std over seeds of synthetic result files against hand-computed values, the
 best-entry marks, the warnings, and the reproduction command (parsed back into the same configuration)."""
 import csv
 import io
@@ -11,9 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import table  # noqa: E402
+from scripts.run import table  # noqa: E402
 from utils.results import RunRecorder  # noqa: E402
 
 BASE_CONFIG = {"dataset": "Digits", "algorithm": "FedAvg", "ala": False, "global_rounds": 2,

@@ -101,7 +101,7 @@ def check(args, actions) -> None:
 
 def markdown(parsers) -> str:
     """The table of docs/security.md: every numeric flag of ``parsers`` (the common parser and every
-    algorithm's: scripts/docs_tables.py passes them, since utilities import neither the command line nor
+    algorithm's: scripts/dev/docs_tables.py passes them, since utilities import neither the command line nor
     an algorithm)."""
     rows: dict[str, tuple[str, str, str]] = {}
     for parser in parsers:

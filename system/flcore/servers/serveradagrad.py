@@ -15,7 +15,7 @@ from flcore.servers.serveravg import FedAvgServer
 
 
 class FedAdagradServer(FedAvgServer):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Reddi et al., ICLR 2021, [arXiv 2003.00295](https://arxiv.org/abs/2003.00295)",
         family="traditional FL, server Adagrad on the pseudo-gradient (FedAvg + `--server_opt adagrad`)",

@@ -20,7 +20,7 @@ from utils.dp_support import ALA_UNCOVERED, DPSupport
 
 
 class FedALAServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Zhang et al., AAAI 2023, [arXiv 2212.01197](https://arxiv.org/abs/2212.01197)",
         family="pFL, adaptive local aggregation",

@@ -83,7 +83,7 @@ def heur_attention(cos: torch.Tensor, xi_ii: float, sigma: float) -> torch.Tenso
 
 
 class FedAMPServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Huang et al., AAAI 2021, [arXiv 2007.03797](https://arxiv.org/abs/2007.03797)",
         family="pFL, attentive message passing (per-client cloud models; HeurFedAMP by default)",

@@ -41,7 +41,7 @@ from utils.errors import FLError
 
 
 class APFLServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Deng, Kamani, Mahdavi, 2020, [arXiv 2003.13461](https://arxiv.org/abs/2003.13461)",
         family=("pFL, personalised model α v + (1 − α) w with α learned per client (the paper's exact gradient ⟨v "

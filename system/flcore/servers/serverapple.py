@@ -54,7 +54,7 @@ from utils.errors import FLError
 
 
 class APPLEServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Luo & Wu, IJCAI 2022, [arXiv 2110.08394](https://arxiv.org/abs/2110.08394)",
         family="pFL, learned mix of all clients' core models",

@@ -46,7 +46,7 @@ from utils.errors import FLError
 
 
 class FedASServer(PartSharingServer):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper=("Yang et al., CVPR 2024, "
                "[CVF](https://openaccess.thecvf.com/content/CVPR2024/html/Yang_FedAS_Bridging_Inconsistency_in_Personalized_Federated_Learning_CVPR_2024_paper.html)"),

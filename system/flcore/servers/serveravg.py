@@ -12,7 +12,7 @@ from flcore.servers.serverbase import Server
 
 
 class FedAvgServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="McMahan et al., AISTATS 2017, [arXiv 1602.05629](https://arxiv.org/abs/1602.05629)",
         family="traditional FL",

@@ -19,7 +19,7 @@ from flcore.servers.serverbase import Server
 
 
 class FedAvgCServer(FineTunedEvalServer, Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper=("FedAvg (McMahan et al., AISTATS 2017) fine-tuned per client, as in FedALA (Zhang et al., AAAI "
                "2023, [arXiv 2212.01197](https://arxiv.org/abs/2212.01197))"),

@@ -16,7 +16,7 @@ from flcore.servers.serveravg import FedAvgServer
 
 
 class FedAvgMServer(FedAvgServer):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Hsu, Qi, Brown, 2019, [arXiv 1909.06335](https://arxiv.org/abs/1909.06335)",
         family="traditional FL, server momentum on the pseudo-gradient (FedAvg + `--server_opt avgm`)",

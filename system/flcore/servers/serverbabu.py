@@ -29,7 +29,7 @@ from flcore.servers.partsharing import PartSharingServer
 
 
 class FedBABUServer(FineTunedEvalServer, PartSharingServer):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Oh, Kim, Yun, ICLR 2022, [arXiv 2106.06042](https://arxiv.org/abs/2106.06042)",
         family=("pFL, body-only federated training under the fixed initial head; every evaluation fine-tunes a "

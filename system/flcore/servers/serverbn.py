@@ -32,7 +32,7 @@ from utils.errors import FLError
 
 
 class FedBNServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Li et al., ICLR 2021, [arXiv 2102.07623](https://arxiv.org/abs/2102.07623)",
         family=("pFL, BatchNorm layers (parameters and statistics) stay local, found by module type (ResNet's "

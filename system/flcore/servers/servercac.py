@@ -56,7 +56,7 @@ def collaborators(overlap: torch.Tensor, progress: float) -> list[list[int]]:
 
 
 class FedCACServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Wu et al., ICCV 2023, [arXiv 2309.11103](https://arxiv.org/abs/2309.11103)",
         family=("pFL personalized aggregation; client: local SGD, then per-tensor top-τ critical masks by "

@@ -40,7 +40,7 @@ from utils.errors import FLError
 
 
 class FedCPServer(PartSharingServer):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Zhang et al., KDD 2023, [arXiv 2307.01217](https://arxiv.org/abs/2307.01217)",
         family=("pFL model splitting; a conditional policy network gives each sample's feature a global share "

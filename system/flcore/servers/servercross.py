@@ -90,7 +90,7 @@ def cross_aggregate(states, partners, alpha: float) -> list[dict]:
 
 
 class FedCrossServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Hu et al., ICDE 2024, [arXiv 2210.08285](https://arxiv.org/abs/2210.08285)",
         family=("traditional FL, K = jr·N middleware models sent one-to-one to the selected clients in random "

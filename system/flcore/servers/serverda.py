@@ -29,7 +29,7 @@ from utils.errors import FLError
 
 
 class PFLDAServer(PartSharingServer):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Shi & Kontar, Technometrics 2023 (PFLlib's port)",
         family=("pFL model splitting; personal head on CE + λ‖h_i − h_g‖₂ (body frozen), then personal body + "

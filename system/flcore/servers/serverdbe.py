@@ -42,7 +42,7 @@ from utils.errors import FLError
 
 
 class FedDBEServer(PartSharingServer):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Zhang et al., NeurIPS 2023, [arXiv 2311.14975](https://arxiv.org/abs/2311.14975)",
         family=("pFL model splitting; client: CE(h(φ(x) + z̄_p)) + κ·½‖r − z̄_g‖², r the running feature mean "

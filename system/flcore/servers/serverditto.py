@@ -26,7 +26,7 @@ from utils.errors import FLError
 
 
 class DittoServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Li et al., ICML 2021, [arXiv 2012.04221](https://arxiv.org/abs/2012.04221)",
         family="pFL, regularised personal model",

@@ -56,7 +56,7 @@ def dyn_server_step(global_params: dict, mean: dict, h: dict, deltas_sum: dict, 
 
 
 class FedDynServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Acar et al., ICLR 2021, [arXiv 2111.04263](https://arxiv.org/abs/2111.04263)",
         family=("traditional FL, dynamic regulariser −⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)‖θ − θ^{t−1}‖² (squared, as the "

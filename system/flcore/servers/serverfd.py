@@ -45,7 +45,7 @@ from utils.model_support import ModelSupport
 
 
 class FDServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Jeong et al., NeurIPS 2018 workshop, [arXiv 1811.11479](https://arxiv.org/abs/1811.11479)",
         family=("pFL KD: clients upload per-label mean logits of the round; each gets the other clients' "

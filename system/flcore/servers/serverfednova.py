@@ -43,7 +43,7 @@ from utils.errors import FLError
 
 
 class FedNovaServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Wang et al., NeurIPS 2020, [arXiv 2007.07481](https://arxiv.org/abs/2007.07481)",
         family="traditional FL, normalised averaging: each update divided by its local solver's ‖a_i‖₁ (τ_i for "

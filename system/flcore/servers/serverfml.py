@@ -35,7 +35,7 @@ from utils.model_support import ModelSupport
 
 
 class FMLServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Shen et al., 2020, [arXiv 2006.16765](https://arxiv.org/abs/2006.16765)",
         family=("pFL KD: local model (evaluated, own initialisation) α CE + (1−α) KL(p_meme‖p_local); meme model "

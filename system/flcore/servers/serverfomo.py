@@ -34,7 +34,7 @@ from utils.errors import FLError
 
 
 class FedFomoServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Zhang et al., ICLR 2021, [arXiv 2012.08565](https://arxiv.org/abs/2012.08565)",
         family="pFL, first-order weighting of downloaded client models",

@@ -65,7 +65,7 @@ def corrected(embeddings: list[torch.Tensor], classes: list[torch.Tensor], step:
 
 
 class FedGCServer(PartSharingServer):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Niu & Deng, AAAI 2022, [arXiv 2112.07246](https://arxiv.org/abs/2112.07246)",
         family=("pFL model splitting; clients train the body and their own classes' embeddings (softmax over "

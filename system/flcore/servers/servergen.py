@@ -80,7 +80,7 @@ def generator_loss(z, eps, y, heads, shares: torch.Tensor, eta: float) -> torch.
 
 
 class FedGenServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Zhu, Hong, Zhou, ICML 2021, [arXiv 2105.10056](https://arxiv.org/abs/2105.10056)",
         family=("traditional FL, the server fits a label-conditioned generator of features to the "

@@ -58,7 +58,7 @@ def train_header(head: nn.Module, reps: torch.Tensor, labels: torch.Tensor, lr: 
 
 
 class FedGHServer(PartSharingServer):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Yi et al., ACM MM 2023, [arXiv 2303.13137](https://arxiv.org/abs/2303.13137)",
         family=("pFL, local bodies + a global header trained on the server from per-class mean features (no model "

@@ -41,7 +41,7 @@ from utils.errors import FLError
 
 
 class GPFLServer(PartSharingServer):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Zhang et al., ICCV 2023, [arXiv 2308.10279](https://arxiv.org/abs/2308.10279)",
         family=("pFL model splitting; shared extractor, Conditional Valve and Global Category Embeddings, "

@@ -53,7 +53,7 @@ from utils.model_support import ModelSupport
 
 
 class FedKDServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Wu et al., Nat. Commun. 2022, [arXiv 2108.13323](https://arxiv.org/abs/2108.13323)",
         family=("pFL KD: personal mentor (evaluated) + shared mentee, CE + (KL + MSE(H_t, W_h H_s)) / (CE_t + "

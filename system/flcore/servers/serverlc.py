@@ -42,7 +42,7 @@ from utils.errors import FLError
 
 
 class FedLCServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Zhang et al., ICML 2022, [arXiv 2209.00189](https://arxiv.org/abs/2209.00189)",
         family=("traditional FL, CE of logits z_c − τ n_c^{−1/4} calibrated by the client's label counts (absent "

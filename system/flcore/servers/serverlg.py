@@ -24,7 +24,7 @@ from utils.model_support import ModelSupport
 
 
 class LGFedAvgServer(PartSharingServer):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Liang et al., 2020, [arXiv 2001.01523](https://arxiv.org/abs/2001.01523)",
         family="pFL, local base + shared head (only `head.*` is averaged)",

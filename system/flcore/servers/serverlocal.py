@@ -13,7 +13,7 @@ from utils.model_support import ModelSupport
 
 
 class LocalServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="— (no communication)",
         family="baseline",

@@ -36,7 +36,7 @@ from utils.errors import FLError
 
 
 class MOONServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Li, He, Song, CVPR 2021, [arXiv 2103.16257](https://arxiv.org/abs/2103.16257)",
         family=("traditional FL, CE + μ·model-contrastive loss on the classifier's input (positive: the global "

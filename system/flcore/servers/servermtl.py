@@ -49,7 +49,7 @@ from utils.errors import FLError
 
 
 class FedMTLServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Smith et al., NeurIPS 2017, [arXiv 1705.10467](https://arxiv.org/abs/1705.10467)",
         family=("pFL, per-client models coupled by λ1 tr(W Ω Wᵀ) + λ2 ‖W‖², Ω = I − 11ᵀ/m (mean-regularised; no "

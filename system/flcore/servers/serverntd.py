@@ -35,7 +35,7 @@ from utils.errors import FLError
 
 
 class FedNTDServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Lee et al., NeurIPS 2022, [arXiv 2106.03097](https://arxiv.org/abs/2106.03097)",
         family=("traditional FL, CE + β τ² KL(q̃_global ‖ q̃_local) over the not-true classes, from a frozen copy "

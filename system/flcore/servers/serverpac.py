@@ -79,7 +79,7 @@ def combination_weights(v: torch.Tensor, hs: torch.Tensor, i: int) -> np.ndarray
 
 
 class FedPACServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Xu et al., ICLR 2023, [arXiv 2306.11867](https://arxiv.org/abs/2306.11867)",
         family=("pFL, shared body + feature alignment to global centroids; heads combined per client by an "

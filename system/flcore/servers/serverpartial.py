@@ -74,7 +74,7 @@ from utils.errors import FLError
 
 
 class PartialFedServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Sun et al., NeurIPS 2021, [OpenReview](https://openreview.net/forum?id=lgDP84byd5)",
         family=("pFL, learned per-layer partial initialisation (adaptive; the choice is scored on a slice of the "

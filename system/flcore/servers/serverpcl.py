@@ -46,7 +46,7 @@ from utils.model_support import ModelSupport
 
 
 class FedPCLServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Tan et al., NeurIPS 2022, [arXiv 2209.10083](https://arxiv.org/abs/2209.10083)",
         family=("pFL, representation trained by prototype-wise contrastive losses (global + each client's local "

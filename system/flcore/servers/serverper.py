@@ -19,7 +19,7 @@ from flcore.servers.partsharing import PartSharingServer
 
 
 class FedPerServer(PartSharingServer):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Arivazhagan et al., 2019, [arXiv 1912.00818](https://arxiv.org/abs/1912.00818)",
         family="pFL, shared base + local head (the whole model trains locally; only `base.*` is averaged)",

@@ -42,7 +42,7 @@ from utils.errors import FLError
 
 
 class PerFedAvgServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Fallah et al., NeurIPS 2020, [arXiv 2002.07948](https://arxiv.org/abs/2002.07948)",
         family="pFL, meta-learning (first-order MAML)",

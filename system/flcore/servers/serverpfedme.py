@@ -38,7 +38,7 @@ from utils.personal_aggregation import lerp_state
 
 
 class PFedMeServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Dinh et al., NeurIPS 2020, [arXiv 2006.08848](https://arxiv.org/abs/2006.08848)",
         family="pFL, Moreau-envelope regularisation (personal θ_i, local w)",

@@ -32,7 +32,7 @@ from utils.errors import FLError
 
 
 class FedPHPServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper=("Li et al., ECML-PKDD 2021, [doi "
                "10.1007/978-3-030-86486-6_36](https://doi.org/10.1007/978-3-030-86486-6_36)"),

@@ -44,7 +44,7 @@ from utils.model_support import ModelSupport
 
 
 class FedProtoServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Tan et al., AAAI 2022, [arXiv 2105.00243](https://arxiv.org/abs/2105.00243)",
         family=("pFL, prototypes only (count-weighted per class); CE + λ·MSE to the global prototype; nearest "

@@ -22,7 +22,7 @@ from utils.errors import FLError
 
 
 class FedProxServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Li et al., MLSys 2020, [arXiv 1812.06127](https://arxiv.org/abs/1812.06127)",
         family="traditional FL, proximal local objective",

@@ -14,7 +14,7 @@ from flcore.servers.serverprox import FedProxServer
 
 
 class FedProxCServer(FineTunedEvalServer, FedProxServer):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="FedProx fine-tuned per client, as in FedALA (AAAI 2023)",
         family="traditional FL + local fine-tuning",

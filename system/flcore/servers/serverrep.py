@@ -26,7 +26,7 @@ from utils.errors import FLError
 
 
 class FedRepServer(PartSharingServer):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Collins et al., ICML 2021, [arXiv 2102.07078](https://arxiv.org/abs/2102.07078)",
         family="pFL, shared body + local head",

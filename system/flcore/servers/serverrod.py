@@ -29,7 +29,7 @@ from utils.dp_support import DPSupport
 
 
 class FedRoDServer(PartSharingServer):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Chen & Chao, ICLR 2022, [arXiv 2107.00778](https://arxiv.org/abs/2107.00778)",
         family=("pFL, body + generic head trained with the balanced softmax (logits + log n_c) and averaged; "

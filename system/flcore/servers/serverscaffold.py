@@ -21,7 +21,7 @@ from utils.personal_aggregation import lerp_state
 
 
 class SCAFFOLDServer(Server):
-    # its row in docs/algorithms.md (written by python scripts/docs_tables.py)
+    # its row in docs/algorithms.md (written by python scripts/dev/docs_tables.py)
     table_row = dict(
         paper="Karimireddy et al., ICML 2020, [arXiv 1910.06378](https://arxiv.org/abs/1910.06378)",
         family="traditional FL, control variates",

@@ -3,7 +3,7 @@ and per unpark (read back, checked, loaded into a client its constructor built),
 trained round, and the file's size. Best of ``--repeat`` of each, in CPU seconds of this process (user +
 system: what the step costs, not the machine's other load) and in wall seconds.
 
-    python scripts/park_speed.py -data MNIST_iid_c10 --dataset_root dataset -algo FedAvg FedALA
+    python scripts/dev/park_speed.py -data MNIST_iid_c10 --dataset_root dataset -algo FedAvg FedALA
 """
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import argparse
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "system"))
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
 
 from flcore.registry import get_server_class  # noqa: E402
 from cli import parse_config  # noqa: E402

@@ -1,7 +1,7 @@
 """Round-time benchmark: the executors side by side, and where a round's wall time goes.
 
-    python scripts/benchmark.py -data MNIST -m CNN -algo FedAvg -gr 3                     # sequential vs fork
-    python scripts/benchmark.py -data MNIST -m CNN -algo FedALA -gr 4 --executors fork --json out.json
+    python scripts/run/benchmark.py -data MNIST -m CNN -algo FedAvg -gr 3                     # sequential vs fork
+    python scripts/run/benchmark.py -data MNIST -m CNN -algo FedALA -gr 4 --executors fork --json out.json
 
 Takes every flag of ``system/main.py`` (no result files; the split is generated, loaded and checked by main's
 own ``set_up``, the server class is the registry's) plus ``--executors`` (default
@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "system"))
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
 
 import cli  # noqa: E402
 

@@ -1,8 +1,8 @@
 """docs/robustness.md's table from the robustness sweep, through a compact export of every run.
 
-    python scripts/sweep.py --config scripts/robustness.json -j 1          # resumable; --seeds 0 first
-    python scripts/robustness_report.py                                    # export + table -> doc
-    python scripts/robustness_report.py --from-export --print              # the table from the export alone
+    python scripts/run/sweep.py --config scripts/experiments/robustness.json -j 1  # resumable; --seeds 0 first
+    python scripts/experiments/robustness_report.py                                # export + table -> doc
+    python scripts/experiments/robustness_report.py --from-export --print          # the table from the export alone
 
 The export (``docs/benchmarks/robustness.json``) holds per run its algorithm, attack, aggregator and seed,
 the benign clients' and all clients' accuracy per evaluation, the malicious clients and the CPU seconds the
@@ -14,7 +14,7 @@ how many, a run that diverged (its training loss became NaN or inf) is counted i
 "diverged" when every seed did), and a cell not run is "-". The table replaces the block between
 ``<!-- robustness:begin -->`` and ``<!-- robustness:end -->``.
 
-``--converged``: the converged table (``scripts/robustness_converged.json``, docs/robustness.md's "Converged
+``--converged``: the converged table (``scripts/experiments/robustness_converged.json``, docs/robustness.md's "Converged
 table") from ``results/robustness_converged`` into ``docs/benchmarks/robustness_converged.json``. Its cells are
 the sweep file's grid points; a cell is a number only once all of its seeds (3) have ended, and "pending (k/3)"
 until then. Every run's benign accuracy is taken over one fixed set of clients per seed, the ones not in that
@@ -33,11 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "system"))
-sys.path.insert(0, str(REPO / "scripts"))
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
 
-from benchmark_report import write_block  # noqa: E402
+from scripts.experiments.benchmark_report import write_block  # noqa: E402
 
 from plugins.attacks import DEFAULT_FRACTION, malicious_clients  # noqa: E402
 from utils.results import read_h5  # noqa: E402
@@ -46,7 +46,7 @@ EXPORT = REPO / "docs" / "benchmarks" / "robustness.json"
 ATTACKS = ("none", "signflip", "gaussian", "labelflip", "scaled")
 ALGOS = ("FedAvg", "FedAvgM", "FedALA", "Ditto", "FedRep")
 RULES = ("mean", "median", "trimmed_mean", "krum", "multikrum", "geomed")  # the quick table's columns
-CONVERGED = {"sweep": REPO / "scripts" / "robustness_converged.json",
+CONVERGED = {"sweep": REPO / "scripts" / "experiments" / "robustness_converged.json",
              "results": REPO / "results" / "robustness_converged",
              "export": REPO / "docs" / "benchmarks" / "robustness_converged.json", "block": "robustness-converged"}
 CONV_COLUMNS = ("mean", "median", "trimmed_mean", "krum", "multikrum", "geomed", "bulyan", "cclip", "normclip")

@@ -1,9 +1,9 @@
 """Mutation testing of one module: does a realistic one-line bug in it fail the tests that guard it?
 
-    python3 scripts/mutate.py system/flcore/clients/clientfd.py          # mutate, test, write the results
-    python3 scripts/mutate.py system/utils/dp_sgd.py --list              # the guarding tests and mutants only
-    python3 scripts/mutate.py --table                                    # docs/testing.md's kill-rate table
-    python3 scripts/mutate.py --write-doc                                # ... written into docs/testing.md
+    python3 scripts/dev/mutate.py system/flcore/clients/clientfd.py      # mutate, test, write the results
+    python3 scripts/dev/mutate.py system/utils/dp_sgd.py --list          # the guarding tests and mutants only
+    python3 scripts/dev/mutate.py --table                                # docs/testing.md's kill-rate table
+    python3 scripts/dev/mutate.py --write-doc                            # ... written into docs/testing.md
                                                                          #     and docs/mutation-survivors.md
 
 Mutants come from cosmic-ray's operators (requirements-dev.txt), a curated subset of them (one opposite per
@@ -49,7 +49,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "benchmarks" / "mutation"
 EQUIVALENT = RESULTS / "equivalent.json"
 
@@ -372,7 +375,6 @@ def forked_pytest(root: Path, argv: list[str], timeout: float, log: Path, plugin
             os.dup2(fd, 2)
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__  # the descriptors, even under a capture
             os.chdir(root)
-            sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "scripts"]
             cov = None
             if cover is not None:
                 import coverage
@@ -766,7 +768,7 @@ def not_yet_run() -> str:
 def write_doc() -> None:
     """Replace the generated blocks: docs/testing.md's table with the modules not yet run, and
     docs/mutation-survivors.md's survivors."""
-    from benchmark_report import write_block
+    from scripts.experiments.benchmark_report import write_block
 
     write_block(DOC, "mutation-table", "By folder:\n\n" + families() + "\n\nBy module:\n\n" + table() + "\n\n"
                 + not_yet_run())

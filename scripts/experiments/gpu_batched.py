@@ -1,15 +1,15 @@
 """The GPU check of ``--executor batched`` (docs/performance.md, "Many clients on one GPU"): one command,
 everything it needs in the tree, a time budget it keeps.
 
-    python scripts/gpu_batched.py --out results/gpu_batched                  # on a CUDA machine (about 6 min)
-    python scripts/gpu_batched.py --dev cpu --small --out /tmp/dry           # the same steps, small, on the CPU
+    python scripts/experiments/gpu_batched.py --out results/gpu_batched         # on a CUDA machine (about 6 min)
+    python scripts/experiments/gpu_batched.py --dev cpu --small --out /tmp/dry  # the same steps, small, on the CPU
 
 Steps, most important first (``plan``), each skipped (and said so in the JSON) once it no longer fits in
 ``--budget`` seconds:
 
 1. full-scale MNIST Dir(0.1), 20 clients (``dataset/generate_MNIST.py --source MNIST_NPZ``), the 4-layer CNN,
    batch 10, one local epoch, -lr 0.005, full evaluation every round: seconds per round and training
-   samples/s (``scripts/benchmark.py``'s instrumented server: phases timed, a batch-200 reference after
+   samples/s (``scripts/run/benchmark.py``'s instrumented server: phases timed, a batch-200 reference after
    every round, the utilisation being training samples/s over it) of FedAvg, FedALA, Ditto and FedRep
    (``-pls 1``: PFLlib's default) on the batched executor with CUDA graphs;
 2. PFLlib's own FedAvg (its repository's ``system/`` under ``--pfllib``, not part of this repository) on the
@@ -39,9 +39,9 @@ import time
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "system"))
-sys.path.insert(0, str(REPO / "scripts"))
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
 
 ALGOS = ("FedAvg", "FedALA", "Ditto", "FedRep")
 # Ditto's and FedRep's personal epochs at PFLlib's default (1; FedRep's paper uses 10 head epochs, which would
@@ -78,8 +78,8 @@ def flags(args, split: str, algo: str, rounds: int) -> list[str]:
 
 
 def library_run(args, split: str, algo: str, executor: str, rounds: int, extra=()) -> dict:
-    """One executor's run through scripts/benchmark.py (its per-round phases and reference)."""
-    import benchmark
+    """One executor's run through scripts/run/benchmark.py (its per-round phases and reference)."""
+    from scripts.run import benchmark
     import cli
     import main
     import torch

@@ -7,8 +7,8 @@ kept by hand:
 - the README's table of the algorithms that take ``--client_models`` (``model_support``);
 - docs/performance.md: which algorithms train under ``--executor batched`` (each client class's ``batch_state``).
 
-    python scripts/docs_tables.py          # rewrite the tables in place
-    python scripts/docs_tables.py --check  # exit 1 naming each table that differs (the suite runs this)
+    python scripts/dev/docs_tables.py          # rewrite the tables in place
+    python scripts/dev/docs_tables.py --check  # exit 1 naming each table that differs (the suite runs this)
 """
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ import re
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "system"))
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
 
 ALGORITHMS_DOC = REPO / "docs" / "algorithms.md"
 ALGORITHMS_HEADER = "| name (-algo) | paper | family | flags | +ALA |\n|---|---|---|---|---|\n"
@@ -132,7 +133,7 @@ def write_bounds(check: bool) -> bool:
 
 def tables() -> list[tuple[Path, str, str]]:
     """(file, the table's header line, the table as the declarations make it) for every generated table."""
-    import dp_coverage
+    from scripts.dev import dp_coverage
 
     return [(ALGORITHMS_DOC, ALGORITHMS_HEADER.splitlines(keepends=True)[0], algorithms_table()),
             (REPO / "README.md", README_ALGORITHMS_HEADER.splitlines(keepends=True)[0], readme_algorithms_table()),
@@ -155,11 +156,10 @@ def main(argv=None) -> int:
         stale.append(SECURITY_DOC.relative_to(REPO))
     if args.check and stale:
         print(f"{', '.join(map(str, stale))}: generated table(s) differ from the code's declarations; run "
-              f"python scripts/docs_tables.py", file=sys.stderr)
+              f"python scripts/dev/docs_tables.py", file=sys.stderr)
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.exit(main())

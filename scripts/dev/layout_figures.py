@@ -1,7 +1,7 @@
 """How the code is laid out, in numbers: lines of Python per layer and the Server base class's public methods,
 at one or more git revisions (docs/architecture.md's figures).
 
-    python scripts/layout_figures.py 8377893 HEAD
+    python scripts/dev/layout_figures.py 8377893 HEAD
 
 Lines are every line of the ``.py`` files of a layer at that revision (comments and docstrings included). A
 public method is one of ``class Server`` in ``system/flcore/servers/serverbase.py`` whose name has no leading
@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LAYERS = {"main/cli": ["system/main.py", "system/cli.py"], "flcore/servers": ["system/flcore/servers"],
           "flcore/clients": ["system/flcore/clients"], "utils": ["system/utils"], "runtime": ["system/runtime"],
           "scripts": ["scripts"]}

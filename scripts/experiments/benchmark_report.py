@@ -10,9 +10,9 @@ curve without the h5 files. ``--export-only`` / ``--from-export`` split the two 
 The quick protocol (the default; ``docs/benchmarks/quick.json``): accuracy over the seeds of one sweep,
 seconds per round from a second, timing-only sweep of seed 0 run alone on a quiet machine.
 
-    python scripts/sweep.py --config scripts/benchmark_zoo.json                                   # 3 seeds
-    python scripts/sweep.py --config scripts/benchmark_zoo.json --seeds 0 --out results/benchmark_timing
-    python scripts/benchmark_report.py                                                            # rows -> doc
+    python scripts/run/sweep.py --config scripts/experiments/benchmark_zoo.json                                   # 3 seeds
+    python scripts/run/sweep.py --config scripts/experiments/benchmark_zoo.json --seeds 0 --out results/benchmark_timing
+    python scripts/experiments/benchmark_report.py                                                            # rows -> doc
 
 Accuracies are deterministic (the same seed gives the same curve on any executor), so the timing sweep's
 seed 0 must reproduce the accuracy sweep's seed 0 exactly: every row is checked, and a mismatch (or a row
@@ -22,11 +22,11 @@ between ``<!-- rows:begin -->`` and ``<!-- rows:end -->`` of the document.
 
 Protocol B, converged (``--protocol converged``; ``docs/benchmarks/converged.json``):
 
-    python scripts/sweep.py --config scripts/benchmark_converged.json -j 2   # both splits, 3 seeds
-    python scripts/benchmark_report.py --protocol converged                  # export, rows, figures
+    python scripts/run/sweep.py --config scripts/experiments/benchmark_converged.json -j 2  # both splits, 3 seeds
+    python scripts/experiments/benchmark_report.py --protocol converged                     # export, rows, figures
 
 (``--protocol converged-s2000``: its first size, 2,000 images for 100 rounds, whose curves had not
-flattened: ``scripts/benchmark_converged_s2000.json``, ``docs/benchmarks/converged_s2000.json``.)
+flattened: ``scripts/experiments/benchmark_converged_s2000.json``, ``docs/benchmarks/converged_s2000.json``.)
 
 gives the two tables (best and last accuracy, PFLlib's published leaderboard value beside every algorithm
 it has, ``docs/benchmarks/pfllib_leaderboard.json``), the flatness check, the Spearman rank correlation
@@ -38,8 +38,8 @@ Ablations (``--protocol ablations``; ``docs/benchmarks/ablations.json``): the ru
 of a Protocol B row by measurement, one row per variant (the flags in which runs of one split and algorithm
 differ), into the block ``<!-- ablations:begin -->``:
 
-    python scripts/sweep.py --config scripts/benchmark_ablations.json
-    python scripts/benchmark_report.py --protocol ablations
+    python scripts/run/sweep.py --config scripts/experiments/benchmark_ablations.json
+    python scripts/experiments/benchmark_report.py --protocol ablations
 """
 from __future__ import annotations
 
@@ -53,11 +53,11 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "system"))
-sys.path.insert(0, str(REPO / "scripts"))
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
 
-import table  # noqa: E402
+from scripts.run import table  # noqa: E402
 
 EXPORT = REPO / "docs" / "benchmarks" / "converged.json"
 EXPORT_S2000 = REPO / "docs" / "benchmarks" / "converged_s2000.json"
@@ -210,7 +210,7 @@ def export_runs(results: str, by_variant: bool = False, base: list[str] = ()) ->
     ``variants`` label): the reproducing command and per seed the accuracy curve, bytes per round, seconds
     per round, the CPU seconds the sweep recorded and the code's commit
     (``{"splits": {split: {algorithm: {"command", "runs"}}}}``)."""
-    import sweep
+    from scripts.run import sweep
 
     runs = table.load_runs([results])
     if by_variant:
@@ -268,7 +268,7 @@ def write_export(results: str | None, out: Path, config: str, timing: str | None
     """The export at ``out``: what it held, with the runs found under ``results`` (and, for the quick
     protocol, seed 0 of the timing sweep under ``timing``) laid over it; the protocol's description comes
     from its sweep config. Written back and returned."""
-    sweep_config = json.loads((REPO / "scripts" / config).read_text())
+    sweep_config = json.loads((REPO / "scripts" / "experiments" / config).read_text())
     base = sweep_config.get("base", [])
     data = json.loads(out.read_text()) if out.exists() else {"splits": {}}
     if by_variant:
@@ -392,7 +392,7 @@ def plot_converged(data: dict, summaries: dict, out: Path, ranks_name: str = "co
     """Curves of each split's traditional and personalised groups (mean ± std over seeds) and one figure
     (``ranks_name``) of this library's ranks against PFLlib's (from each split's ``converged_markdown``
     summary)."""
-    import plot
+    from scripts.run import plot
 
     plt = plot.plt
     written = []

@@ -1,7 +1,7 @@
 """Write docs/privacy.md's per-algorithm table from the servers' privacy declarations (``dp_support``).
 
-    python scripts/dp_coverage.py          # rewrite the table in place
-    python scripts/dp_coverage.py --check  # exit 1 when the file's table differs (tests/test_dp_registry.py)
+    python scripts/dev/dp_coverage.py          # rewrite the table in place
+    python scripts/dev/dp_coverage.py --check  # exit 1 when the file's table differs (tests/test_dp_registry.py)
 """
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import argparse
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "system"))
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
 DOC = REPO / "docs" / "privacy.md"
 HEADER = "| algorithm | `-dp` (DP-SGD) |"
 
@@ -37,7 +38,7 @@ def main(argv=None) -> int:
     new = expected_table()
     if args.check:
         if table != new:
-            print("docs/privacy.md's table differs from the declarations; run python scripts/dp_coverage.py",
+            print("docs/privacy.md's table differs from the declarations; run python scripts/dev/dp_coverage.py",
                   file=sys.stderr)
             return 1
         return 0

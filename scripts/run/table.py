@@ -1,8 +1,8 @@
 """Result files -> a table of mean ± std over seeds, grouped by configuration keys.
 
-    python scripts/table.py results/sweep                                   # every run in a sweep folder
-    python scripts/table.py "results/*_bench-*.h5" --group algorithm,dataset --target 0.8 --format latex
-    python scripts/table.py results/benchmark --columns best,last,time --commands
+    python scripts/run/table.py results/sweep                                   # every run in a sweep folder
+    python scripts/run/table.py "results/*_bench-*.h5" --group algorithm,dataset --target 0.8 --format latex
+    python scripts/run/table.py results/benchmark --columns best,last,time --commands
 
 Inputs are result files (``.h5`` or their ``.json`` sidecars), globs or folders (searched recursively
 for ``.h5``). Each run's configuration comes from its sidecar. Rows are groups of runs with equal values
@@ -51,8 +51,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "system"))
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
 
 from utils.errors import FLError  # noqa: E402
 

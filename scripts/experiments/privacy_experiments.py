@@ -1,10 +1,10 @@
 """Report functions for docs/privacy.md's MNIST / CIFAR-10 experiments: DLG / iDLG against FedAvg, FedALA and
-FedRep, with and without DP-SGD. The runs are the sweep file ``scripts/privacy_repro.json``:
+FedRep, with and without DP-SGD. The runs are the sweep file ``scripts/experiments/privacy_repro.json``:
 
-    python scripts/sweep.py --config scripts/privacy_repro.json      # the 13 runs, resumable
-    python scripts/privacy_experiments.py report     # the table of every complete run
-    python scripts/privacy_experiments.py sweep      # iDLG vs one DP-SGD release at several noise levels
-    python scripts/privacy_experiments.py figures    # docs/img/privacy_*.png from the runs' grids
+    python scripts/run/sweep.py --config scripts/experiments/privacy_repro.json      # the 13 runs, resumable
+    python scripts/experiments/privacy_experiments.py report   # the table of every complete run
+    python scripts/experiments/privacy_experiments.py sweep    # iDLG vs one DP-SGD release at several noise levels
+    python scripts/experiments/privacy_experiments.py figures  # docs/img/privacy_*.png from the runs' grids
 
 Scale (CPU): 20 clients, Dir(0.1), 6,000 images subsampled per dataset (seed 1), the 4-layer CNN, batch 10,
 one local epoch, lr 0.05, seed 0. Attacks: rounds 0 and 2 of a 3-round run (-dlgg 2), 2 clients per
@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "system"))
-sys.path.insert(0, str(REPO / "scripts"))
-CONFIG = REPO / "scripts" / "privacy_repro.json"
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
+CONFIG = REPO / "scripts" / "experiments" / "privacy_repro.json"
 SPLITS = ("MNIST_dir0.1_s6000", "Cifar10_dir0.1_s6000")
 
 
@@ -35,7 +34,7 @@ def goal(point: dict) -> str:
 
 def runs(config: Path = CONFIG) -> list[tuple[str, str, str, object]]:
     """(split, algorithm, goal, sweep job) of every run of the sweep file, in its order."""
-    import sweep
+    from scripts.run import sweep
 
     spec = sweep.load_config_file(config)
     jobs, _ = sweep.build_jobs([str(a) for a in spec["base"]], spec["grids"], spec.get("seeds", [0]), spec["tag"],
@@ -45,7 +44,7 @@ def runs(config: Path = CONFIG) -> list[tuple[str, str, str, object]]:
 
 def cmd_report(args) -> None:
     """Markdown rows per attacked round: scores, the grey-guess floor, accuracy, epsilon, wall time."""
-    import sweep
+    from scripts.run import sweep
     from utils.results import read_h5
 
     print("| split | algorithm | attack / target | round | PSNR dB (max) | grey guess dB | SSIM (guess) | labels "

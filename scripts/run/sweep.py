@@ -1,7 +1,7 @@
 """Sweeps: a grid of flags x seeds, one ``system/main.py`` process per (configuration, seed), resumable.
 
-    python scripts/sweep.py -data Digits -gr 20 -lr 0.1 --grid "-algo=FedAvg,FedALA,Ditto" --seeds 0,1,2 -j 2
-    python scripts/sweep.py --config scripts/benchmark_zoo.json --dry-run      # list the commands only
+    python scripts/run/sweep.py -data Digits -gr 20 -lr 0.1 --grid "-algo=FedAvg,FedALA,Ditto" --seeds 0,1,2 -j 2
+    python scripts/run/sweep.py --config scripts/experiments/benchmark_zoo.json --dry-run      # list the commands only
 
 Every flag that is not the sweep's own goes to every job unchanged. ``--grid`` takes ``FLAG=v1,v2,...``
 items (the product of all of them is run); a flag without a value (``-ala``) takes ``true``/``false``.
@@ -51,8 +51,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "system"))
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
 
 from utils import fileio  # noqa: E402
 from utils.errors import FLError  # noqa: E402
@@ -112,7 +113,7 @@ def flag_value(argv: list[str], flag: str) -> str | None:
 
 
 def exported_runs(path: Path | None) -> frozenset:
-    """The (``-go``, run index) of every run an export (``scripts/benchmark_report.py``) holds as finished
+    """The (``-go``, run index) of every run an export (``scripts/experiments/benchmark_report.py``) holds as finished
     or diverged: a sweep whose raw results are gone (another machine, a fresh clone) does not rerun them."""
     if path is None or not os.path.lexists(path):
         return frozenset()

@@ -1,6 +1,6 @@
 """Why FedCP sits at the majority-class accuracy in the quick protocol: its features collapse at -lr 0.05.
 
-    python scripts/fedcp_collapse.py -data FMNIST_dir0.1_s2000 --rates 0.05,0.005 --rounds 3
+    python scripts/dev/fedcp_collapse.py -data FMNIST_dir0.1_s2000 --rates 0.05,0.005 --rounds 3
 
 Runs FedCP (its defaults, λ 5) on the split, sequentially, for a few rounds at each rate, and after each
 round (and for the initial model) prints, for the averaged (global) feature extractor on every client's test images pooled: the mean
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "system"))
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
 
 
 def features_spread(base: torch.nn.Module, x: torch.Tensor) -> float:

@@ -1,8 +1,8 @@
 """Tables and learning curves for docs/fedala_reproduction.md from the runs of a sweep file.
 
-    python scripts/sweep.py --config scripts/fedala_repro.json -j 3          # the runs (resumable)
-    python scripts/fedala_report.py scripts/fedala_repro.json                # main, hetero and sens tables
-    python scripts/fedala_report.py scripts/fedala_table.json --sections baselines
+    python scripts/run/sweep.py --config scripts/experiments/fedala_repro.json -j 3    # the runs (resumable)
+    python scripts/experiments/fedala_report.py scripts/experiments/fedala_repro.json  # main, hetero and sens tables
+    python scripts/experiments/fedala_report.py scripts/experiments/fedala_table.json --sections baselines
 
 The runs are the sweep's own jobs (``sweep.build_jobs`` on the file: the same result names), a run counts
 when ``sweep.is_complete`` says so, and its series are read by ``utils.results.read_h5``. Rewrites the part
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "system"))
-sys.path.insert(0, str(REPO / "scripts"))
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
 DOC = REPO / "docs" / "fedala_reproduction.md"
 IMG = REPO / "docs" / "img"
 ROWS = ["FedAvg", "FedProx", "FedALA", "FedProx+ALA", "Local"]
@@ -37,7 +37,7 @@ def load_sweep(config: Path) -> tuple[dict, Path]:
     """{(split, label, variant): [per-run series]} of the complete runs of the sweep file ``config``, and its
     results folder. ``label``: the algorithm, "+ALA" with -ala; ``variant``: the grid point's other flags
     (``--ala_layers=2``; "" for none)."""
-    import sweep
+    from scripts.run import sweep
     from utils.results import read_h5
 
     spec = sweep.load_config_file(config)
@@ -175,7 +175,7 @@ def write_report(config: Path, sections: list[str], doc: Path = DOC, img: Path =
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("config", type=Path, help="the sweep file the runs came from (scripts/fedala_repro.json, ...)")
+    p.add_argument("config", type=Path, help="the sweep file the runs came from (scripts/experiments/fedala_repro.json, ...)")
     p.add_argument("--sections", default="main,hetero,sens,baselines",
                    help="comma-separated: main, hetero, sens, baselines (each written when its runs exist)")
     args = p.parse_args(argv)

@@ -1,7 +1,7 @@
-"""The time-limited cells of ``scripts/gpu_check.sh`` side by side, at equal rounds.
+"""The time-limited cells of ``scripts/experiments/gpu_check.sh`` side by side, at equal rounds.
 
-    python scripts/gpu_cells.py results/gpu_check                        # one markdown table per dataset
-    python scripts/gpu_cells.py results/gpu_check --rounds 1,4,9 --json docs/benchmarks/gpu_cells.json
+    python scripts/experiments/gpu_cells.py results/gpu_check                        # one markdown table per dataset
+    python scripts/experiments/gpu_cells.py results/gpu_check --rounds 1,4,9 --json docs/benchmarks/gpu_cells.json
 
 Each cell ran for the same wall time, so each reached the rounds its cost allowed; a cell's accuracy is
 therefore compared with another's at the same round, never at its last. Per dataset, one row per cell: its
@@ -17,9 +17,10 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
 
-import table  # noqa: E402  (also puts system/ on the path)
+from scripts.run import table  # noqa: E402
 
 
 def cell(run) -> dict:
@@ -47,7 +48,7 @@ def render(dataset: str, cells: list[dict], at: list[int]) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("folder", help="the results folder of scripts/gpu_check.sh")
+    p.add_argument("folder", help="the results folder of scripts/experiments/gpu_check.sh")
     p.add_argument("--rounds", default="1,5,10,20", help="rounds to compare the cells at (comma-separated)")
     p.add_argument("--json", type=Path, default=None, help="also write every cell's curve to this JSON file")
     args = p.parse_args(argv)

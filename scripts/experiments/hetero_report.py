@@ -1,11 +1,11 @@
 """docs/benchmark.md's model-heterogeneous rows, through compact exports of every run (as benchmark_report.py
 does for the other protocols, whose export and table helpers it reuses).
 
-    python scripts/sweep.py --config scripts/benchmark_hetero.json --seeds 0 -j 1       # one seed of every row
-    python scripts/sweep.py --config scripts/benchmark_hetero_one.json --seeds 0 -j 1   # CIFAR-10, one model
-    python scripts/sweep.py --config scripts/benchmark_hetero.json -j 1                 # the other seeds
-    python scripts/sweep.py --config scripts/benchmark_hetero_one.json -j 1
-    python scripts/hetero_report.py                                                     # exports -> rows
+    python scripts/run/sweep.py --config scripts/experiments/benchmark_hetero.json --seeds 0 -j 1      # one seed of every row
+    python scripts/run/sweep.py --config scripts/experiments/benchmark_hetero_one.json --seeds 0 -j 1  # CIFAR-10, one model
+    python scripts/run/sweep.py --config scripts/experiments/benchmark_hetero.json -j 1                # the other seeds
+    python scripts/run/sweep.py --config scripts/experiments/benchmark_hetero_one.json -j 1
+    python scripts/experiments/hetero_report.py                                                     # exports -> rows
 
 Two exports, each holding per split and algorithm the reproducing command and per seed the accuracy curve,
 bytes and seconds per round, the CPU seconds the sweep recorded and the code's commit: the heterogeneous
@@ -24,8 +24,8 @@ At convergence (``--converged``): the same algorithms on Protocol B's two splits
 ``benchmark_hetero_converged.json``), into ``docs/benchmarks/hetero_converged.json`` and the block
 ``<!-- hetero-converged:begin -->``, while the sweep runs:
 
-    nice -n 19 python scripts/sweep.py --config scripts/benchmark_hetero_converged.json -j 1 --checkpoint-every 10
-    python scripts/hetero_report.py --converged
+    nice -n 19 python scripts/run/sweep.py --config scripts/experiments/benchmark_hetero_converged.json -j 1 --checkpoint-every 10
+    python scripts/experiments/hetero_report.py --converged
 
 Every (split, algorithm) of the sweep file gets a row. Its accuracies appear only once each of the file's
 seeds has ended (finished, or diverged): "pending" until then, never a mean of some seeds. Beside each, the
@@ -41,8 +41,11 @@ from pathlib import Path
 
 import numpy as np
 
-import benchmark_report as report
-import table
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
+
+from scripts.experiments import benchmark_report as report
+from scripts.run import table
 
 REPO = report.REPO
 EXPORT = REPO / "docs" / "benchmarks" / "hetero.json"
@@ -240,7 +243,7 @@ def converged_data(results: str, export: Path, from_export: bool) -> dict:
 
 
 def main_converged(args) -> int:
-    config = json.loads((REPO / "scripts" / CONVERGED_CONFIG).read_text())
+    config = json.loads((REPO / "scripts" / "experiments" / CONVERGED_CONFIG).read_text())
     data = converged_data(args.results, args.export, args.from_export)
     one_model = json.loads(report.EXPORT.read_text())
     text = converged_markdown(data, one_model, config)

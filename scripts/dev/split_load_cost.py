@@ -1,7 +1,7 @@
 """What validating a split on load costs: per client, the checked read (``utils.data_utils``) against a
 bare ``np.load`` of the same files, best of ``--repeat`` passes.
 
-    python scripts/split_load_cost.py -data FMNIST_dir0.1_s2000
+    python scripts/dev/split_load_cost.py -data FMNIST_dir0.1_s2000
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "system"))
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
 
 from utils.data_utils import DATASET_ROOT, _read_npz, read_config  # noqa: E402
 

@@ -1,10 +1,10 @@
 """The Digits privacy table of docs/privacy.md: DLG and Inverting Gradients against FedAvg and FedALA, without
 DP, with sample-level DP (DP-SGD) at two noise multipliers and with client-level DP (DP-FedAvg), with the
-accuracy and epsilon of every run. The runs are the sweep file ``scripts/privacy_table.json``:
+accuracy and epsilon of every run. The runs are the sweep file ``scripts/experiments/privacy_table.json``:
 
     python dataset/generate_Digits.py --partition dir --alpha 0.1 --num-clients 20 --seed 1 --out Digits_dir0.1_c20
-    python scripts/sweep.py --config scripts/privacy_table.json    # the 16 runs, resumable
-    python scripts/privacy_table.py                                 # the table of the complete runs
+    python scripts/run/sweep.py --config scripts/experiments/privacy_table.json    # the 16 runs, resumable
+    python scripts/experiments/privacy_table.py                                 # the table of the complete runs
 
 Scale (CPU): scikit-learn's Digits (8x8), 20 clients by Dir(0.1) (split seed 1), every client in every round,
 the 4-layer CNN, batch 10, one local epoch, lr 0.05, 10 rounds, seed 0. Attacks on the textbook gradient
@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "system"))
-sys.path.insert(0, str(REPO / "scripts"))
-CONFIG = REPO / "scripts" / "privacy_table.json"
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
+CONFIG = REPO / "scripts" / "experiments" / "privacy_table.json"
 ALGOS = ("FedAvg", "FedALA")
 ATTACKS = {"dlg": "DLG", "ig": "IG"}
 
@@ -41,7 +40,7 @@ def setting(point: dict) -> tuple[tuple, str]:
 
 
 def table(config: Path = CONFIG) -> str:
-    import sweep
+    from scripts.run import sweep
     from utils.results import read_h5
 
     spec = sweep.load_config_file(config)

@@ -1,13 +1,13 @@
 """Figures from result files and splits: learning curves, per-client accuracy, a split's label distribution.
 
-    python scripts/plot.py curves results/sweep --out figures                    # accuracy and loss vs round
-    python scripts/plot.py curves "results/*_bench-*.h5" --x time --metrics test_acc --group algorithm,dataset
-    python scripts/plot.py clients results/sweep --out figures                   # final-round box plot
-    python scripts/plot.py spread results/sweep                                  # clients' spread vs round
-    python scripts/plot.py split FMNIST_dir0.1_s2000 --out figures               # clients x classes heat map
+    python scripts/run/plot.py curves results/sweep --out figures                # accuracy and loss vs round
+    python scripts/run/plot.py curves "results/*_bench-*.h5" --x time --metrics test_acc --group algorithm,dataset
+    python scripts/run/plot.py clients results/sweep --out figures               # final-round box plot
+    python scripts/run/plot.py spread results/sweep                              # clients' spread vs round
+    python scripts/run/plot.py split FMNIST_dir0.1_s2000 --out figures           # clients x classes heat map
 
 ``curves``: one figure per metric (``--metrics``, h5 series without the ``rs_`` prefix; default
-``test_acc,train_loss``), one line per group of runs (``--group``, as ``scripts/table.py``): the mean over
+``test_acc,train_loss``), one line per group of runs (``--group``, as ``scripts/run/table.py``): the mean over
 seeds with a ±1 std band, against the evaluated round or (``--x time``) the mean cumulative wall time at
 each evaluation (the rounds' wall times from the sidecar; an evaluation at round r comes after r rounds).
 A metric no run recorded (e.g. ``train_loss`` with ``--train_loss_eval off``) is skipped with a note.
@@ -31,11 +31,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
 
-from table import TableError, aggregate, load_runs  # noqa: E402
+from scripts.run.table import TableError, aggregate, load_runs  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LABELS = {"test_acc": "test accuracy (%)", "train_loss": "train loss", "test_auc": "test AUC (%)",
           "test_acc_mean": "mean client test accuracy (%)", "test_acc_std": "std of client test accuracy (%)"}
 PERCENT = {"test_acc", "test_auc", "test_acc_mean", "test_acc_std"}

@@ -1,9 +1,9 @@
 """Every registered algorithm's short curve on a tiny Digits split, to check that a refactor changes no number.
 
-    python scripts/curves.py --out results/curves_before.json            # record
-    python scripts/curves.py --out results/curves_after.json --compare results/curves_before.json
-    python scripts/curves.py --out results/curves_dp.json --flags="-dp" --no-ala     # the same, with DP-SGD
-    python scripts/curves.py --out results/curves_dpc.json --flags="-dp --dp_level client -dps 0.5" --no-ala
+    python scripts/run/curves.py --out results/curves_before.json            # record
+    python scripts/run/curves.py --out results/curves_after.json --compare results/curves_before.json
+    python scripts/run/curves.py --out results/curves_dp.json --flags="-dp" --no-ala     # the same, with DP-SGD
+    python scripts/run/curves.py --out results/curves_dpc.json --flags="-dp --dp_level client -dps 0.5" --no-ala
 
 Each algorithm runs ``-gr`` rounds (default 3) with the sequential executor, one thread and a fixed seed, once
 plain and once with ``-ala`` (an algorithm that refuses ``-ala`` is recorded as refused; ``--no-ala``: plain
@@ -23,14 +23,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "system"))
+REPO = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
+    import _paths  # noqa: F401
 
 FLAGS = {"FedCP": ["-lam", "1"]}  # as tests/test_algorithms.py: Digits' small features need a smaller λ
 
 
 def make_split(root: Path) -> None:
-    sys.path.insert(0, str(REPO))
     from dataset import generate_Digits
 
     with contextlib.redirect_stdout(io.StringIO()):
