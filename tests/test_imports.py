@@ -5,6 +5,9 @@ registry's "module:Class" strings are not imports."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -177,3 +180,97 @@ def test_no_module_under_system_edits_the_search_path():
     bad = {str(p.relative_to(SYSTEM)): path_edits(p.read_text()) for p in SYSTEM.rglob("*.py")}
     assert {k: v for k, v in bad.items() if v} == {}
     assert path_edits("import sys\nsys.path.insert(0, 'x')\nsys.path[:0] = ['y']\nsys.path += ['z']\n") == [2, 3, 4]
+
+
+# How a generator or a script run as a file finds the code (docs/architecture.md, "Finding the code"): the
+# _paths.py of its own folder, imported first when it runs as __main__, the one module that edits sys.path.
+REPO = SYSTEM.parent
+ENTRY_FOLDERS = ("dataset", "scripts/run", "scripts/experiments", "scripts/dev")
+REPOSITORY_NAMES = {"dataset", "scripts", *PACKAGES, *(Path(s).stem for s in SCRIPTS)}  # what _paths makes importable
+
+
+def entry_scripts() -> list[Path]:
+    """The generators and scripts a user runs as files."""
+    return sorted(p for p in [*(REPO / "dataset").glob("generate*.py"), *(REPO / "scripts").glob("*/*.py")]
+                  if p.name not in ("_paths.py", "__init__.py"))
+
+
+def bootstrap_line(tree: ast.Module) -> int | None:
+    """The line of the module-level ``if __name__ == "__main__": import _paths``, or None."""
+    for node in tree.body:
+        if (isinstance(node, ast.If) and ast.unparse(node.test) in ("__name__ == '__main__'",)
+                and len(node.body) == 1 and isinstance(node.body[0], ast.Import)
+                and [a.name for a in node.body[0].names] == ["_paths"] and not node.orelse):
+            return node.lineno
+    return None
+
+
+def finding_the_code(path: Path) -> list[str]:
+    """What breaks the documented way in one generator or script (empty when nothing)."""
+    source = path.read_text()
+    tree = ast.parse(source)
+    problems = [f"line {n} edits sys.path" for n in path_edits(source)]
+    boot = bootstrap_line(tree)
+    siblings = {p.stem for p in [*(REPO / "scripts").glob("*/*.py"), *(REPO / "dataset").glob("*.py")]}
+    for node in import_nodes(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            continue
+        for name in [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]:
+            top = name.split(".")[0]
+            if top == "_paths":
+                if node.lineno != (boot or 0) + 1:
+                    problems.append(f"line {node.lineno} imports _paths outside the bootstrap")
+            elif top in siblings:
+                problems.append(f"line {node.lineno} imports {name} by its bare name (from scripts.<role> "
+                                f"import ..., from dataset import ...)")
+            elif top in REPOSITORY_NAMES and boot is None:
+                problems.append(f"line {node.lineno} imports {name} without the _paths bootstrap")
+            elif top in REPOSITORY_NAMES and node in tree.body and node.lineno < boot:
+                problems.append(f"line {node.lineno} imports {name} before the _paths bootstrap")
+    return problems
+
+
+def test_only_the_paths_helpers_edit_the_search_path():
+    """No module under system/, dataset/ or scripts/ changes sys.path but the _paths.py of each entry folder,
+    and those copies are one file."""
+    files = [*SYSTEM.rglob("*.py"), *(REPO / "dataset").rglob("*.py"), *(REPO / "scripts").rglob("*.py")]
+    helpers = sorted(p for p in files if p.name == "_paths.py")
+    assert helpers == sorted(REPO / f / "_paths.py" for f in ENTRY_FOLDERS)
+    assert len({p.read_bytes() for p in helpers}) == 1, "the _paths.py copies differ"
+    bad = {str(p.relative_to(REPO)): path_edits(p.read_text()) for p in files if p.name != "_paths.py"}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_generators_and_scripts_find_the_code_one_way():
+    """Every generator and script that imports the repository's code runs its folder's _paths first (as
+    __main__ only) and imports other scripts by package, never by a bare name off its own folder."""
+    scripts = entry_scripts()
+    assert len(scripts) > 40
+    bad = {str(p.relative_to(REPO)): problems for p in scripts if (problems := finding_the_code(p))}
+    assert bad == {}
+
+
+def test_the_check_sees_a_planted_violation(tmp_path):
+    boot = 'if __name__ == "__main__":\n    import _paths\n'
+    cases = {"import sys\nsys.path.insert(0, 'system')\nimport utils\n": ["edits sys.path", "without"],
+             "import utils\n" + boot: ["before the _paths"],
+             boot + "from utils import fileio\nimport table\n": ["bare name"],
+             boot + "from scripts.run import table\n\ndef f():\n    from utils import fileio\n": []}
+    for source, expected in cases.items():
+        (tmp_path / "s.py").write_text(source)
+        found = finding_the_code(tmp_path / "s.py")
+        assert len(found) == len(expected) and all(e in f for e, f in zip(expected, found)), (source, found)
+
+
+@pytest.mark.parametrize("cwd, command", [
+    ("", ["dataset/generate_Digits.py", "--help"]),
+    ("dataset", ["generate_Digits.py", "--help"]),
+    ("tests", ["../scripts/run/table.py", "--help"]),
+    ("system", ["../scripts/experiments/hetero_report.py", "--help"]),
+])
+def test_run_as_a_file_from_any_folder(cwd, command):
+    """The README's forms run as written, with no PYTHONPATH: the folder's _paths.py finds the rest."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, *command], cwd=REPO / cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
