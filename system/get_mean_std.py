@@ -6,30 +6,16 @@
 Takes ``.h5`` result files or their ``.json`` sidecars (globs, folders). Runs are grouped by algorithm
 (with "+ALA") and dataset, so different algorithms are never averaged into one mean; runs of one group that
 differ in another flag are still averaged, with a warning naming the flag (``scripts/run/table.py`` groups by
-any keys and writes tables).
+any keys and writes tables; both read and group through ``utils/summary.py``).
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
-from pathlib import Path
 
-
-def _load_table():
-    """scripts/run/table.py, the tool this one is a preset of, loaded from its file (no search-path edit)."""
-    path = Path(__file__).resolve().parents[1] / "scripts" / "run" / "table.py"
-    spec = importlib.util.spec_from_file_location("table", path)
-    module = sys.modules.get("table")
-    if module is not None and Path(getattr(module, "__file__", "")).resolve() == path:
-        return module
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["table"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-table = _load_table()
+import cli
+from flcore.registry import ALGORITHMS
+from utils.summary import TableError, aggregate, check_rows, load_runs
 
 
 def main(argv=None) -> int:
@@ -38,13 +24,14 @@ def main(argv=None) -> int:
     p.add_argument("--incomplete", action="store_true", help="include runs that stopped before -gr")
     args = p.parse_args(argv)
     try:
-        runs = table.load_runs(args.files, incomplete=args.incomplete)
+        runs = load_runs(args.files, incomplete=args.incomplete)
         keys = ["algorithm", "dataset"]
-        rows = table.aggregate(runs, keys)
-    except table.TableError as e:
+        rows = aggregate(runs, keys, order=list(ALGORITHMS))
+    except TableError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for warning in table.check_rows(rows, keys):
+    common = {a.dest for a in cli.base_parser().flags if a.option_strings}  # as scripts/run/table.py
+    for warning in check_rows(rows, keys, common=common):
         print(f"warning: {warning}", file=sys.stderr)
     for row in rows:
         (bm, bs, _, n), (lm, ls, _, _) = row.stats["best"], row.stats["last"]

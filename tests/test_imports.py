@@ -241,6 +241,16 @@ def test_only_the_paths_helpers_edit_the_search_path():
     assert {k: v for k, v in bad.items() if v} == {}
 
 
+def test_no_module_loads_the_code_by_its_file():
+    """The repository's modules reach each other by import, not by loading a file by its path (a second copy
+    of a module, with its own classes: an exception of one is not caught as the other's)."""
+    loaders = {"spec_from_file_location", "run_path", "load_source", "SourceFileLoader"}
+    files = [*SYSTEM.rglob("*.py"), *(REPO / "dataset").rglob("*.py"), *(REPO / "scripts").rglob("*.py")]
+    bad = sorted(f"{p.relative_to(REPO)}:{n.lineno}" for p in files for n in ast.walk(ast.parse(p.read_text()))
+                 if isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", None)) in loaders)
+    assert bad == []
+
+
 def test_generators_and_scripts_find_the_code_one_way():
     """Every generator and script that imports the repository's code runs its folder's _paths first (as
     __main__ only) and imports other scripts by package, never by a bare name off its own folder."""

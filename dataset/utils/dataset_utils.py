@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from dataset.utils.partition import LAYOUTS, SCHEMES, PartitionError, partition, split_train_test
+from utils import fileio  # system/utils/fileio.py, the library's I/O layer (docs/architecture.md, "Finding the code")
 
 FORMAT_VERSION = 1
 EXDIR_LEAST_SAMPLES = 10  # PFLlib's exdir minimum client size (its min_require_size)
@@ -55,25 +56,6 @@ class ImageSpec:
     torchvision_class: str | None = None
     class_names: tuple | None = None
     least_share: float = 0.5
-
-
-def _load_fileio():
-    """The library's I/O layer (system/utils/fileio.py): loaded by its file, since a generator run as a script
-    has dataset/ first on its path, where ``utils`` is this package."""
-    import importlib.util
-
-    loaded = sys.modules.get("utils.fileio")
-    if loaded is not None:
-        return loaded
-    path = Path(__file__).resolve().parents[2] / "system" / "utils" / "fileio.py"
-    spec = importlib.util.spec_from_file_location("fl_fileio", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fl_fileio"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fileio = _load_fileio()
 
 
 def run_cli(main, argv=None):
