@@ -1,9 +1,9 @@
 """Every algorithm's own flags default to the values its row in docs/algorithms.md gives for them (the papers'
 where they give one): a changed default, in the code or in its ``table_row``, fails here; the doc's table is
-written from the classes by ``python scripts/dev/docs_tables.py`` and checked to match. Each "`-flag` [symbol] value" of a
-row's flags column with a number or on/off is checked, outside parentheses (which name alternatives). A
-default of None means "resolved from other flags" (FedAMP's per-kernel ξ_ii and σ, FedKD's -mlr = -lr):
-their own tests check the resolution."""
+written from the classes by ``python scripts/dev/docs_tables.py`` and checked to match. Each "`-flag` [symbol]
+value" of a row's flags column with a number or on/off is checked, outside parentheses (which name
+alternatives). A default of None means "resolved from other flags" (FedAMP's per-kernel ξ_ii and σ, FedKD's
+-mlr = -lr): their own tests check the resolution."""
 import re
 import sys
 

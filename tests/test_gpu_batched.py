@@ -1,5 +1,6 @@
-"""scripts/experiments/gpu_batched.py's pieces that run without a GPU: PFLlib's file format of a split, and the budget
-that skips the steps which no longer fit (the whole script's dry run is ``DEV=cpu bash scripts/experiments/gpu_batched.sh``)."""
+"""scripts/experiments/gpu_batched.py's pieces that run without a GPU: PFLlib's file format of a split, and the
+budget that skips the steps which no longer fit (the whole script's dry run is
+``DEV=cpu bash scripts/experiments/gpu_batched.sh``)."""
 import argparse
 import sys
 from pathlib import Path

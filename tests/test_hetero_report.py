@@ -1,5 +1,5 @@
-"""scripts/experiments/hetero_report.py: one table per split of the heterogeneous export; its one-model column comes from
-the quick protocol's export, else from the one-model export, and only from runs made on the same split as the
+"""scripts/experiments/hetero_report.py: one table per split of the heterogeneous export; its one-model column comes
+from the quick protocol's export, else from the one-model export, and only from runs made on the same split as the
 heterogeneous rows."""
 import json
 import sys

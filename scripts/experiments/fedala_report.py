@@ -175,7 +175,8 @@ def write_report(config: Path, sections: list[str], doc: Path = DOC, img: Path =
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("config", type=Path, help="the sweep file the runs came from (scripts/experiments/fedala_repro.json, ...)")
+    p.add_argument("config", type=Path,
+                   help="the sweep file the runs came from (scripts/experiments/fedala_repro.json, ...)")
     p.add_argument("--sections", default="main,hetero,sens,baselines",
                    help="comma-separated: main, hetero, sens, baselines (each written when its runs exist)")
     args = p.parse_args(argv)
