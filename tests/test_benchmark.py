@@ -1,8 +1,6 @@
 """scripts/run/benchmark.py runs the executors side by side and reports consistent figures (a smoke test of
 the figures' bookkeeping, not a timing test: speed is reported by the script, docs/performance.md)."""
 import json
-import sys
-from pathlib import Path
 
 import pytest
 

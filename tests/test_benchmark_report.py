@@ -2,13 +2,11 @@
 the flatness check and the rank correlation computed from hand-made exports whose values are worked out by
 hand."""
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from scripts.experiments import benchmark_report as br  # noqa: E402
+from scripts.experiments import benchmark_report as br
 
 
 def run(acc, rounds=None, up=2.0, down=3.0, s=0.5, cpu=10.0, seed=0, split="h1"):

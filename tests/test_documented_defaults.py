@@ -5,15 +5,13 @@ value" of a row's flags column with a number or on/off is checked, outside paren
 alternatives). A default of None means "resolved from other flags" (FedAMP's per-kernel ξ_ii and σ, FedKD's
 -mlr = -lr): their own tests check the resolution."""
 import re
-import sys
 
 import pytest
 import cli
 
 import main
-from conftest import REPO
 from flcore.registry import ALGORITHMS, get_server_class
-from scripts.dev import docs_tables  # noqa: E402
+from scripts.dev import docs_tables
 
 ROWS = {}  # -algo name -> the flags cell of its row, as written into docs/algorithms.md
 for line in docs_tables.algorithms_table().splitlines():

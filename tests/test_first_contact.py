@@ -5,7 +5,6 @@ start-up output fits a screen."""
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 import pytest
@@ -13,9 +12,9 @@ import torch
 
 import main
 from cli import parse_config
-from conftest import REPO, cli
+from conftest import cli
 from utils.results import read_h5
-from scripts.run import table  # noqa: E402
+from scripts.run import table
 
 
 def error_line(capsys) -> str:

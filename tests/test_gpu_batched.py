@@ -2,13 +2,11 @@
 budget that skips the steps which no longer fit (the whole script's dry run is
 ``DEV=cpu bash scripts/experiments/gpu_batched.sh``)."""
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 
-from scripts.experiments import gpu_batched  # noqa: E402
-from utils.data_utils import load_split  # noqa: E402
+from scripts.experiments import gpu_batched
+from utils.data_utils import load_split
 
 
 def test_the_split_in_pfllibs_format(digits_tiny_root, tmp_path):

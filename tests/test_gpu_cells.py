@@ -1,11 +1,8 @@
 """scripts/experiments/gpu_cells.py: time-limited cells compared at equal rounds, never at their own last round."""
 import json
-import sys
-from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scripts.experiments import gpu_cells  # noqa: E402
-from test_table import write_run  # noqa: E402
+from scripts.experiments import gpu_cells
+from test_table import write_run
 
 
 def test_cells_read_at_the_listed_rounds(tmp_path, capsys):

@@ -2,11 +2,10 @@
 hand-made export whose numbers are worked out by hand. A row's accuracies appear only once every seed of the
 sweep file has ended (finished or diverged), else "pending"; its one-model column comes from Protocol B's
 export only where that ran on the split of the heterogeneous runs."""
-import sys
 
 
 from conftest import REPO
-from scripts.experiments import hetero_report  # noqa: E402
+from scripts.experiments import hetero_report
 
 ROUNDS = list(range(6))  # the last 20 % of rounds 0-5: round 5 alone
 

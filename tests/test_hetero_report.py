@@ -2,12 +2,10 @@
 from the quick protocol's export, else from the one-model export, and only from runs made on the same split as the
 heterogeneous rows."""
 import json
-import sys
 
 import pytest
 
-from conftest import REPO
-from scripts.experiments import hetero_report  # noqa: E402
+from scripts.experiments import hetero_report
 
 
 def run(acc, seed=0, split="h1"):

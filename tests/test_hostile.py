@@ -21,7 +21,7 @@ import torch
 
 import main
 from cli import parse_config
-from conftest import REPO, cli
+from conftest import cli
 
 STEM = "Digits_FedAvg_test_0"
 SEQ = ("--executor", "sequential")

@@ -1,10 +1,10 @@
 """scripts/dev/mutate.py (mutation testing; cosmic-ray from requirements-dev.txt): the mutants this file's own
 operators make on a small source, and which tests guard a module."""
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("cosmic_ray") is None,
                                 reason="needs cosmic-ray (pip install -r requirements-dev.txt)")
 

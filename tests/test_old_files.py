@@ -1,7 +1,6 @@
 """Files written under an earlier schema: the committed exports under docs/benchmarks/ and the sweep files
 under scripts/ still load through the readers' schemas; a checkpoint of an earlier format is refused with
 one line (it does not say which run it holds)."""
-import sys
 
 import pytest
 
@@ -9,7 +8,7 @@ import main
 from conftest import REPO, cli
 from utils import fileio
 
-from scripts.run import sweep  # noqa: E402
+from scripts.run import sweep
 
 EXPORTS = sorted((REPO / "docs" / "benchmarks").glob("*.json"))
 SWEEPS = sorted(p for p in (REPO / "scripts" / "experiments").glob("*.json")

@@ -1,14 +1,13 @@
 """scripts/run/plot.py: the curves' mean ± std against hand values, and smoke tests of every figure (the PNG
 exists, opens, has a plausible size and is not blank)."""
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from scripts.run import plot  # noqa: E402
-from scripts.run import table  # noqa: E402
-from test_table import write_run  # noqa: E402
+from scripts.run import plot
+from scripts.run import table
+from test_table import write_run
 
 
 @pytest.fixture

@@ -1,8 +1,6 @@
 """scripts/experiments/robustness_report.py: cells from a hand-made export."""
-import sys
 
-from conftest import REPO
-from scripts.experiments import robustness_report  # noqa: E402
+from scripts.experiments import robustness_report
 
 
 def entry(algo, attack, rule, seed, last, cpu=1.8, status="finished"):

@@ -15,8 +15,8 @@ import h5py
 import numpy as np
 import pytest
 
-from scripts.run import sweep  # noqa: E402
-from flcore.registry import ALGORITHMS  # noqa: E402
+from scripts.run import sweep
+from flcore.registry import ALGORITHMS
 
 
 def base(root, *extra):

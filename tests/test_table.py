@@ -5,14 +5,13 @@ import io
 import json
 import math
 import shlex
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from scripts.run import table  # noqa: E402
-from utils.results import RunRecorder  # noqa: E402
+from scripts.run import table
+from utils.results import RunRecorder
 
 BASE_CONFIG = {"dataset": "Digits", "algorithm": "FedAvg", "ala": False, "global_rounds": 2,
                "local_learning_rate": 0.05, "batch_size": 10, "goal": "t", "seed": 0, "results_dir": "x"}
