@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check of --executor batched (docs/performance.md, "Many clients on one GPU"), as one prepared
-# command of at most 6 minutes on a CUDA machine; scripts/experiments/gpu_batched.py says what it measures. It needs, in
-# the tree: .gpu/mnist.npz (MNIST as ../shared/data holds it) and .gpu/pfllib/system (PFLlib's system/
-# folder, for its FedAvg on the same split); both are git-ignored and travel with the run.
+# command of at most 6 minutes on a CUDA machine; scripts/experiments/gpu_batched.py says what it measures.
+# It needs, in the tree: .gpu/mnist.npz (MNIST as ../shared/data holds it) and .gpu/pfllib/system (PFLlib's
+# system/ folder, for its FedAvg on the same split); both are git-ignored and travel with the run.
 #
 #   bash scripts/experiments/gpu_batched.sh          # writes $OUT/gpu_batched.json (default results/gpu_batched)
 #   DEV=cpu bash scripts/experiments/gpu_batched.sh  # the dry run: the same steps on the CPU, small
