@@ -159,7 +159,7 @@ def test_checkpoint_and_resume_mid_run(digits_tiny_root, tmp_path, stop_in_round
     pytest.param(("-algo", "FedAvg", "-dp", "-dps", "1.0"), "-dp's DP-SGD", marks=pytest.mark.optional_deps("opacus")),
     (("-algo", "FedAvg", "--amp", "bf16"), "--amp"),
     (("-algo", "FedAvg", "-m", "BNCNN"), "BatchNorm2d layers"),
-    (("-algo", "FedAvg", "--batch_clients", "-1"), "--batch_clients must be >= 0"),
+    (("-algo", "FedAvg", "--batch_clients", "-1"), "--batch_clients -1 is out of range"),
 ])
 def test_what_cannot_batch_is_refused_with_one_line(flags, says, digits_tiny_root, tmp_path, capsys):
     assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", "--executor", "batched", *flags)) == 2

@@ -188,10 +188,11 @@ BAD = {  # case -> (damage to the split or None, extra flags, what the one line 
     "-et nan": (None, ("-algo", "FedALA", "-et", "nan"), "expected a finite number, got 'nan'"),
     "-lr inf": (None, ("-lr", "inf"), "expected a finite number, got 'inf'"),
     "-ldg nan": (None, ("-ld", "-ldg", "nan"), "expected a finite number, got 'nan'"),
-    "--seed -1": (None, ("--seed", "-1"), "--seed must be >= 0"),
+    "--seed -1": (None, ("--seed", "-1"), "--seed -1 is out of range: it takes [0, 2^31 - 1]"),
     "--gpus_per_worker 0.00005": (None, ("--gpus_per_worker", "0.00005"),
-                                  "--gpus_per_worker must be 0 or at least 0.0001 (Ray's least share of a GPU)"),
-    "--gpus_per_worker -1": (None, ("--gpus_per_worker", "-1"), "--gpus_per_worker must be 0 or at least 0.0001"),
+                                  "--gpus_per_worker 5e-05 is out of range: it takes 0, or [0.0001, 1e6] (Ray's least "
+                                  "share of a GPU is 0.0001)"),
+    "--gpus_per_worker -1": (None, ("--gpus_per_worker", "-1"), "--gpus_per_worker -1 is out of range"),
     "-go ../../x": (None, ("-go", "../../x"), "-go is part of the result file names"),
     "-sfn ../x": (None, ("-sfn", "../x"), "-sfn must be a folder under --results_dir"),
 }

@@ -145,4 +145,4 @@ def test_client_arrays_checked(split, tmp_path, capsys, arrays, what):
 
 @pytest.mark.parametrize("nc", ["0", "-3"])
 def test_non_positive_client_count(split, tmp_path, capsys, nc):
-    assert "-nc must be >= 1" in refused(split, tmp_path, capsys, "-nc", nc)
+    assert f"-nc {nc} is out of range: it takes [1, 10^6]" in refused(split, tmp_path, capsys, "-nc", nc)

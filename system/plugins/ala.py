@@ -5,7 +5,6 @@ take it refuses ``-ala`` in its ``check_config``."""
 from __future__ import annotations
 
 from plugins import Plugin
-from utils.errors import require
 
 
 class AdaptiveLocalAggregation(Plugin):
@@ -29,16 +28,6 @@ class AdaptiveLocalAggregation(Plugin):
                        help="who runs ALA on each broadcast: the round's selected clients (the others are evaluated "
                             "on their own last model) or every client, before every evaluation (PFLlib; with -jr < 1 "
                             "ALA then costs N clients per round instead of jr*N)")
-
-    @classmethod
-    def check(cls, cfg, server_cls, given):
-        checks = [
-            (0 < cfg.rand_percent <= 100, "-s must be in (0, 100]"), (cfg.layer_idx >= 0, "-p must be >= 0"),
-            (cfg.ala_layers is None or cfg.ala_layers >= 0, "--ala_layers must be >= 0"),
-            (cfg.ala_max_epochs >= 1, "--ala_max_epochs must be >= 1"), (cfg.ala_window >= 2, "--ala_window must be >= 2"),
-        ]
-        require(checks)
-        return cfg
 
     @classmethod
     def build(cls, cfg, server):

@@ -4,7 +4,6 @@ attacks their uploads before aggregation (after an ``--attack`` poisoned them)."
 from __future__ import annotations
 
 from plugins import Plugin
-from utils.errors import require
 
 
 class DLGMonitor(Plugin):
@@ -31,17 +30,6 @@ class DLGMonitor(Plugin):
                        help="gradient: one true batch gradient of the model the client starts from (the textbook "
                             "threat; DP-SGD-noised with -dp); update: the client's upload as (start - upload) / "
                             "(lr * local steps)")
-
-    @classmethod
-    def check(cls, cfg, server_cls, given):
-        checks = [
-            (cfg.dlg_gap >= 1, "-dlgg must be >= 1"), (cfg.batch_num_per_client >= 1, "-bnpc must be >= 1"),
-            (cfg.dlg_clients >= 1, "--dlg_clients must be >= 1"), (cfg.dlg_iters >= 1, "--dlg_iters must be >= 1"),
-            (cfg.dlg_batch >= 1, "--dlg_batch must be >= 1"),
-            (cfg.ig_iters >= 1, "--ig_iters must be >= 1"), (cfg.ig_tv >= 0, "--ig_tv must be >= 0"),
-        ]
-        require(checks)
-        return cfg
 
     @classmethod
     def build(cls, cfg, server):

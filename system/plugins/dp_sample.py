@@ -37,9 +37,7 @@ class SampleDP(Plugin):
     @classmethod
     def check(cls, cfg, server_cls, given):
         checks = [
-            (cfg.dp_clip > 0, "--dp_clip must be > 0"),
             (not cfg.privacy or cfg.dp_sigma > 0, "-dps must be > 0 with -dp (sigma 0 adds no noise: drop -dp)"),
-            (0 < cfg.dp_delta < 1, "--dp_delta must be in (0, 1)"),
             (cfg.privacy or not cfg.dp_secure_rng, "--dp_secure_rng needs -dp"),
             (cfg.privacy or cfg.dp_level == "sample", "--dp_level client needs -dp"),
             (cfg.amp != "fp16" or not cfg.privacy, "--amp fp16 does not combine with -dp; use --amp bf16 or off"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from plugins import Plugin, registered
-from utils.errors import FLError, require
+from utils.errors import FLError
 
 OPTIMIZERS = registered("optimizers", "optimizer")  # name -> {"lr": default}, read without torch
 
@@ -35,13 +35,6 @@ class ServerOpt(Plugin):
     def check(cls, cfg, server_cls, given):
         if cfg.server_opt != "off" and server_cls.averaging_refusal:
             raise FLError(f"--server_opt: {cfg.algorithm} cannot take it: {server_cls.averaging_refusal}")
-        checks = [
-            (cfg.server_learning_rate is None or cfg.server_learning_rate > 0, "-slr must be > 0"),
-            (0 <= cfg.server_momentum < 1, "--server_momentum must be in [0, 1)"),
-            (0 <= cfg.server_beta2 < 1, "--server_beta2 must be in [0, 1)"),
-            (cfg.server_tau > 0, "--server_tau must be > 0"),
-        ]
-        require(checks)
         lr = cfg.server_learning_rate
         if cfg.server_opt != "off":
             lr = OPTIMIZERS[cfg.server_opt]["lr"] if lr is None else lr

@@ -1,24 +1,39 @@
 """Every numeric flag's accepted range, in one table, enforced in one place (``check``, called by
 cli.parse_config once the flags are parsed) and written out in docs/security.md ("Numeric flags",
-``markdown``; a test keeps the two equal).
+``markdown``; a test keeps the two equal). No other module checks a numeric flag's range: cli.validate and
+the plug-ins keep only checks between flags (``-pv < -t``, a flag that needs another).
 
-A flag listed in ``RANGES`` takes values in [lo, hi]. Every other integer flag (an algorithm's own among
-them) takes values up to ``INT_MAX`` in magnitude, and every other float flag 0 or a magnitude in
-[``TINY``, ``HUGE``]: what float32 training can take (a weight of 1e300 overflows float32, whose largest
-value is 3.4e38, and 1e-300 underflows to 0 or to a denormal that makes a division blow up). Lower bounds
-that depend on other flags (``-pv < -t``, ``-jr`` in (0, 1], an attack's fraction) stay in cli.validate.
+A flag listed in ``RANGES`` takes values in its ``Range`` (bounds inclusive unless marked open; ``zero``: 0
+as well). Every other integer flag (an algorithm's own among them) takes values up to ``INT_MAX`` in
+magnitude, and every other float flag 0 or a magnitude in [``TINY``, ``HUGE``]: what float32 training can
+take (a weight of 1e300 overflows float32, whose largest value is 3.4e38, and 1e-300 underflows to 0 or to a
+denormal that makes a division blow up). No float flag takes a magnitude in (0, ``TINY``) or a value that is
+not finite, whatever its range.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from utils.errors import FLError
 
 INT_MAX = 10 ** 9
 TINY, HUGE = 1e-30, 1e6
 
-# dest -> (lowest, highest, why the bound): both inclusive.
-RANGES: dict[str, tuple[float, float, str]] = {
+
+
+class Range(NamedTuple):
+    """[lo, hi] (``lo_open`` / ``hi_open``: that end excluded), and 0 too where ``zero``."""
+    lo: float
+    hi: float
+    why: str = ""
+    lo_open: bool = False
+    hi_open: bool = False
+    zero: bool = False
+
+
+# dest -> Range (lowest, highest, why the bound): both inclusive unless marked open.
+RANGES: dict[str, Range] = {
     "seed": (0, 2 ** 31 - 1, "run i seeds torch and numpy with seed + i"),
     "global_rounds": (0, 10 ** 6, ""),
     "local_epochs": (1, 10 ** 4, ""),
@@ -53,7 +68,35 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "dlg_batch": (1, 10 ** 5, ""),
     "krum_f": (0, 10 ** 6, ""),
     "attack_scale": (TINY, HUGE, ""),
+    # cli.py's common flags
+    "join_ratio": (TINY, 1.0, "a share of the clients"),
+    "client_drop_rate": Range(0.0, 1.0, "a probability", hi_open=True),
+    "train_slow_rate": (0.0, 1.0, "a share of the clients"),
+    "send_slow_rate": (0.0, 1.0, "a share of the clients"),
+    "train_loss_fraction": (TINY, 1.0, "a share of the clients"),
+    "val_ratio": Range(0.0, 1.0, "a share of each client's training data", hi_open=True),
+    "batch_clients": (0, INT_MAX, ""),
+    "gpus_per_worker": Range(1e-4, HUGE, "Ray's least share of a GPU is 0.0001", zero=True),
+    # the plug-ins' flags (system/plugins/)
+    "dlg_gap": (1, INT_MAX, ""),
+    "batch_num_per_client": (1, INT_MAX, ""),
+    "ig_tv": (0.0, HUGE, ""),
+    "dp_quantile": Range(TINY, 1.0, "a quantile of the clients' update norms", hi_open=True),
+    "server_momentum": Range(0.0, 1.0, "", hi_open=True),
+    "server_beta2": Range(0.0, 1.0, "", hi_open=True),
+    "rand_percent": (1, 100, "a percentage of the local data"),
+    "layer_idx": (0, INT_MAX, ""),
+    "ala_layers": (0, INT_MAX, ""),
+    "trim_frac": Range(0.0, 0.5, "trimmed at each end", hi_open=True),
+    "cclip_tau": (TINY, HUGE, ""),
+    "cclip_iters": (1, INT_MAX, ""),
+    "norm_bound": (TINY, HUGE, ""),
+    "attack_frac": Range(TINY, 1.0, "an attack must leave a benign client", hi_open=True),
+    "backdoor_target": (0, INT_MAX, "a label"),
+    "backdoor_frac": (TINY, 1.0, "a share of a batch"),
+    "trigger_size": (1, INT_MAX, "pixels"),
 }
+RANGES = {k: Range(*v) for k, v in RANGES.items()}
 
 
 def _shown(v: float) -> str:
@@ -70,14 +113,40 @@ def numeric_actions(parser) -> list:
     return [a for a in parser.flags if a.type in (int, float) or getattr(a.type, "__name__", "") == "finite_float"]
 
 
+def _bounds(r: Range) -> str:
+    return f"{'(' if r.lo_open else '['}{_shown(r.lo)}, {_shown(r.hi)}{')' if r.hi_open else ']'}"
+
+
 def rule(action) -> str:
     """The accepted range of one flag, in words."""
+    if action.choices is not None:  # argparse refuses any other value
+        return "one of " + ", ".join(_shown(c) for c in action.choices)
     if action.dest in RANGES:
-        lo, hi, why = RANGES[action.dest]
-        return f"[{_shown(lo)}, {_shown(hi)}]" + (f" ({why})" if why else "")
+        r = RANGES[action.dest]
+        shown = _bounds(r)
+        if action.type is not int and r.lo == 0 and not r.lo_open:  # no float takes a magnitude under TINY
+            shown = f"0, or {_bounds(r._replace(lo=TINY))}"
+        elif r.zero:
+            shown = f"0, or {shown}"
+        return shown + (f" ({r.why})" if r.why else "")
     if action.type is int:
         return f"[-{_shown(INT_MAX)}, {_shown(INT_MAX)}]"
     return f"0, or magnitude in [{_shown(TINY)}, {_shown(HUGE)}]"
+
+
+def accepts(action, v) -> bool:
+    """Whether the numeric flag ``action`` takes the value ``v``."""
+    floating = action.type is not int
+    if action.choices is not None:
+        return v in action.choices
+    if floating and (not math.isfinite(v) or (v != 0 and abs(v) < TINY)):
+        return False
+    r = RANGES.get(action.dest)
+    if r is None:
+        return abs(v) <= (HUGE if floating else INT_MAX)
+    if v == 0 and r.zero:
+        return True
+    return (r.lo < v if r.lo_open else r.lo <= v) and (v < r.hi if r.hi_open else v <= r.hi)
 
 
 def check(args, actions) -> None:
@@ -86,15 +155,8 @@ def check(args, actions) -> None:
         v = getattr(args, a.dest, None)
         if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
             continue
-        flag = a.option_strings[0]
-        if a.dest in RANGES:
-            lo, hi, _ = RANGES[a.dest]
-            ok = lo <= v <= hi
-        elif isinstance(v, int):
-            ok = -INT_MAX <= v <= INT_MAX
-        else:
-            ok = math.isfinite(v) and (v == 0 or TINY <= abs(v) <= HUGE)
-        if not ok:
+        if not accepts(a, v):
+            flag = a.option_strings[0]
             raise FLError(f"{flag} {v:g} is out of range: it takes {rule(a)}" if isinstance(v, float)
                           else f"{flag} {v} is out of range: it takes {rule(a)}")
 
