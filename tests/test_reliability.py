@@ -182,6 +182,61 @@ def test_full_disk_keeps_the_previous_complete_files(digits_tiny_root, tmp_path,
     assert np.isfinite(h5["rs_test_acc"]).all()
 
 
+def read_only_after(monkeypatch, folder, name, sidecar_writable=True):
+    """Make ``folder`` take no new file once ``name`` has been written: a chmod where that stops a write (not
+    as root), else a fault at the I/O layer's one seam for new files (``fileio._new_file``), as a read-only
+    folder fails it. ``sidecar_writable=False``: the sidecar cannot be rewritten where it lies either (a
+    read-only file system)."""
+    import errno
+
+    from utils import fileio
+
+    real, seen = fileio._new_file, []
+
+    def new_file(tmp, dir_fd):
+        if seen and os.path.samefile(f"/proc/self/fd/{dir_fd}", folder):
+            if os.geteuid() != 0:
+                os.chmod(folder, 0o555)
+            else:
+                raise PermissionError(errno.EACCES, "Permission denied")
+        fd = real(tmp, dir_fd)
+        seen.extend([1] if tmp.startswith(name + ".") else [])
+        return fd
+
+    monkeypatch.setattr(fileio, "_new_file", new_file)
+    if not sidecar_writable:
+        def refuse(self, name, data):
+            raise fileio.FileIOError(f"cannot rewrite {self.path / name} (Read-only file system)")
+
+        monkeypatch.setattr(fileio.Folder, "rewrite_in_place", refuse)
+
+
+@pytest.mark.parametrize("sidecar_writable", [True, False])
+def test_a_results_folder_made_read_only_mid_run_is_one_line_and_names_what_is_kept(
+        digits_tiny_root, tmp_path, capsys, monkeypatch, sidecar_writable):
+    read_only_after(monkeypatch, tmp_path, f"{STEM}.ckpt", sidecar_writable)
+    argv = cli(digits_tiny_root, tmp_path, "-gr", "3", "--executor", "sequential", "--checkpoint_every", "1")
+    try:
+        assert main.main(argv) == 2
+    finally:
+        os.chmod(tmp_path, 0o755)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "could not write" in err[0] and "Permission denied" in err[0], err
+    assert f"{STEM}.h5 keeps the first 1 evaluation(s)" in err[0], err  # round 0's, saved with its checkpoint
+    assert f"checkpoint {STEM}.ckpt after round 0 is kept" in err[0] and "--resume" in err[0], err
+    assert not list(tmp_path.glob("*.tmp"))
+    assert list(read_h5(tmp_path / f"{STEM}.h5")["rs_round"]) == [0]
+    if sidecar_writable:  # rewritten where it lies: it no longer claims the run is going
+        assert "its sidecar says 'failed'" in err[0]
+        assert sidecar(tmp_path)["status"] == "failed" and sidecar(tmp_path)["evaluations"] == 1
+    else:  # and when even that fails, the line says so
+        assert "its sidecar could not be updated (Read-only file system) and still says 'running'" in err[0], err
+    monkeypatch.undo()
+    assert main.main(argv + ["--resume"]) == 0  # the folder writable again: the run continues from its checkpoint
+    assert list(read_h5(tmp_path / f"{STEM}.h5")["rs_round"]) == [0, 1, 2, 3]
+    assert sidecar(tmp_path)["status"] == "finished"
+
+
 def test_a_second_run_on_the_same_result_name_is_refused(digits_tiny_root, tmp_path, capsys):
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

@@ -91,6 +91,7 @@ class Checkpoints:
             return
         save_files(self.recorder.folder, [(self.path.name, lambda f: state.write_file(ckpt, f))])
         self.restart_point = self.path
+        self.recorder.checkpointed = round_idx
 
     def recover(self, server, error: Exception) -> int:
         """After a lost worker, once the server has rebuilt its clients: go back to the last checkpoint

@@ -66,7 +66,10 @@ def take_lock(folder: Folder, name: str) -> int:
     check_name(name, "lock")
     me = f"{os.getpid()} {process_start(os.getpid()) or '-'}\n".encode()
     for _ in range(100):
-        tmp = folder._exclusive_tmp(name)
+        try:
+            tmp = folder._exclusive_tmp(name)
+        except OSError as e:
+            raise FileIOError(f"cannot write in {folder.path} ({why(e)}); choose another {folder.what}") from None
         fd = os.open(tmp, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder.fd)
         try:
             os.write(fd, me)

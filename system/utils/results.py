@@ -84,6 +84,8 @@ class RunRecorder:
         self.started = time.time()
         self.status, self.status_reason = "running", None  # finished / diverged / interrupted / failed
         self.board = None  # --tensorboard: a torch SummaryWriter (``log_to_tensorboard``)
+        self.saved = None  # evaluations in this run's last complete save (None: none yet)
+        self.checkpointed = None  # the round after which this run last wrote its checkpoint (runtime/checkpoint.py)
 
     def log_to_tensorboard(self, folder: Path) -> None:
         """Also write every scalar of every series, by its name without ``rs_`` and at its round, as TensorBoard
@@ -127,21 +129,46 @@ class RunRecorder:
             return  # the files of an earlier run stay as they were
         try:
             self.save()
-        except FLError:  # a full disk: the previous complete files stay, their sidecar at least says so
-            self._mark_previous()
-            raise
+        except FLError as e:  # a full disk, a folder made read-only: the previous complete files stay
+            sidecar = self._mark_previous()
+            raise fileio.FileIOError(f"{str(e).split('; the previous complete file')[0]}; {self.kept(sidecar)}") from None
 
-    def _mark_previous(self) -> None:
+    def kept(self, sidecar: str) -> str:
+        """What a run whose files can no longer be written keeps: its last complete save, what its sidecar
+        says, its last checkpoint and how to continue from it."""
+        if self.saved is not None:
+            kept = f"{self.h5_path.name} keeps the first {self.saved} evaluation(s)"
+        elif self.folder.entry(self.h5_path.name) is not None:
+            kept = f"nothing of this run was saved ({self.h5_path.name} is an earlier run's)"
+        else:
+            kept = "nothing of this run was saved"
+        if sidecar:
+            kept += f", {sidecar}"
+        if self.checkpointed is not None:
+            kept += (f"; its checkpoint {self.stem}.ckpt after round {self.checkpointed} is kept: once the folder "
+                     f"takes files again, rerun the same command with --resume to continue")
+        return kept
+
+    def _mark_previous(self) -> str:
         """Write the status into the sidecar of the previous complete save (a small file: a full disk may
-        still take it). When even that fails, the error being raised already says what happened."""
+        still take it; a folder made read-only takes it where the sidecar lies). Says what the sidecar now
+        says, or that it could not be updated."""
         try:
             meta = self.folder.read_json(self.json_path.name, "sidecar")
-            if not isinstance(meta, dict):
-                return
-            meta.update(status=self.status, status_reason=self.status_reason)
+        except (OSError, ValueError, FLError):
+            return ""
+        if not isinstance(meta, dict):
+            return ""
+        was = meta.get("status")
+        meta.update(status=self.status, status_reason=self.status_reason)
+        try:
             save_files(self.folder, [(self.json_path.name, lambda f: f.write(fileio.json_bytes(meta)))])
         except (OSError, ValueError, FLError):
-            pass
+            try:
+                self.folder.rewrite_in_place(self.json_path.name, fileio.json_bytes(meta, indent=None))
+            except (OSError, ValueError, FLError) as e:
+                return f"its sidecar could not be updated ({str(e).split('(')[-1].rstrip(')')}) and still says '{was}'"
+        return f"its sidecar says '{self.status}'"
 
     @property
     def h5_path(self) -> Path:
@@ -203,6 +230,7 @@ class RunRecorder:
                 "status": self.status, "status_reason": self.status_reason}
         text = ujson.dumps(meta, indent=1).encode()
         save_files(self.folder, [(self.h5_path.name, write_h5), (self.json_path.name, lambda f: f.write(text))])
+        self.saved = meta["evaluations"]
 
 
 RESULT_CAP = 4 << 30  # the largest result file read back (h5: series of every evaluation and client)
