@@ -48,6 +48,24 @@ def pytest_collection_modifyitems(config, items):
             if absent:
                 item.add_marker(pytest.mark.skip(
                     reason=f"needs {', '.join(absent)} (pip install -r requirements-optional.txt)"))
+    regroup(items)
+
+
+def regroup(items) -> None:
+    """A test module that defines ``collection_key(item)`` has its own tests reordered by that key (stably,
+    where the module's tests stand): tests that share a result cached in the test process (e.g. one training
+    run read by several checks) then sit side by side, and a test process that takes a run of neighbouring
+    tests (pytest-xdist) computes the result once instead of each process computing it."""
+    start = 0
+    while start < len(items):
+        module = getattr(items[start], "module", None)
+        end = start + 1
+        while end < len(items) and getattr(items[end], "module", None) is module:
+            end += 1
+        key = getattr(module, "collection_key", None)
+        if key is not None:
+            items[start:end] = sorted(items[start:end], key=key)
+        start = end
 
 
 def pytest_sessionfinish(session, exitstatus):
