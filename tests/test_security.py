@@ -3,8 +3,9 @@ file runs no code (the pickle's marker file is never created) and is refused wit
 one; a symlink planted where a temporary file goes is never followed; nothing is written outside
 --results_dir; runs sharing --client_state_dir do not see each other's files; --resume never replaces a
 finished result it cannot continue; docs/security.md's table of every case tried names tests that exist."""
+import multiprocessing
+import os
 import pickle
-import subprocess
 import sys
 
 import pytest
@@ -155,6 +156,12 @@ def test_data_given_as_a_path_writes_results_to_the_results_dir(digits_tiny_root
     assert not list((digits_tiny_root).glob("*.h5")) and not list((digits_tiny_root / "Digits").glob("*.h5"))
 
 
+def quiet_main(argv):
+    """A forked process's run: main's exit code is the process's, its printed rounds go nowhere."""
+    sys.stdout = open(os.devnull, "w")
+    sys.exit(main.main(argv))
+
+
 def test_runs_sharing_a_client_state_dir_do_not_see_each_other(digits_tiny_root, tmp_path):
     shared = tmp_path / "parked"
     flags = ("-jr", "0.4", "--client_state", "disk", "--client_state_dir", str(shared), *SEQ)
@@ -162,10 +169,14 @@ def test_runs_sharing_a_client_state_dir_do_not_see_each_other(digits_tiny_root,
     for lr in ("0.1", "0.05"):
         assert main.main(cli(digits_tiny_root, tmp_path / f"solo{lr}", "-gr", "2", "-lr", lr, *flags)) == 0
         solo[lr] = read_h5(tmp_path / f"solo{lr}" / f"{STEM}.h5")["rs_test_acc"]
-    runs = {lr: subprocess.Popen([sys.executable, str(REPO / "system" / "main.py"),  # at the same time
-                                  *cli(digits_tiny_root, tmp_path / f"both{lr}", "-gr", "2", "-lr", lr, *flags)],
-                                 stdout=subprocess.DEVNULL) for lr in solo}
-    codes = {lr: p.wait(timeout=300) for lr, p in runs.items()}
+    fork = multiprocessing.get_context("fork")  # two processes at the same time, without importing torch again
+    runs = {lr: fork.Process(target=quiet_main, args=(cli(digits_tiny_root, tmp_path / f"both{lr}", "-gr", "2",
+                                                          "-lr", lr, *flags),)) for lr in solo}
+    for p in runs.values():
+        p.start()
+    for p in runs.values():
+        p.join(timeout=300)
+    codes = {lr: p.exitcode for lr, p in runs.items()}
     assert codes == {"0.1": 0, "0.05": 0}
     for lr, acc in solo.items():
         assert list(read_h5(tmp_path / f"both{lr}" / f"{STEM}.h5")["rs_test_acc"]) == list(acc)
