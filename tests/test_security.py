@@ -6,6 +6,7 @@ finished result it cannot continue; docs/security.md's table of every case tried
 import multiprocessing
 import os
 import pickle
+import shutil
 import sys
 
 import pytest
@@ -36,10 +37,18 @@ def one_line(capsys) -> str:
     return err[0]
 
 
+@pytest.fixture(scope="module")
+def checkpointed_run(digits_tiny_root, tmp_path_factory):
+    """A run of 2 rounds with its checkpoint (the files --resume continues), run once per module."""
+    out = tmp_path_factory.mktemp("checkpointed")
+    assert main.main(cli(digits_tiny_root, out, "-gr", "2", "--checkpoint_every", "1", *SEQ)) == 0
+    return out
+
+
 @pytest.fixture
-def checkpointed(digits_tiny_root, tmp_path):
-    """A run of 2 rounds with its checkpoint (the files --resume continues)."""
-    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "2", "--checkpoint_every", "1", *SEQ)) == 0
+def checkpointed(checkpointed_run, tmp_path):
+    """A copy of that run's files in this test's folder (its results folder); the checkpoint's path."""
+    shutil.copytree(checkpointed_run, tmp_path, dirs_exist_ok=True)
     return tmp_path / f"{STEM}.ckpt"
 
 
