@@ -16,6 +16,7 @@ Example::
     python dataset/generate_AmazonReview.py --source amazon.npz
 """
 
+import io
 import sys
 
 if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
@@ -23,7 +24,7 @@ if __name__ == "__main__":  # run as a file: _paths.py puts the repository's cod
 
 import numpy as np  # noqa: E402
 
-from dataset.utils.dataset_utils import DatasetError, run_cli  # noqa: E402
+from dataset.utils.dataset_utils import DatasetError, fileio, run_cli  # noqa: E402
 from dataset.utils.zoo import Loaded, ZooSpec, generate  # noqa: E402
 
 DOMAINS = ("books", "dvd", "electronics", "kitchen")
@@ -38,19 +39,20 @@ def _dense(src):
     if src.suffix == ".mat":
         from scipy.io import loadmat
 
-        m = loadmat(src)
+        m = loadmat(io.BytesIO(fileio.read_bytes(src, "source file", cap=fileio.SOURCE_CAP)))
         xx = m["xx"].tocsr() if hasattr(m["xx"], "tocsr") else np.asarray(m["xx"])
         yy, offset = np.asarray(m["yy"]).reshape(-1), np.asarray(m["offset"]).reshape(-1)
         if xx.shape[0] != len(yy):
             xx = xx.T
         x = np.asarray(xx[:, :FEATURES].todense() if hasattr(xx, "todense") else xx[:, :FEATURES], dtype=np.float32)
         return x, yy, offset
-    with np.load(src, allow_pickle=False) as a:
-        features, reviews = (int(v) for v in a["xx_shape"])
-        x = np.zeros((reviews, FEATURES), dtype=np.float32)
-        keep = a["xx_row"] < FEATURES
-        np.add.at(x, (a["xx_col"][keep], a["xx_row"][keep]), a["xx_data"][keep])
-        return x, a["yy"].reshape(-1), a["offset"].reshape(-1)
+    # the arrays, read through the I/O layer (headers checked before an array is read, nothing unpickled)
+    a = fileio.read_npz(src, ("xx_shape", "xx_row", "xx_col", "xx_data", "yy", "offset"), "source file")
+    features, reviews = (int(v) for v in a["xx_shape"])
+    x = np.zeros((reviews, FEATURES), dtype=np.float32)
+    keep = a["xx_row"] < FEATURES
+    np.add.at(x, (a["xx_col"][keep], a["xx_row"][keep]), a["xx_data"][keep])
+    return x, a["yy"].reshape(-1), a["offset"].reshape(-1)
 
 
 def load(src, args):

@@ -41,7 +41,7 @@ def load(src, args):
     for split in ("train", "val", "test"):
         listing = folder / f"{split}.txt"
         if listing.is_file():
-            for line in listing.read_text().split("\n"):
+            for line in rd.read_text(listing).split("\n"):
                 cells = line.split()
                 if len(cells) >= 3:
                     paths.append(folder / split / cells[1])

@@ -41,7 +41,7 @@ def load(src, args):
     if folder is None:
         raise DatasetError(f"no metadata.csv under {src}; pass the camelyon17_v1.0 folder")
     paths, labels, centers = [], [], []
-    with open(folder / "metadata.csv", newline="") as f:
+    with rd.open_text(folder / "metadata.csv") as f:
         for row in csv.DictReader(f):
             p, n = int(row["patient"]), int(row["node"])
             paths.append(folder / "patches" / f"patient_{p:03d}_node_{n}" /

@@ -41,20 +41,18 @@ SPEC = ZooSpec(name="Digit5", scenario="feature shift", modality="image", num_cl
 
 def _domain(folder, name):
     """(images [N, H, W, C] or [N, H, W] uint8-range, labels 0..9) of one domain, train then test."""
-    from scipy.io import loadmat
-
     if name in ("mnist", "mnistm"):
-        m = loadmat(folder / ("mnist_data.mat" if name == "mnist" else "mnistm_with_label.mat"))
+        m = rd.read_mat(folder / ("mnist_data.mat" if name == "mnist" else "mnistm_with_label.mat"))
         keys = ("train_32", "test_32") if name == "mnist" else ("train", "test")
         images = [np.asarray(m[k]).reshape(len(m[k]), 32, 32, -1) for k in keys]
         labels = [np.argmax(m[k], axis=1) for k in ("label_train", "label_test")]
     elif name in ("svhn", "syn"):
         stem = "svhn" if name == "svhn" else "synth"
-        ms = [loadmat(folder / f"{stem}_{part}_32x32.mat") for part in ("train", "test")]
+        ms = [rd.read_mat(folder / f"{stem}_{part}_32x32.mat") for part in ("train", "test")]
         images = [m["X"].transpose(3, 0, 1, 2) for m in ms]
         labels = [m["y"].reshape(-1) % 10 for m in ms]
     else:
-        data = loadmat(folder / "usps_28x28.mat")["dataset"]
+        data = rd.read_mat(folder / "usps_28x28.mat")["dataset"]
         images = [np.round(np.asarray(data[i][0], dtype=np.float64) * 255).transpose(0, 2, 3, 1) for i in (0, 1)]
         labels = [np.asarray(data[i][1]).reshape(-1) % 10 for i in (0, 1)]
     return np.concatenate(images), np.concatenate(labels).astype(np.int64)

@@ -47,7 +47,7 @@ def load(src, args):
     paths, labels, groups, names = [], [], [], {}
     for g, d in enumerate(present):
         for listing in lists[d]:
-            for line in listing.read_text().split("\n"):
+            for line in rd.read_text(listing).split("\n"):
                 cells = line.split()
                 if len(cells) == 2:
                     paths.append(src / cells[0])

@@ -32,7 +32,6 @@ SPEC = ZooSpec(name="Flowers102", scenario="label skew", modality="image", num_c
 
 def load(src, args):
     """Labels from imagelabels.mat; image i (from 1) is jpg/image_<i:05d>.jpg."""
-    from scipy.io import loadmat
 
     folder = rd.find_dir(src, "imagelabels.mat")
     if folder is None and args.download:
@@ -41,7 +40,7 @@ def load(src, args):
         folder = rd.find_dir(src, "imagelabels.mat")
     if folder is None:
         raise DatasetError(f"no imagelabels.mat under {src}; pass the flowers-102 folder")
-    labels = loadmat(folder / "imagelabels.mat", squeeze_me=True)["labels"]
+    labels = rd.read_mat(folder / "imagelabels.mat", squeeze_me=True)["labels"]
     labels = np.atleast_1d(labels).astype(np.int64) - 1
     paths = [folder / "jpg" / f"image_{i:05d}.jpg" for i in range(1, len(labels) + 1)]
     return Loaded(x=rd.read_images(paths, (3, args.image_size, args.image_size)), y=labels)

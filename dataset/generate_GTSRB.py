@@ -50,7 +50,7 @@ def load(src, args):
             labels += [int(d.name)] * len(files)
     test_csv = folder / "GT-final_test.csv"
     if test_csv.is_file():
-        with open(test_csv, newline="") as f:
+        with rd.open_text(test_csv) as f:
             for row in csv.DictReader(f, delimiter=";"):
                 paths.append(folder / "GTSRB/Final_Test/Images" / row["Filename"])
                 labels.append(int(row["ClassId"]))

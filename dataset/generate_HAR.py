@@ -46,16 +46,16 @@ def load(src, args):
         if not base.is_dir():
             continue
         try:
-            signals = [np.loadtxt(base / "Inertial Signals" / f"{s}_{part}.txt", dtype=np.float32, ndmin=2)
+            signals = [np.loadtxt(rd.open_text(base / "Inertial Signals" / f"{s}_{part}.txt"), dtype=np.float32, ndmin=2)
                        for s in SIGNALS]
-            ys.append(np.loadtxt(base / f"y_{part}.txt", dtype=np.int64, ndmin=1) - 1)
-            subjects.append(np.loadtxt(base / f"subject_{part}.txt", dtype=np.int64, ndmin=1))
+            ys.append(np.loadtxt(rd.open_text(base / f"y_{part}.txt"), dtype=np.int64, ndmin=1) - 1)
+            subjects.append(np.loadtxt(rd.open_text(base / f"subject_{part}.txt"), dtype=np.int64, ndmin=1))
         except (OSError, ValueError) as err:
             raise DatasetError(f"cannot read UCI HAR {part} files: {err}") from None
         xs.append(np.stack(signals, axis=1)[:, :, None, :])
     names = None
     if (folder / "activity_labels.txt").is_file():
-        names = [line.split()[1] for line in (folder / "activity_labels.txt").read_text().split("\n") if line.strip()]
+        names = [line.split()[1] for line in rd.read_text(folder / "activity_labels.txt").split("\n") if line.strip()]
     groups = np.concatenate(subjects)
     return Loaded(x=np.concatenate(xs), y=np.concatenate(ys), groups=groups,
                   group_names=[f"subject {s}" for s in range(groups.max() + 1)], class_names=names)

@@ -66,7 +66,7 @@ def load(src, args):
     for path in sorted((folder / "Protocol").glob("subject*.dat")):
         parts = [path] + ([folder / "Optional" / path.name] if (folder / "Optional" / path.name).is_file() else [])
         try:
-            data = np.concatenate([np.loadtxt(p, dtype=np.float64, ndmin=2) for p in parts])
+            data = np.concatenate([np.loadtxt(rd.open_text(p), dtype=np.float64, ndmin=2) for p in parts])
         except ValueError as err:
             raise DatasetError(f"cannot read {path.name}: {err}") from None
         if data.shape[1] != 54:

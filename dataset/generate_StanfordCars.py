@@ -34,18 +34,16 @@ SPEC = ZooSpec(name="StanfordCars", scenario="label skew", modality="image", num
 
 def load(src, args):
     """Images listed by the train and test annotation files (class, fname)."""
-    from scipy.io import loadmat
-
     folder = rd.find_dir(src, "devkit/cars_meta.mat")
     if folder is None:
         raise DatasetError(f"no devkit/cars_meta.mat under {src}; pass the stanford_cars folder")
-    names = [str(n) for n in np.atleast_1d(loadmat(folder / "devkit/cars_meta.mat", squeeze_me=True)["class_names"])]
+    names = [str(n) for n in np.atleast_1d(rd.read_mat(folder / "devkit/cars_meta.mat", squeeze_me=True)["class_names"])]
     paths, labels = [], []
     for annos, images in (("devkit/cars_train_annos.mat", "cars_train"),
                           ("cars_test_annos_withlabels.mat", "cars_test")):
         if not (folder / annos).is_file():
             continue
-        for a in np.atleast_1d(loadmat(folder / annos, squeeze_me=True)["annotations"]):
+        for a in np.atleast_1d(rd.read_mat(folder / annos, squeeze_me=True)["annotations"]):
             paths.append(folder / images / str(a["fname"]))
             labels.append(int(a["class"]) - 1)
     shape = (3, args.image_size, args.image_size)

@@ -38,11 +38,11 @@ def load(src, args):
     folder = rd.find_dir(src, "wnids.txt")
     if folder is None:
         raise DatasetError(f"no wnids.txt under {src}; pass tiny-imagenet-200.zip or the folder it unpacks to")
-    wnids = [w.strip() for w in (folder / "wnids.txt").read_text().split("\n") if w.strip()]
+    wnids = [w.strip() for w in rd.read_text(folder / "wnids.txt").split("\n") if w.strip()]
     index = {w: i for i, w in enumerate(wnids)}
     words = {}
     if (folder / "words.txt").is_file():
-        for line in (folder / "words.txt").read_text().split("\n"):
+        for line in rd.read_text(folder / "words.txt").split("\n"):
             if "\t" in line:
                 w, text = line.split("\t", 1)
                 words[w] = text.split(",")[0].strip()
@@ -53,7 +53,7 @@ def load(src, args):
         labels += [index[w]] * len(files)
     annotations = folder / "val" / "val_annotations.txt"
     if annotations.is_file():
-        for line in annotations.read_text().split("\n"):
+        for line in rd.read_text(annotations).split("\n"):
             cells = line.split("\t")
             if len(cells) >= 2 and cells[1] in index:
                 paths.append(folder / "val" / "images" / cells[0])

@@ -40,7 +40,7 @@ def load(src, args):
     folder = rd.find_dir(src, "metadata.csv")
     if folder is None:
         raise DatasetError(f"no metadata.csv under {src}; pass the iwildcam_v2.0 folder")
-    with open(folder / "metadata.csv", newline="") as f:
+    with rd.open_text(folder / "metadata.csv") as f:
         rows = list(csv.DictReader(f))
     if not rows:
         raise DatasetError(f"{folder / 'metadata.csv'} lists no images")
@@ -50,7 +50,7 @@ def load(src, args):
     keep = [i for i, t in enumerate(traps) if t in varied]
     names, num_classes = None, SPEC.num_classes
     if (folder / "categories.csv").is_file():
-        with open(folder / "categories.csv", newline="") as f:
+        with rd.open_text(folder / "categories.csv") as f:
             cats = sorted((int(r["y"]), r["name"]) for r in csv.DictReader(f))
         names, num_classes = [n for _, n in cats], len(cats)
     paths = [folder / "train" / rows[i]["filename"] for i in keep]

@@ -191,36 +191,198 @@ def test_a_lock_of_a_reused_pid_is_stale(tmp_path):
 
 
 # ---- every file through the I/O layer ------------------------------------------------------------------------
-RAW = r"\bopen\(|\.read_text\(|\.read_bytes\(|\.write_text\(|\.write_bytes\(|np\.load\(|h5py\.File\(|json\.load\(|" \
-      r"torch\.load\(|torch\.save\(|\.unlink\(|\.mkdir\(|rmtree|os\.remove|os\.replace|savefig\("
-ALLOWED = {  # (file, what the line holds): why it is not a file of a run's folder or of a user
-    ("system/runtime/reaper.py", "/proc/"): "the run's own processes, in /proc",
-    ("*", "ast.parse(path.read_text()"): "the library's own source files (what a plug-in or algorithm declares)",
-    ("system/runtime/executors.py", "rmtree(self.folder"): "the parked-client folder this run made (mkdtemp)",
-    ("system/runtime/parking.py", "rmtree, self.folder"): "the parked-client folder this run made (mkdtemp)",
-    ("dataset/utils/dataset_utils.py", "rmtree(made"): "the download folder this generator made, when it failed",
-    ("system/utils/results.py", "h5py.File(file"): "a file object the I/O layer opened",
-    ("system/runtime/state.py", "torch.load(io.BytesIO"): "bytes the I/O layer read",
-    ("system/runtime/state.py", "torch.save(tree, buf)"): "into memory",
+# The AST of every module under system/, dataset/ and scripts/ is walked for a call that opens, creates, moves
+# or removes a file or folder by its path (open, io.open, os.open, np.load / np.save*, json.load / dump to a
+# file, h5py.File, torch.load / save, Path.open / read_text / read_bytes / write_text / write_bytes, tarfile /
+# zipfile, PIL's Image.open, pandas' read_*, scipy's loadmat, savefig, mkdir, rmtree, unlink, ...). A call
+# given an open file the I/O layer made (a ``with fileio.open_read(...) as f``, a writer handed to
+# ``Folder.replace``, an ``io.BytesIO``) opens nothing itself.
+import ast  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+PATH_METHODS = {"read_text", "read_bytes", "write_text", "write_bytes"}
+MODULE_CALLS = {  # (module, function): index of the file argument (None: always opens a path)
+    ("io", "open"): None, ("os", "open"): None, ("gzip", "open"): 0, ("bz2", "open"): 0, ("lzma", "open"): 0,
+    ("np", "load"): 0, ("np", "save"): 0, ("np", "savez"): 0, ("np", "savez_compressed"): 0, ("np", "savetxt"): 0,
+    ("np", "loadtxt"): 0, ("np", "genfromtxt"): 0, ("np", "fromfile"): 0, ("np", "memmap"): 0,
+    ("json", "load"): 0, ("json", "dump"): 1, ("pickle", "load"): 0, ("pickle", "dump"): 1,
+    ("h5py", "File"): 0, ("torch", "load"): 0, ("torch", "save"): 1, ("tarfile", "open"): 0, ("tarfile", "TarFile"): 0,
+    ("zipfile", "ZipFile"): 0, ("Image", "open"): 0, ("os", "remove"): None, ("os", "unlink"): None,
+    ("os", "rmdir"): None, ("os", "mkdir"): None, ("os", "makedirs"): None, ("os", "replace"): None,
+    ("os", "rename"): None, ("shutil", "rmtree"): None, ("shutil", "move"): None, ("shutil", "copy"): None,
+    ("shutil", "copyfile"): None, ("shutil", "copy2"): None, ("shutil", "copytree"): None,
+    ("tempfile", "mkdtemp"): None, ("tempfile", "NamedTemporaryFile"): None, ("tempfile", "TemporaryDirectory"): None,
+}
+ALIASES = {"numpy": "np", "pd": "pandas"}
+NAME_CALLS = {"open": None, "loadmat": 0}
+METHOD_CALLS = {"savefig": 0, "unlink": None, "mkdir": None, "rmdir": None}
+ROUTED = ("fileio", "rd", "readers")  # modules whose read_text/read_bytes go through the I/O layer
+WRITERS = ("replace", "save_files", "buffer")  # calls that hand a writer an open file
+
+
+def dotted(n):
+    if isinstance(n, ast.Name):
+        return n.id
+    if isinstance(n, ast.Attribute):
+        d = dotted(n.value)
+        return f"{d}.{n.attr}" if d else None
+    return None
+
+
+class Scan(ast.NodeVisitor):
+    def __init__(self):
+        self.stack, self.found = [], []
+        self.writer_defs, self.writer_lambdas = set(), set()
+        self.cache = {}
+
+    def prepare(self, tree):
+        for node in ast.walk(tree):
+            name = node.func.attr if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else (
+                node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None)
+            if name in WRITERS:
+                for sub in ast.walk(node):
+                    if isinstance(sub, ast.Lambda):
+                        self.writer_lambdas.add(id(sub))
+                    elif isinstance(sub, ast.Name):
+                        self.writer_defs.add(sub.id)
+
+    def file_objects(self) -> set[str]:
+        """Names in scope that hold an open file, not a path."""
+        names = set()
+        for frame in self.stack:
+            if id(frame) not in self.cache:
+                self.cache[id(frame)] = self.frame_files(frame)
+            names |= self.cache[id(frame)]
+        return names
+
+    def frame_files(self, frame) -> set[str]:
+        names = set()
+        if isinstance(frame, ast.Lambda) and id(frame) in self.writer_lambdas:
+            names |= {a.arg for a in frame.args.args}
+        elif isinstance(frame, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if frame.name in self.writer_defs:
+                names |= {a.arg for a in frame.args.args}
+            for sub in ast.walk(frame):
+                if isinstance(sub, ast.withitem) and isinstance(sub.optional_vars, ast.Name) and is_file_call(
+                        sub.context_expr):
+                    names.add(sub.optional_vars.id)
+                if isinstance(sub, ast.Assign) and is_file_call(sub.value):
+                    names |= {t.id for t in sub.targets if isinstance(t, ast.Name)}
+        return names
+
+    def generic_visit(self, node):
+        scoped = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        if scoped:
+            self.stack.append(node)
+        if isinstance(node, ast.Call):
+            self.check(node)
+        super().generic_visit(node)
+        if scoped:
+            self.stack.pop()
+
+    def check(self, node):
+        f = node.func
+        index, what = "none", None
+        if isinstance(f, ast.Name) and f.id in NAME_CALLS:
+            index, what = NAME_CALLS[f.id], f.id
+        elif isinstance(f, ast.Attribute):
+            base = dotted(f.value) or ""
+            last = ALIASES.get(base.split(".")[-1], base.split(".")[-1])
+            if f.attr in PATH_METHODS and not any(r in base.split(".") for r in ROUTED) and "folder" not in base.lower():
+                index, what = None, f".{f.attr}"
+            elif (last, f.attr) in MODULE_CALLS:
+                index, what = MODULE_CALLS[(last, f.attr)], f"{last}.{f.attr}"
+            elif last == "pandas" and f.attr.startswith("read_"):
+                index, what = 0, f"pandas.{f.attr}"
+            elif f.attr == "open" and last not in ("webbrowser",) and not base.endswith("fileio"):
+                index, what = 0 if last in ("Image", "tarfile") else None, f"{base}.open"
+            elif f.attr in METHOD_CALLS and last not in ("os",):
+                index, what = METHOD_CALLS[f.attr], f".{f.attr}"
+        if what is None:
+            return
+        if index is not None:
+            arg = node.args[index] if len(node.args) > index else next(
+                (k.value for k in node.keywords if k.arg in ("file", "fileobj", "f", "fname", "fid")), None)
+            if arg is not None and (is_file_call(arg) or (isinstance(arg, ast.Name) and arg.id in self.file_objects())):
+                return
+        self.found.append((node.lineno, what))
+
+
+def is_file_call(e) -> bool:
+    """An expression that makes an open file or an in-memory one, not a path."""
+    if not isinstance(e, ast.Call):
+        return False
+    name = dotted(e.func) or ""
+    return (name in ("io.BytesIO", "io.StringIO") or "fileio." in name or name.split(".")[-1] in (
+        "open_read", "open_text", "open_append", "open_member"))
+
+
+def raw_opens(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    s = Scan()
+    s.prepare(tree)
+    s.visit(tree)
+    return s.found
+
+
+
+IO_LAYER = {  # file: why it may open files itself
+    "system/utils/fileio.py": "the I/O layer",
+    "system/utils/locks.py": "the I/O layer's lock files, opened by descriptor inside a Folder without following a link",
+    "system/runtime/reaper.py": "/proc of the run's own processes, read by a watcher started as a file that imports "
+                                "nothing of the library",
+    "scripts/dev/mutate.py": "a development tool that copies, mutates and tests the repository itself",
+}
+# Not yet through the I/O layer (issue 53), by file: how many raw calls each holds. The number may only go down.
+NOT_YET = {
+    "dataset/utils/readers.py": 6,  # extract (zip / tar unpacking into --root) and download (urlopen to a file)
+    "dataset/utils/dataset_utils.py": 1,  # rmtree of the download folder a failed torchvision fetch made
+    "system/runtime/parking.py": 1,  # mkdtemp: the parked-client folder (exclusive, mode 0700)
+    "system/runtime/executors.py": 1,  # rmtree of that folder when the run ends
+    "scripts/dev/docs_tables.py": 4, "scripts/dev/dp_coverage.py": 2, "scripts/dev/park_speed.py": 1,
+    "scripts/dev/split_load_cost.py": 1, "scripts/experiments/benchmark_report.py": 8,
+    "scripts/experiments/fedala_report.py": 5, "scripts/experiments/gpu_batched.py": 6,
+    "scripts/experiments/gpu_cells.py": 1, "scripts/experiments/hetero_report.py": 6,
+    "scripts/experiments/privacy_experiments.py": 3, "scripts/experiments/privacy_table.py": 1,
+    "scripts/experiments/robustness_report.py": 13, "scripts/run/benchmark.py": 2, "scripts/run/curves.py": 5,
 }
 
 
-def test_the_library_and_its_scripts_open_files_only_through_the_io_layer():
-    import re
+def raw_calls(repo) -> dict[str, list[str]]:
+    out = {}
+    for root in ("system", "dataset", "scripts"):
+        for path in sorted((repo / root).rglob("*.py")):
+            rel = path.relative_to(repo).as_posix()
+            if rel in IO_LAYER:
+                continue
+            found = raw_opens(path)
+            if found:
+                out[rel] = [f"{rel}:{line}: {what}" for line, what in found]
+    return out
 
+
+def test_the_library_and_its_scripts_open_files_only_through_the_io_layer():
     from conftest import REPO
 
-    files = [p for p in (REPO / "system").rglob("*.py") if p.name not in ("fileio.py", "locks.py")]
-    files += [REPO / "scripts" / "run" / n for n in ("table.py", "plot.py", "sweep.py")]
-    files += [REPO / "dataset" / "utils" / "dataset_utils.py"]
-    raw = []
-    for path in files:
-        rel = str(path.relative_to(REPO))
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            code = line.split("#")[0]
-            if re.search(RAW, code) and "fileio." not in code and '"""' not in line and "``" not in line and not any(
-                    f in (rel, "*") and s in line for f, s in ALLOWED):
-                if re.search(r"lambda f|\(f, |\(file, |\(f\)|replace\(\[", code):  # a file object from fileio
-                    continue
-                raw.append(f"{rel}:{n}: {line.strip()}")
-    assert raw == []
+    found = raw_calls(REPO)
+    new = [c for rel, calls in found.items() if len(calls) > NOT_YET.get(rel, 0) for c in calls]
+    assert new == [], "open these through utils/fileio.py"
+    assert {rel: len(calls) for rel, calls in found.items()} == NOT_YET, "routed: lower NOT_YET's count"
+
+
+@pytest.mark.parametrize("code", ["open(p)", "Path(p).read_text()", "np.load(p)", "json.dump(v, open(p, 'w'))",
+                                  "h5py.File(p, 'r')", "torch.save(s, p)", "zipfile.ZipFile(p)", "Image.open(p)",
+                                  "pd.read_csv(p)", "shutil.rmtree(p)", "os.open(p, 0)", "tarfile.open(p)"])
+def test_a_planted_raw_open_is_found(tmp_path, code):
+    (tmp_path / "m.py").write_text(f"def f(p, v, s):\n    return {code}\n")
+    assert raw_opens(tmp_path / "m.py"), code
+
+
+def test_a_file_the_io_layer_opened_is_not_a_raw_open(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "def f(folder, p, s):\n"
+        "    with fileio.open_read(p) as f:\n        h5py.File(f, 'r')\n"
+        "    buf = io.BytesIO()\n    torch.save(s, buf)\n"
+        "    folder.replace([('x', lambda f: np.savez(f, x=s))])\n"
+        "    return torch.load(io.BytesIO(fileio.read_bytes(p)))\n")
+    assert raw_opens(tmp_path / "m.py") == []

@@ -11,6 +11,7 @@ arrays padded with 0. The vocabulary is saved as ``vocab.txt`` beside the
 split's ``config.json`` (line i holds the token of id i).
 """
 
+import io
 import re
 import shutil
 import tarfile
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dataset.utils.dataset_utils import UNPACK_LIMIT, DatasetError
+from dataset.utils.dataset_utils import UNPACK_LIMIT, DatasetError, fileio
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".gif", ".tif", ".tiff")
@@ -128,6 +129,35 @@ def download(url, dest):
     return dest
 
 
+def read_text(path, encoding="utf-8"):
+    """A dataset's own text file (a listing, labels) through the I/O layer: a regular file, capped; line ends
+    read as ``\n`` whatever they were (as ``Path.read_text``)."""
+    return _text(path, encoding).replace("\r\n", "\n").replace("\r", "\n")
+
+
+def open_text(path, encoding="utf-8"):
+    """The same as a text file object, lines as written (``open(path, newline="")``: what csv reads)."""
+    return io.StringIO(_text(path, encoding), newline="")
+
+
+def _text(path, encoding):
+    try:
+        return fileio.read_text(path, "source file", cap=fileio.SOURCE_CAP, encoding=encoding)
+    except fileio.FileIOError as err:
+        raise DatasetError(str(err)) from None
+
+
+def read_mat(path, **kwargs):
+    """A MATLAB file (``scipy.io.loadmat``), its bytes read through the I/O layer."""
+    from scipy.io import loadmat
+
+    try:
+        data = fileio.read_bytes(path, "source file", cap=fileio.SOURCE_CAP)
+    except fileio.FileIOError as err:
+        raise DatasetError(str(err)) from None
+    return loadmat(io.BytesIO(data), **kwargs)
+
+
 def read_image(path_or_image, image_shape):
     """One image as uint8 [C, H, W]: converted to gray (C = 1) or RGB (C = 3), resized bilinearly to H x W."""
     from PIL import Image
@@ -136,11 +166,11 @@ def read_image(path_or_image, image_shape):
     image = path_or_image
     try:
         if not isinstance(image, Image.Image):
-            with Image.open(path_or_image) as im:
+            with fileio.open_read(path_or_image, "image", cap=fileio.SOURCE_CAP) as f, Image.open(f) as im:
                 image = im.convert("L" if channels == 1 else "RGB")
         else:
             image = image.convert("L" if channels == 1 else "RGB")
-    except OSError as err:
+    except (OSError, fileio.FileIOError) as err:
         raise DatasetError(f"cannot read image {path_or_image} ({err})") from None
     if image.size != (width, height):
         image = image.resize((width, height), Image.BILINEAR)
@@ -215,9 +245,12 @@ def read_idx(path):
     """An IDX file (MNIST's format; gzip-compressed when it ends in .gz) as a uint8 array."""
     import gzip
 
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rb") as f:
-        data = f.read()
+    try:
+        data = fileio.read_bytes(path, "source file", cap=fileio.SOURCE_CAP)
+    except fileio.FileIOError as err:
+        raise DatasetError(str(err)) from None
+    if str(path).endswith(".gz"):
+        data = gzip.decompress(data)
     if len(data) < 4 or data[2] != 0x08:
         raise DatasetError(f"{Path(path).name} is not an IDX file of unsigned bytes")
     ndim = data[3]
@@ -249,7 +282,7 @@ def char_cnn_csv(folder, vocab_size, max_len):
         path = folder / f"{part}.csv"
         if not path.is_file():
             raise DatasetError(f"{path} is missing (expected train.csv and test.csv)")
-        with open(path, newline="", encoding="utf-8") as f:
+        with open_text(path) as f:
             rows = [r for r in csv.reader(f) if r]
         bad = [r for r in rows if len(r) < 2 or not r[0].strip().isdigit()]
         if bad:
@@ -260,7 +293,7 @@ def char_cnn_csv(folder, vocab_size, max_len):
     x = encode(tokens["train"] + tokens["test"], vocab, max_len)
     y = np.array(labels["train"] + labels["test"], dtype=np.int64)
     names_file = folder / "classes.txt"
-    names = names_file.read_text(encoding="utf-8").split("\n") if names_file.is_file() else []
+    names = read_text(names_file).split("\n") if names_file.is_file() else []
     return x, y, [n.strip() for n in names if n.strip()] or None, vocab
 
 
@@ -279,7 +312,7 @@ def read_leaf(src):
     order, xs, ys = [], {}, {}
     for path in files:
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(read_text(path))
             for user in data["users"]:
                 if user not in xs:
                     order.append(user)

@@ -335,9 +335,9 @@ def generate(spec, argv, load, add_flags=None):
     def make_split():
         _, split_rng = du.np_generators(args.seed)
         train_idx, test_idx = zip(*(split_train_test(idx, args.train_ratio, split_rng) for idx in clients))
-        out_dir.mkdir(parents=True, exist_ok=True)
+        folder = du.split_folder(out_dir)  # the split's folder, made and checked by the I/O layer
         for fname, text in loaded.files.items():
-            (out_dir / fname).write_text(text)
+            folder.replace([(fname, lambda f, text=text: f.write(text.encode()))])
         return x, y, list(train_idx), list(test_idx)
 
     du.write_or_skip(out_dir, config, make_split, args.plot, args.overwrite)

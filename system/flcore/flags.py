@@ -17,6 +17,7 @@ import functools
 from pathlib import Path
 
 from flcore.registry import ALGORITHMS
+from utils import fileio
 
 SYSTEM = Path(__file__).resolve().parents[1]
 
@@ -36,7 +37,7 @@ class FlagSpec:
 @functools.lru_cache(maxsize=None)
 def _module_tree(module: str) -> ast.Module | None:
     path = SYSTEM.joinpath(*module.split(".")).with_suffix(".py")
-    return ast.parse(path.read_text(), filename=str(path)) if path.exists() else None
+    return ast.parse(fileio.read_text(path, "source file"), filename=str(path)) if path.exists() else None
 
 
 def _class_def(module: str, name: str) -> tuple[str, ast.ClassDef] | None:

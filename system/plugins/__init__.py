@@ -39,6 +39,8 @@ import ast
 import importlib
 from pathlib import Path
 
+from utils import fileio
+
 # The plug-ins, in the order the loop calls them at each point ("module:Class").
 PLUGINS = (
     "plugins.attack:Attack",
@@ -143,7 +145,7 @@ def declarations(module: str, decorator: str) -> list[tuple[str, dict]]:
     defaults are what ``-h`` lists, without torch."""
     path = Path(__file__).with_name(f"{module}.py")
     found = []
-    for node in ast.parse(path.read_text(), filename=str(path)).body:
+    for node in ast.parse(fileio.read_text(path, "source file"), filename=str(path)).body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             for d in node.decorator_list:
                 if (isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == decorator

@@ -106,6 +106,38 @@ def read_bytes(path, what: str = "file", cap: int = JSON_CAP, follow: bool = Tru
     return data
 
 
+SOURCE_CAP = 16 << 30  # a dataset's own file given to a generator (a CSV, a listing, a text file)
+PROC_CAP = 1 << 20  # a file of /proc (its size reads as 0: read to its end, up to this)
+
+
+def read_text(path, what: str = "file", cap: int = JSON_CAP, encoding: str = "utf-8", follow: bool = True) -> str:
+    """A regular file's text (``cap``: its largest size in bytes), decoded as ``encoding``."""
+    data = read_bytes(path, what, cap, follow)
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        raise FileIOError(f"{what} {path} is not {encoding} text ({why(e)})") from None
+
+
+def read_proc(path) -> bytes:
+    """A file of /proc about a process (its stat, cmdline, children): a regular file whose size reads as 0,
+    read to its end up to ``PROC_CAP``. An OSError where the process is gone."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        chunks, size = [], 0
+        while size <= PROC_CAP:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)[:PROC_CAP]
+    finally:
+        os.close(fd)
+
+
 def depth(value, limit: int = MAX_DEPTH) -> int:
     """The nesting depth of lists, tuples and dicts in ``value`` (iterative: no recursion on hostile input),
     counted up to ``limit + 1``."""

@@ -8,14 +8,13 @@ import fcntl
 import os
 import stat
 
-from utils.fileio import FileIOError, Folder, _kind, check_name, why
+from utils.fileio import FileIOError, Folder, _kind, check_name, read_proc, why
 
 def process_start(pid: int) -> str | None:
     """When process ``pid`` started (clock ticks after boot, /proc/<pid>/stat field 22), None where unknown:
     with the pid it names one process, even after the pid is reused."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
+        fields = read_proc(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()
         return fields[19].decode()
     except (OSError, IndexError, UnicodeDecodeError):
         return None
