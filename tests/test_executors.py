@@ -484,7 +484,7 @@ def test_parked_client_round_trips_exactly(digits_tiny_root):
     server = build(digits_tiny_root, "FedALA", "--ala_max_epochs", "2", "--client_state", "cpu")  # all live
     server.run_round(0)
     server.run_round(1)  # ALA weights, trained models and advanced streams to carry
-    c = server.clients[1]
+    c = server.executor.host.clients[1]  # the client itself (the server holds a handle)
     before = {k: v.clone() for k, v in c.model.state_dict().items()}
     weights = {k: v.clone() for k, v in c.ala.weights.items()}
     gen = c.batch_gen.get_state().clone()
@@ -494,9 +494,29 @@ def test_parked_client_round_trips_exactly(digits_tiny_root):
     saved = read_file(store.folder / "1.pt")  # tensors and plain values only (weights_only)
     assert saved["client"] == 1 and saved["state"]["model"]  # tagged with whose state it is
     assert "model" not in vars(c) and "ala" not in vars(c) and c.train_samples > 0  # identity stays
-    assert all(torch.equal(v, before[k]) for k, v in c.model.state_dict().items())  # first use unparks
+    store.unpark(c)  # brought back explicitly, as the executor does before any use
+    assert all(torch.equal(v, before[k]) for k, v in c.model.state_dict().items())
     assert all(torch.equal(v, weights[k]) for k, v in c.ala.weights.items())
     assert torch.equal(c.batch_gen.get_state(), gen) and store.loads == 1 and "parked_in" not in vars(c)
+
+
+def test_a_parked_client_is_not_reloaded_by_a_missing_attribute(digits_tiny_root):
+    # a typo on a parked client is an AttributeError, as on any object, and leaves it parked: only the
+    # executor brings a client back (before a call, or a handle's read)
+    server = build(digits_tiny_root, "FedAvg", "-jr", "0.4", "--client_state", "cpu")
+    host = server.executor.host
+    c = next(c for c in host.clients.values() if "parked_in" in vars(c))
+    loads = host.store.loads
+    with pytest.raises(AttributeError, match="modle"):
+        c.modle  # noqa: B018
+    with pytest.raises(AttributeError, match="'model'"):
+        c.model  # noqa: B018  (parked: not there until the executor brings it back)
+    assert host.store.loads == loads and "parked_in" in vars(c)
+    handle = server.clients[c.id]
+    assert isinstance(handle, ClientHandle) and handle.model is not None  # the engine's read brings it back
+    assert host.store.loads == loads + 1 and "parked_in" not in vars(c)
+    with pytest.raises(AttributeError, match="modle"):
+        handle.modle  # noqa: B018
 
 
 def test_parking_by_hand(digits_tiny_root, tmp_path, monkeypatch):
@@ -520,24 +540,27 @@ def test_parking_by_hand(digits_tiny_root, tmp_path, monkeypatch):
     with pytest.raises(AttributeError):  # one value shared by every host of the run: frozen
         big.capacity = 4
     built = build(digits_tiny_root, "FedAvg", "-jr", "0.4", "--client_state", "cpu")
-    parked = [c.id for c in built.clients if "parked_in" in vars(c)]
+    parked = [c.id for c in built.executor.host.clients.values() if "parked_in" in vars(c)]
     assert len(parked) == 3 and len(built.executor.host.store.live) == 2  # parked as they are built
 
     trims = []
     monkeypatch.setattr(parking, "_trim_heap", lambda: trims.append(1))
     server = build(digits_tiny_root, "FedAvg", "--client_state", "cpu")  # all five live (-jr 1)
     store = ClientStore("cpu", 2, server.executor.host.rebuild)
-    for c in server.clients[:3]:
+    clients = [server.executor.host.clients[i] for i in range(3)]
+    for c in clients:
         store.park(c)
     assert store.stores == 3 and len(trims) == 1  # the heap trimmed once per capacity's worth of stores (at 2)
     assert len(store.pool.entries) > 0
-    c = server.clients[0]
+    c = clients[0]
+    store.unpark(c)
     assert all(isinstance(p, torch.nn.Parameter) and p.requires_grad for p in c.model.parameters())  # unparked
-    for c in server.clients[:3]:
-        c.model  # noqa: B018  (first use unparks)
+    for c in clients:
+        if "parked_in" in vars(c):
+            store.unpark(c)
     assert list(store.live) == [1, 2]  # unparking made each client the most recent: client 0, the oldest, went
-    store.touch(server.clients[1])  # used again: now the most recent, so client 2 is the one to go next
-    server.clients[0].model  # noqa: B018
+    store.touch(clients[1])  # used again: now the most recent, so client 2 is the one to go next
+    store.unpark(clients[0])
     assert list(store.live) == [1, 0]
     # one client parked again (two stay live): the pool holds exactly the references the parked states make
     assert len(store.states) == 1 and len(store.live) == 2
@@ -555,7 +578,7 @@ def test_parked_clients_give_the_same_run_with_a_round_of_memory(mode, executor,
         server = build(digits_tiny_root, "FedALA", *flags[2:], "--client_state", mode)
         server.run_round(0)
         store = server.executor.host.store
-        live = [c for c in server.clients if "parked_in" not in vars(c)]
+        live = [c for c in server.executor.host.clients.values() if "parked_in" not in vars(c)]
         assert len(live) == store.capacity == 2  # int(0.4 * 5) clients stay live
         assert sorted(store.live) == sorted(c.id for c in live) and store.stores >= 3 and store.loads >= 1
         folder = store.folder
@@ -643,14 +666,14 @@ def test_a_client_stays_live_while_its_call_runs_and_is_the_most_recent_after(di
     def visit_others(self):  # a call that brings every other client back while it runs
         seen.append(set(host.store.pinned))
         for other in server.clients:
-            if other is not self:
-                other.model  # noqa: B018  (first use unparks; the least recently used unpinned one parks)
+            if other.id != self.id:
+                other.model  # noqa: B018  (a handle's read unparks; the least recently used unpinned one parks)
         return "parked_in" in vars(self)
 
     monkeypatch.setattr(FedAvgClient, "visit_others", visit_others, raising=False)
     assert host.run(0, "visit_others") is False  # pinned: never parked under its own call
     assert seen == [{0}] and host.store.pinned == set()  # unpinned once it returned
-    assert list(host.store.live)[-1] == 0 and "parked_in" not in vars(server.clients[0])  # touched last
+    assert list(host.store.live)[-1] == 0 and "parked_in" not in vars(host.clients[0])  # touched last
     assert len(host.store.live) == 2  # back within the capacity once nothing is pinned
 
 
@@ -662,8 +685,9 @@ def test_a_parked_client_is_rebuilt_from_the_data_it_was_built_from(digits_tiny_
              "--client_state", "cpu", "-jr", "0.4")
     server = build(digits_tiny_root, "FedAvg", *flags)
     host = server.executor.host
-    for c in server.clients:
-        c.model  # noqa: B018  (first use unparks)
+    for c in host.clients.values():
+        if "parked_in" in vars(c):
+            host.store.unpark(c)
         fresh = host.rebuild(c)
         for name in ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test"):
             assert torch.equal(getattr(fresh, name), getattr(c, name)), name
@@ -677,14 +701,15 @@ def test_unparking_restores_parameters_and_plain_tensors_as_they_were(digits_tin
 
     server = build(digits_tiny_root, "FedAvg", "--client_state", "cpu")
     store = ClientStore("cpu", 1, server.executor.host.rebuild)
-    c = server.clients[0]
+    c = server.executor.host.clients[0]
     weight, frozen, plain = torch.randn(70, 70), torch.randn(70, 70), torch.randn(70, 70)
     c.scale = torch.nn.Parameter(weight.clone())
     c.fixed = torch.nn.Parameter(frozen.clone(), requires_grad=False)
     c.buffer = plain.clone()
     store.park(c)
     assert len(store.pooled[c.id]) >= 3  # all three went through the pool (4,900 values each)
-    assert "scale" not in vars(c)  # parked; first use unparks
+    assert "scale" not in vars(c)  # parked
+    store.unpark(c)
     assert type(c.scale) is torch.nn.Parameter and c.scale.requires_grad
     assert type(c.fixed) is torch.nn.Parameter and not c.fixed.requires_grad
     assert type(c.buffer) is torch.Tensor and not c.buffer.requires_grad

@@ -13,8 +13,8 @@ The server reaches its clients only by method calls by name (``receive``, ``trai
   core by default; each builds and keeps a fixed share of the clients for the whole run.
 - ``RayExecutor`` (runtime/raypool.py): the same, on Ray actors spread over devices and machines.
 
-With workers the server holds ``ClientHandle`` proxies: a method call runs on the owning worker, an
-attribute read returns a copy, an attribute write is refused. Per call only the arguments and the return
+With workers (and with parking in this process) the server holds ``ClientHandle`` proxies: a method call
+runs on the owning worker, an attribute read returns a copy, an attribute write is refused. Per call only the arguments and the return
 values travel (pickled once per worker per call, so a model sent to every client crosses once), never the
 clients' state. What a client method returns is a snapshot: only the sequential executor hands out live
 references, so servers must not rely on aliasing (and change a client only through its methods).
@@ -211,14 +211,28 @@ class SequentialExecutor:
         self.parking = parking
 
     def start(self, factory: ClientFactory, datas: list) -> list:
+        """The clients themselves; with parking, ``ClientHandle`` proxies, so that every use of a client,
+        an attribute read included, goes through ``ClientHost.run``, which brings a parked one back first."""
         self.host = ClientHost(factory, list(range(len(datas))), datas, parking=self.parking)
-        return [self.host.clients[i] for i in range(len(datas))]
+        clients = [self.host.clients[i] for i in range(len(datas))]
+        if self.parking is None:
+            return clients
+        return [ClientHandle(self, factory.client_class, c.id, c.train_samples, c.test_samples) for c in clients]
 
     def map(self, clients, method: str, *args, **kwargs) -> list:
         return [self.host.run(c.id, method, args, kwargs) for c in clients]
 
     def call_each(self, method: str, calls) -> list:
         return [self.host.run(c.id, method, args) for c, args in calls]
+
+    def call(self, cid: int, method: str, *args, **kwargs):
+        """One client's ``method(*args, **kwargs)`` (a ``ClientHandle``'s method call)."""
+        return self.map([self.host.clients[cid]], method, *args, **kwargs)[0]
+
+    def get_attr(self, cid: int, name: str):
+        """One client's attribute ``name`` (a ``ClientHandle``'s read), the client brought back first if parked;
+        a live reference, as this executor's clients are."""
+        return self.host.run(cid, "__getattribute__", (name,))
 
     def end_setup(self) -> None:
         """Training starts (see ``PoolExecutor.end_setup``)."""

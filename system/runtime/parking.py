@@ -7,12 +7,14 @@ tensors and plain values, so models, optimizers, generators, ALA weights and any
 included without code of their own) of every attribute except its identity, its data and its timing
 (``KEEP``) is kept on the CPU (``cpu``) or in one file (``disk``), and the live objects are dropped; in
 ``cpu`` mode large tensors go into a pool that holds each distinct tensor once (a thousand FedAvg
-clients holding the broadcast model cost one model, not a thousand). The first attribute access brings
-it back exactly as it was (``Client.__getattr__``): the client's constructor builds its structure again
-and the state is loaded into it, onto its device. A file is read with ``torch.load(weights_only=True)``
-(tensors and plain values only) from a folder of the run's own (``tempfile.mkdtemp``, under
-``--client_state_dir`` when given), so neither another run nor a planted file reaches it. Parking and unparking are
-exact: same numbers as ``--client_state device`` (the default), bit for bit (tests/test_executors.py).
+clients holding the broadcast model cost one model, not a thousand). The executor brings it
+back exactly as it was before any use (``ClientHost.run``: every method call, and every attribute read
+through a ``ClientHandle``, which is what the server holds of a parked client): the client's constructor
+builds its structure again and the state is loaded into it, onto its device. Nothing reloads it
+implicitly: on the parked object itself, an attribute outside ``KEEP`` is missing (``AttributeError``).
+A file is read with ``torch.load(weights_only=True)`` (tensors and plain values only) from a folder of the
+run's own (``tempfile.mkdtemp``, under ``--client_state_dir`` when given), so neither another run nor a
+planted file reaches it. Parking and unparking are exact: same numbers as ``--client_state device`` (the default), bit for bit (tests/test_executors.py).
 
 Which clients stay live: the ``capacity`` most recently used, ``capacity`` = a process's share of the
 clients of one round (``utils.selection.join_count``). The host records every call and keeps a client
@@ -149,7 +151,7 @@ class ClientStore:
         return tagged["state"]
 
     def unpark(self, c) -> None:
-        """Bring a parked client back (called by ``Client.__getattr__`` on first use): its constructor
+        """Bring a parked client back (``ClientHost.run`` calls it before any use of the client): its constructor
         builds it again and its parked state is loaded into it."""
         if self.folder is not None:
             saved = self._read(c)

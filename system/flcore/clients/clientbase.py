@@ -87,15 +87,6 @@ class Client:
         self.dp = None  # -dp: this client's DP-SGD noise stream and accountant history (plugins/dp_sample.py)
         plugins.setup_client(cfg, self)  # what the plug-ins keep on a client (DP-SGD's accountant)
 
-    def __getattr__(self, name: str):
-        # Reached only for attributes not found the normal way: a client parked off the device
-        # (--client_state, runtime/parking.py) is brought back on first use.
-        store = vars(self).get("parked_in")
-        if store is None or name.startswith("__"):
-            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
-        store.unpark(self)
-        return getattr(self, name)
-
     # ---- hooks -------------------------------------------------------------------------------------
     def make_optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.model.parameters(), lr=self.cfg.local_learning_rate)
