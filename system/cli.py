@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from flcore.registry import ALGORITHMS, canonical_name, get_server_class
+from flcore.registry import ALGORITHMS, canonical_name, get_server_class, pfllib_flag_defaults
 from flcore.trainmodel.names import ALIASES, MODELS
 from plugins import plugin_classes
 from utils.config import Config
@@ -443,8 +443,8 @@ def parse_config(argv=None) -> Config:
         if Path(cfg.tensorboard).is_absolute() or ".." in Path(cfg.tensorboard).parts or not cfg.tensorboard:
             raise FLError(f"--tensorboard must be a folder under --results_dir, a relative name without '..' "
                           f"(got '{cfg.tensorboard}')")
-    if cfg.num_new_clients and server_cls.new_client_refusal:
-        raise FLError(f"-nnc: {cfg.algorithm} cannot evaluate new clients: {server_cls.new_client_refusal}")
+    if cfg.num_new_clients and server_cls.declares.new_client_refusal:
+        raise FLError(f"-nnc: {cfg.algorithm} cannot evaluate new clients: {server_cls.declares.new_client_refusal}")
     return cfg
 
 
@@ -518,7 +518,7 @@ def check_paths(cfg: Config) -> None:
 def print_config(cfg: Config) -> None:
     """Every setting of the run, one per line as PFLlib prints them, marking values that differ from
     PFLlib's default for the same flag."""
-    pfllib = {**PFLLIB_DEFAULTS, **get_server_class(cfg.algorithm).pfllib_flag_defaults()}
+    pfllib = {**PFLLIB_DEFAULTS, **pfllib_flag_defaults(get_server_class(cfg.algorithm))}
     lines = []
     for key, value in vars(cfg).items():
         mark = ""

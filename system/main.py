@@ -114,7 +114,7 @@ def provenance(server) -> dict:
 def summary_line(cfg: Config, server, built: dict) -> str:
     """The start-up line: what runs on what, the model actually built (``-m auto`` resolved), whether ALA
     initialises the clients, the schedule and where it runs (``--print_config`` lists every setting)."""
-    ala = bool(cfg.ala or getattr(server.client_class, "use_ala", False))
+    ala = bool(cfg.ala or server.declares.client_class.declares.use_ala)
     model = built["model_built"] + (" (per client: --client_models)" if "client_models_built" in built else "")
     runs = f", runs {cfg.prev}-{cfg.times - 1}" if cfg.times - cfg.prev > 1 else ""
     return (f"{label(cfg)} on {cfg.dataset} ({cfg.num_clients} clients, {cfg.num_classes} classes): model {model} "
@@ -176,7 +176,7 @@ def run(cfg: Config, executor=None) -> list[Path]:
     refuse_existing(cfg)  # before the split is generated or loaded
     cfg, data = set_up(cfg)
     # The executor that really runs (--executor auto resolved, or the one given), so the results say which.
-    client_class = get_server_class(cfg.algorithm).client_class  # whether it batches (--executor auto on CUDA)
+    client_class = get_server_class(cfg.algorithm).declares.client_class  # whether it batches (--executor auto on CUDA)
     auto = cfg.executor == "auto"
     cfg = cfg.replace(executor=executor.name if executor is not None else executor_kind(cfg, client_class))
     if cfg.print_config:
@@ -248,11 +248,13 @@ def run_all(cfg: Config, data, executor) -> list[Path]:
 
 
 def train_and_record(cfg: Config, server, recorder) -> None:
-    """``server.train()``, with how it ended recorded in the sidecar's ``status``: finished, diverged (a
+    """``runtime.loop.train(server)``, with how it ended recorded in the sidecar's ``status``: finished, diverged (a
     non-finite loss), failed (another error with a message) or interrupted (Ctrl-C / SIGTERM; the rounds
     evaluated so far are kept and the message says how to resume)."""
+    from runtime import loop
+
     try:
-        server.train()
+        loop.train(server)
     except Diverged as e:
         recorder.finish("diverged", str(e))
         raise

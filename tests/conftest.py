@@ -30,6 +30,7 @@ os.environ["PFL_RESULTS_DIR"] = str(SANDBOX / "results")
 os.environ["PFL_DATASET_ROOT"] = str(SANDBOX / "dataset")
 
 import torch  # noqa: E402
+from runtime import loop
 
 # Two test processes on two cores spin-wait on each other's OpenMP threads; one thread each is faster.
 torch.set_num_threads(1)
@@ -179,7 +180,7 @@ def build_server(root: Path, out: Path, *flags: str, clients: int | None = None,
     """A server and its clients in this process, built as main.run builds one but with no recorder unless given
     (so it writes no result file): a quick run (``-lr 0.1 -lbs 20``, sequential executor) on the split 'Digits' under
     ``root`` (its first ``clients`` clients; ``new`` more held out for -nnc), as run ``run``. Tests drive it with
-    ``server.run_round(t)``, ``server.evaluate()`` or ``server.train()``."""
+    ``loop.run_round(server, t)``, ``loop.evaluate(server)`` or ``loop.train(server)``."""
     from cli import parse_config
     from flcore.registry import get_server_class
     from utils.data_utils import load_split

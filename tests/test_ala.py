@@ -13,6 +13,7 @@ from flcore.trainmodel.parts import adapted_names
 from utils.ALA import ALA, combine, converged, weight_step
 from utils.errors import FLError
 from utils.results import read_h5
+from runtime import loop
 
 
 class Tiny(nn.Module):
@@ -334,7 +335,7 @@ def test_round_one_leaves_local_model_as_global(digits_root):
     server = FedALAServer(cfg, load_split("Digits", digits_root))
     client = server.clients[0]
     before = copy.deepcopy(client.model.state_dict())
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     assert client.ala.weights is None and client.ala.start_phase  # ALA did not run
     assert (client.ala.last_epochs, client.ala.last_losses) == (0, [])  # and reports no epoch
     assert all(torch.equal(before[k], v) for k, v in client.model.state_dict().items())
@@ -397,11 +398,11 @@ def test_train_loss_from_kept_features_equals_full_evaluation(digits_noniid_root
         for t in range(3):
             server.round_idx = t
             chosen = server.select_clients()
-            server._send_models(chosen)
+            loop.send(server, chosen)
             used = [c.ala.features_for(c.model) is not None for c in server.clients]
-            out.append(server.evaluate()["train_loss"])
-            server._train_clients(chosen)
-            server.aggregate(server._receive_models(chosen))
+            out.append(loop.evaluate(server)["train_loss"])
+            loop.train_clients(server, chosen)
+            server.aggregate(loop.receive(server, chosen))
             assert all(used) == (keep and t > 0)  # ALA runs from a client's second round
         losses[keep] = out
     assert losses[True] == pytest.approx(losses[False], rel=1e-5)

@@ -13,6 +13,8 @@ from conftest import cli
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
 from utils.results import read_h5
+from runtime import loop
+from runtime import client_steps
 
 SEQ = ("--executor", "sequential")
 
@@ -59,13 +61,13 @@ def test_local_round_follows_algorithm_1(digits_tiny_root):
     lr, bs = 0.05, 16
     server = build(digits_tiny_root, "-al", "0.6", "-lr", str(lr), "-lbs", str(bs))
     c = server.clients[2]
-    server._send_models([c])
+    loop.send(server, [c])
     perturb(c.vmodel, 2)
     w = {k: p.detach().clone() for k, p in c.model.named_parameters()}
     v = {k: p.detach().clone() for k, p in c.vmodel.named_parameters()}
     a = torch.tensor(0.6)
     gen = torch.Generator().set_state(c.batch_gen.get_state())
-    c.train(0)
+    client_steps.train(c, 0)
     n, steps = c.train_samples, 0
     perm = torch.randperm(n, generator=gen)
     for i in range(0, n, bs):
@@ -128,7 +130,7 @@ def test_alpha_off_the_interval_by_rounding_is_clamped_back(digits_tiny_root):
 def test_fixed_alpha_takes_no_gradient(digits_tiny_root):
     # --no-adapt_alpha: α is a constant, so no gradient is computed for it (nor clipped with w's and v's by -dp).
     c = build(digits_tiny_root, "-al", "0.25", "--no-adapt_alpha").clients[1]
-    c.train(0)
+    client_steps.train(c, 0)
     assert c.mixer.alpha.grad is None and c.mixing_weight() == 0.25
     assert all(p.grad is not None for p in c.vmodel.parameters())
 
@@ -136,7 +138,7 @@ def test_fixed_alpha_takes_no_gradient(digits_tiny_root):
 def test_personalised_model_has_the_personal_models_batchnorm_statistics(digits_tiny_root):
     server = build(digits_tiny_root, "-al", "0.3", "-lr", "0.1", "-m", "BNCNN")
     c = server.clients[0]
-    c.train(0)
+    client_steps.train(c, 0)
     moved = [b for b, m in zip(c.vmodel.buffers(), c.mixed.buffers())
              if b.is_floating_point() and not torch.equal(b, m)]
     assert moved  # v's statistics moved in training, the mixture's copy has not yet
@@ -148,8 +150,8 @@ def test_personalised_model_has_the_personal_models_batchnorm_statistics(digits_
 
 def test_personalised_model_is_the_mixture(digits_tiny_root):
     server = build(digits_tiny_root, "-al", "0.25", "-lr", "0.1")
-    server.run_round(0)
-    server._send_models(server.clients)
+    loop.run_round(server, 0)
+    loop.send(server, server.clients)
     c = server.clients[3]
     a = c.mixing_weight()
     mixed = dict(c.eval_model().named_parameters())

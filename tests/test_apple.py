@@ -15,6 +15,8 @@ from conftest import cli
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
 from utils.results import read_h5
+from runtime import loop
+from runtime import client_steps
 
 
 def make_server(root, *flags):
@@ -62,7 +64,7 @@ def prepared(root, *flags):
     server.cores = [perturbed(init, seed=j) for j in range(len(server.clients))]
     for c, core in zip(server.clients, server.cores):
         c.model.load_state_dict(core)
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     return server, server.clients[1]
 
 
@@ -89,7 +91,7 @@ def test_one_round_is_momentum_sgd_on_the_scaled_core_gradient_and_on_p(case, di
     cores = [{k: c[k] for k in keys} for c in cores]
     assert client.train_samples > 200  # three batches of 100: the momentum enters the 2nd and 3rd steps
     theta, p = reference_round(client, cores, client.p, client.p0, mu=0.4, lam=lam, batch_size=100, **rates)
-    client.train(rnd)
+    client_steps.train(client, rnd)
     got = dict(client.model.named_parameters())
     for k in keys:
         torch.testing.assert_close(got[k].detach(), theta[k], atol=2e-6, rtol=1e-4)
@@ -99,18 +101,18 @@ def test_one_round_is_momentum_sgd_on_the_scaled_core_gradient_and_on_p(case, di
 
 def test_momentum_restarts_every_round(digits_root):
     server, client = prepared(digits_root)
-    client.train(0)
+    client_steps.train(client, 0)
     assert not client.optimizer.state  # nothing of the round's momentum is kept
     # nor any autograd state on p: a plain tensor between rounds, so nothing outside training builds a graph
     assert not client.p.requires_grad and client.p.grad is None
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     keys = [k for k, _ in client.model.named_parameters()]
     cores = [{k: (dict(client.model.named_parameters()) if j == client.id else c)[k].detach().clone() for k in keys}
              for j, c in enumerate(server.cores)]
     lam = (math.cos(math.pi * 1 / 10) + 1) / 2
     theta, p = reference_round(client, cores, client.p, client.p0, beta=0.9, lr=0.01, plr=0.002, mu=0.4, lam=lam,
                                batch_size=100)
-    client.train(1)
+    client_steps.train(client, 1)
     for k, v in client.model.named_parameters():
         torch.testing.assert_close(v.detach(), theta[k], atol=2e-6, rtol=1e-4)
     torch.testing.assert_close(client.p, p, atol=1e-6, rtol=1e-5)

@@ -14,6 +14,7 @@ from test_executors import build
 from plugins.attacks import malicious_clients
 from utils.data_utils import load_split
 from utils.results import read_h5
+from runtime import loop
 
 
 def test_the_malicious_set_is_seeded_fixed_and_sized():
@@ -39,13 +40,13 @@ def uploads_before_and_after_the_attack(root, monkeypatch, *flags):
     """Round 0's uploads as the clients sent them and as the server aggregates them, and the global model."""
     server = build(root, "FedAvg", "-m", "BNCNN", "--train_loss_eval", "off", *flags)
     sent, seen = [], []
-    receive = Server._receive_models
-    monkeypatch.setattr(Server, "_receive_models",
+    receive = loop.receive
+    monkeypatch.setattr(loop, "receive",
                         lambda self, clients: sent.extend(receive(self, clients)) or list(sent))
     average = server.average_uploads
     monkeypatch.setattr(server, "average_uploads", lambda uploads: (seen.extend(opened(uploads)), average(uploads)))
     glob = {k: v.clone() for k, v in server.global_model.state_dict().items()}
-    server.run_round(0)
+    loop.run_round(server, 0)
     return server, {u.id: u.state for u in sent}, {u.id: u.state for u in seen}, glob
 
 

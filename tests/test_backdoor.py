@@ -15,6 +15,7 @@ from utils import backdoor
 from utils.data_utils import load_split
 from utils.results import read_h5
 from utils.seeding import torch_gen
+from runtime import loop
 
 
 def test_stamp_sets_the_bottom_right_square_only():
@@ -114,8 +115,8 @@ def test_attack_success_rate_is_recorded_over_the_benign_clients(digits_tiny_roo
                    "1")
     for t in range(2):
         if t:
-            server.run_round(0)
-        server._send_models(server.clients)
+            loop.run_round(server, 0)
+        loop.send(server, server.clients)
         hits = eligible = 0
         for c in server.clients:
             if c.id in plugin(server, "Attack").malicious:
@@ -129,7 +130,7 @@ def test_attack_success_rate_is_recorded_over_the_benign_clients(digits_tiny_roo
             hits += int((pred == 1).sum())
             eligible += int(keep.sum())
         assert 0 < hits < eligible or t == 1
-        assert server.evaluate()["backdoor_asr"] == pytest.approx(hits / eligible)
+        assert loop.evaluate(server)["backdoor_asr"] == pytest.approx(hits / eligible)
 
 
 def test_no_asr_series_without_the_backdoor(digits_tiny_root, tmp_path):

@@ -13,6 +13,7 @@ from flcore.registry import get_server_class
 from flcore.trainmodel.models import build_model
 from utils.data_utils import load_split
 from utils.seeding import torch_gen
+from runtime import client_steps
 
 
 def setup(root, *flags):
@@ -40,7 +41,7 @@ def test_a_server_or_client_built_without_a_run_is_run_0(digits_tiny_root):
 def test_a_client_that_receives_takes_part_unless_told_otherwise(digits_tiny_root):
     cfg, data = setup(digits_tiny_root, "-ala")
     client = Client(cfg, 0, data.clients[0], build_model("DNN", data.input_shape, data.num_classes))
-    client.train()  # ALA runs from a client's second round on
+    client_steps.train(client)  # ALA runs from a client's second round on
     other = copy.deepcopy(client.model)
     with torch.no_grad():
         for p in other.parameters():
@@ -61,9 +62,9 @@ def test_a_client_that_receives_takes_part_unless_told_otherwise(digits_tiny_roo
 def test_train_without_a_round_is_round_0(digits_tiny_root):
     cfg, data = setup(digits_tiny_root, "-ld", "-ldg", "0.5")
     client = Client(cfg, 0, data.clients[0], build_model("DNN", data.input_shape, data.num_classes))
-    client.train()
+    client_steps.train(client)
     assert [g["lr"] for g in client.optimizer.param_groups] == [0.1]
-    client.train(2)
+    client_steps.train(client, 2)
     assert [g["lr"] for g in client.optimizer.param_groups] == [0.025]
 
 

@@ -16,6 +16,8 @@ from utils.metrics import predict
 from utils.proximal import anchor_of, proximal_term
 from utils.results import read_h5
 from utils.seeding import torch_gen
+from runtime import loop
+from runtime import client_steps
 
 
 def make_server(root, algo, *flags):
@@ -40,7 +42,7 @@ def global_sequence(server, monkeypatch):
     checkpoints pickle the server's own attributes)."""
     seq = []
     monkeypatch.setattr(type(server), "after_round", lambda self: seq.append(state(self.global_model)))
-    server.train()
+    loop.train(server)
     return seq
 
 
@@ -66,7 +68,7 @@ def test_fedprox_gradient_adds_mu_times_distance_to_global(digits_root):
     mu = 0.3
     server = make_server(digits_root, "FedProx", "-mu", str(mu))
     client = server.clients[0]
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     perturb(client.model)  # as after some local steps: w != w^t
     x, y = client.x_train[:10], client.y_train[:10]
     client.model.zero_grad()
@@ -104,13 +106,13 @@ def test_proximal_term_refuses_an_anchor_of_another_length():
 
 def test_fedprox_with_ala_anchors_to_the_global_model(digits_root):
     server = make_server(digits_root, "FedProx", "-ala", "--ala_max_epochs", "5", "-gr", "2", "-lr", "0.1")
-    server.train()
+    loop.train(server)
     client = server.clients[0]
     assert client.ala.weights is not None  # ALA ran in round 2
     glob = params(server.global_model)
     assert same(client.anchor, glob)  # the proximal anchor is the received global model ...
     assert not same(params(client.model), glob)  # ... not the ALA-initialised local model
-    assert np.isfinite(server.evaluate()["train_loss"])
+    assert np.isfinite(loop.evaluate(server)["train_loss"])
 
 
 # ---- FedAvg-C / FedProx-C ------------------------------------------------------------------------
@@ -134,7 +136,7 @@ def test_fine_tuning_is_fte_epochs_of_sgd_on_a_copy(digits_root, decay, round_id
     lr, bs = 0.05, 10
     server = make_server(digits_root, "FedAvg-C", "-fte", "2", "-lr", str(lr), "-lbs", str(bs), *decay)
     server.round_idx = round_idx
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     client = server.clients[1]
     before, batch_state = params(client.model), client.batch_gen.get_state()
     tuned = client.eval_model()
@@ -183,7 +185,7 @@ def test_perfedavg_training_step_updates_w_with_beta(digits_root):
     w0 = copy.deepcopy(client.model)
     idx = torch.arange(2 * bs)
     client.batches = lambda *args, **kwargs: iter([idx])  # exactly one step, on a known batch pair
-    client.train(0)
+    client_steps.train(client, 0)
     # by hand: w' = w - α ∇f(w; D), then w ← w - β ∇f(w'; D')
     x, y = client.x_train[idx], client.y_train[idx]
     inner = copy.deepcopy(w0)
@@ -205,7 +207,7 @@ def test_perfedavg_meta_steps_take_batches_of_twice_lbs(digits_root, dp):
     name = "dp_meta_step" if dp else "meta_loss"
     real = getattr(client, name)
     setattr(client, name, lambda x, y: (sizes.append(len(x)), real(x, y))[1])
-    client.train(0)
+    client_steps.train(client, 0)
     n = client.train_samples
     assert sizes == [2 * bs] * (n // (2 * bs)) + ([n % (2 * bs)] if n % (2 * bs) else [])
     assert len(sizes) == client.steps_per_round()
@@ -251,7 +253,7 @@ def test_perfedavg_dp_meta_step_is_the_fo_maml_step_on_the_two_releases(digits_r
 def test_perfedavg_personalisation_is_one_step_on_a_copy(digits_root, dp, atol, rtol):
     alpha, bs = 0.05, 10
     server = make_server(digits_root, "Per-FedAvg", "-lr", str(alpha), "-lbs", str(bs), *dp)
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     client = server.clients[2]
     before = params(client.model)
     tuned = client.eval_model()
@@ -277,7 +279,7 @@ def test_fedrep_head_phase_freezes_body_then_body_phase_freezes_head(digits_root
         return out
 
     client.run_epochs = spy
-    client.train(0)
+    client_steps.train(client, 0)
     (e_head, (b0, h0), (b1, h1)), (e_body, (b2, h2), (b3, h3)) = phases
     assert (e_head, e_body) == (2, 1)
     assert same(b0, b1) and not same(h0, h1)  # head epochs: body frozen
@@ -287,14 +289,14 @@ def test_fedrep_head_phase_freezes_body_then_body_phase_freezes_head(digits_root
 
 def test_fedrep_heads_stay_local_and_only_bodies_are_averaged(digits_root):
     server = make_server(digits_root, "FedRep", "-pls", "1", "-lr", "0.1")
-    server._send_models(server.clients)
-    server._train_clients(server.clients)
+    loop.send(server, server.clients)
+    loop.train_clients(server, server.clients)
     heads = [params(c.model.head) for c in server.clients]
-    uploads = server._receive_models(server.clients)
+    uploads = loop.receive(server, server.clients)
     body_keys = set(server.global_model.base.state_dict())
     assert all(set(u.state) == body_keys for u in uploads) and "fc.weight" not in body_keys
     server.aggregate(uploads)
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     for c, h in zip(server.clients, heads):
         assert same(params(c.model.head), h)  # the server never overwrites a head
         assert same(params(c.model.base), params(server.global_model.base))
@@ -306,7 +308,7 @@ def test_fedrep_with_ala_adapts_body_layers_under_the_local_head(digits_root):
                          "-lr", "0.1")
     client = server.clients[0]
     assert client.ala.names == ["base.fc1.0.weight", "base.fc1.0.bias"]
-    server.train()  # the final broadcast ran ALA
+    loop.train(server)  # the final broadcast ran ALA
     glob = server.global_model.base
     assert client.ala.weights is not None
     assert same(params(client.model.base.conv1), params(glob.conv1))  # lower layers: global
@@ -317,9 +319,9 @@ def test_fedrep_with_ala_adapts_body_layers_under_the_local_head(digits_root):
 # ---- Ditto ---------------------------------------------------------------------------------------
 def personal_distance(root, lam):
     server = make_server(root, "Ditto", "-mu", str(lam), "-lr", "0.01")
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     client = server.clients[0]
-    client.train(0)
+    client_steps.train(client, 0)
     v, w_global = params(client.pmodel), params(server.global_model)
     return float(torch.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(v, w_global))))
 
@@ -331,8 +333,8 @@ def test_ditto_personal_model_is_pulled_toward_the_global_model(digits_root):
 
 def test_ditto_records_global_accuracy_apart(digits_root):
     server = make_server(digits_root, "Ditto", "-lr", "0.1", "-gr", "1")
-    server.train()
-    summary = server.evaluate()
+    loop.train(server)
+    summary = loop.evaluate(server)
     correct = sum(int((predict(server.global_model, c.x_test, 1000).argmax(1) == c.y_test).sum())
                   for c in server.clients)
     total = sum(c.test_samples for c in server.clients)
@@ -358,12 +360,12 @@ def test_ditto_global_accuracy_pools_the_clients_counts(digits_root, monkeypatch
 def test_ditto_personal_step_by_hand(digits_root):
     """One batch holding the client's whole training split: v <- v - η (∇F(v) + λ (v - w^t)), by hand."""
     server = make_server(digits_root, "Ditto", "-mu", "0.7", "-lr", "0.05", "-lbs", "100000")
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     client = server.clients[0]
     perturb(client.pmodel)  # v apart from w^t (in round 0 both are the common initialisation)
     ref, anchor = copy.deepcopy(client.pmodel), [a.clone() for a in client.anchor]
     assert not same(params(ref), anchor)
-    client.train(0)
+    client_steps.train(client, 0)
     grads = torch.autograd.grad(nn.functional.cross_entropy(ref(client.x_train), client.y_train),
                                 list(ref.parameters()))
     expect = [p - 0.05 * (g + 0.7 * (p - a)) for p, g, a in zip(ref.parameters(), grads, anchor)]
@@ -372,21 +374,21 @@ def test_ditto_personal_step_by_hand(digits_root):
 
 def test_ditto_personal_model_follows_the_schedule_and_trains_in_training_mode(digits_tiny_root):
     server = make_server(digits_tiny_root, "Ditto", "-lr", "0.1", "-ld", "-ldg", "0.5", "-m", "BNCNN")
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     client = server.clients[0]
     client.pmodel.eval()  # as an evaluation could leave it
     stats = {k: v.clone() for k, v in client.pmodel.state_dict().items() if "running_mean" in k}
-    client.train(3)
+    client_steps.train(client, 3)
     assert [g["lr"] for g in client.poptimizer.param_groups] == [pytest.approx(0.1 * 0.5 ** 3)]
     assert stats and all(not torch.equal(client.pmodel.state_dict()[k], v) for k, v in stats.items())
 
 
 def test_ditto_with_ala_initialises_w_and_leaves_v(digits_root):
     server = make_server(digits_root, "Ditto", "-ala", "--ala_max_epochs", "5", "-lr", "0.1", "-gr", "1")
-    server.train()
+    loop.train(server)
     client = server.clients[0]
     v = params(client.pmodel)
-    server._send_models(server.clients)  # ALA (the client has trained) on w; v untouched
+    loop.send(server, server.clients)  # ALA (the client has trained) on w; v untouched
     assert client.ala.weights is not None
     assert same(params(client.pmodel), v)
     assert not same(params(client.model), params(server.global_model))
@@ -398,7 +400,7 @@ def test_fine_tuning_under_dp_trains_the_copy_and_is_counted(digits_root):
     """-dp: the evaluation fine-tune is DP-SGD on the copy (it moves), each of its steps is in the accountant,
     and its noise never shifts training's stream."""
     server = make_server(digits_root, "FedAvg-C", "-dp", "-fte", "1", "-lr", "0.05")
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     client = server.clients[0]
     steps_before = sum(s for _, _, s in client.dp.history)
     noise_before = client.dp.generator.get_state()

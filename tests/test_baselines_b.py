@@ -18,6 +18,8 @@ from flcore.servers.serverpfedme import PFedMeServer
 from utils.data_utils import load_split
 from utils.personal_aggregation import (amp_attention, apple_lambda, attentive_message, fomo_affinity_step,
                                          fomo_scores, fomo_weights)
+from runtime import loop
+from runtime import client_steps
 
 
 def make_server(root, algo, *flags):
@@ -71,7 +73,7 @@ def test_pfedme_local_update_matches_reference_loop(digits_root):
             grads = torch.autograd.grad(loss, list(th.values()))
             theta = {k: theta[k] - lrp * (g + lam * (theta[k] - w[k])) for k, g in zip(th, grads)}
         w = {k: w[k] - lr * lam * (w[k] - theta[k]) for k in w}
-    client.train(0)
+    client_steps.train(client, 0)
     for k, v in client.model.named_parameters():
         assert torch.allclose(v, w[k], atol=1e-5), k
     for k, v in client.theta.named_parameters():
@@ -83,7 +85,7 @@ def test_pfedme_local_update_matches_reference_loop(digits_root):
 def test_pfedme_uploads_the_batchnorm_statistics_theta_tracked(digits_root):
     client = make_server(digits_root, "pFedMe", "-m", "BNCNN", "-K", "1", "-lbs", "50").clients[1]
     start = state(client.model)
-    client.train(0)
+    client_steps.train(client, 0)
     stats = {k: v for k, v in client.theta.state_dict().items() if "running" in k}
     assert stats and all(not torch.equal(v, start[k]) for k, v in stats.items())  # θ's statistics moved
     after = client.model.state_dict()
@@ -121,7 +123,7 @@ def test_fedamp_clients_start_from_their_cloud_model_and_are_pulled_to_it(digits
                          "-lam", str(lam))
     server.client_states = [perturbed(server.global_model, seed=i, scale=0.002 * (i + 1))
                             for i in range(len(server.clients))]
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     keys = [n for n, _ in server.global_model.named_parameters()]
     flat = torch.stack([torch.cat([s[k].reshape(-1).double() for k in keys]) for s in server.client_states])
     xi = amp_attention(torch.cdist(flat, flat) ** 2, alk, sg)
@@ -157,10 +159,10 @@ def test_fedphp_momentum_grows_linearly_then_caps(digits_root):
 def test_fedphp_private_model_inherits_trained_models(digits_root):
     server = make_server(digits_root, "FedPHP", "-gr", "10", "-mu", "0.9", "-lr", "0.1")
     client = server.clients[0]
-    client.train(0)  # first participation: μ = 0, so v = w
+    client_steps.train(client, 0)  # first participation: μ = 0, so v = w
     assert all(torch.equal(a, b) for a, b in zip(state(client.hpm).values(), state(client.model).values()))
     v_before = state(client.hpm)
-    client.train(1)  # second: μ = 0.9 * 1 / 10
+    client_steps.train(client, 1)  # second: μ = 0.9 * 1 / 10
     w = state(client.model)
     for k, v in state(client.hpm).items():
         assert torch.allclose(v, 0.91 * w[k] + 0.09 * v_before[k], atol=1e-6), k
@@ -311,7 +313,7 @@ def test_apple_starts_from_the_sample_weighted_mix_of_core_models(digits_root):
     server.cores = [perturbed(server.global_model, seed=i) for i in range(len(server.clients))]
     for c, core in zip(server.clients, server.cores):
         c.model.load_state_dict(core)
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     client = server.clients[2]
     assert torch.equal(client.p, client.p0)
     for k, v in client.personal.named_parameters():
@@ -323,7 +325,7 @@ def test_apple_relationship_gradient_is_inner_product_plus_proximal_pull(digits_
     mu = 0.4
     server = make_server(digits_root, "APPLE", "-mu", str(mu), "-gr", "10", "-L", "1")
     server.cores = [perturbed(server.global_model, seed=i) for i in range(len(server.clients))]
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     client = server.clients[1]
     client.stack_others()
     client.lam = apple_lambda(3, 10, 1.0)
@@ -361,14 +363,14 @@ def test_apple_lambda_schedules():
 def test_ala_initialises_the_received_model(algo, digits_root):
     fast = ("-gr", "2", "-lr", "0.1", "--ala_max_epochs", "3", "--train_loss_eval", "off", "-eg", "5")
     server = make_server(digits_root, algo, "-ala", *fast, *(("-K", "1") if algo == "pFedMe" else ()))
-    server.train()
+    loop.train(server)
     assert any(c.ala.weights is not None for c in server.clients)  # ALA ran in round 1
 
 
 def test_fedamp_ala_blends_the_cloud_model_with_the_personal_model(digits_root):
     server = make_server(digits_root, "FedAMP", "-ala", "-lr", "0.1", "--ala_max_epochs", "3",
                          "--train_loss_eval", "off")
-    server.run_round(0)
+    loop.run_round(server, 0)
     client = server.clients[2]
     server.prepare_broadcast(server.clients)
     cloud = server.broadcast(client)

@@ -16,19 +16,21 @@ import main
 from cli import parse_config
 from conftest import build_server, cli
 from flcore.clients.clientavg import FedAvgClient
+from flcore.clients.clientbase import ClientDeclares
 from flcore.registry import ALGORITHMS, get_server_class
 from runtime import batched, graphs, stacked, stacked_ala
 from runtime.batched import batch_refusal
 from runtime.choose import executor_kind
 from utils.results import read_h5
+from runtime import loop
 
-BATCHING = sorted(a for a in ALGORITHMS if not batch_refusal(get_server_class(a).client_class))
+BATCHING = sorted(a for a in ALGORITHMS if not batch_refusal(get_server_class(a).declares.client_class))
 
 
 def client_behaviour(algo: str) -> tuple:
     """What a client class does, as the functions behind its members and its class attributes: algorithms
     whose clients differ only by name (FedAdam's and FedAvg's) train and evaluate alike."""
-    cls = get_server_class(algo).client_class
+    cls = get_server_class(algo).declares.client_class
     names = sorted({n for k in cls.__mro__ if k is not object for n in vars(k) if not n.startswith("__")})
     return tuple((n, getattr(cls, n)) for n in names)
 
@@ -72,8 +74,8 @@ def rounds(root, algo, executor, *flags, n=2):
     server = build_server(root, root, "-algo", algo, "--executor", executor, *flags)
     summaries = []
     for t in range(n):
-        server.run_round(t)
-        summaries.append(server.evaluate())
+        loop.run_round(server, t)
+        summaries.append(loop.evaluate(server))
     return server, summaries
 
 
@@ -97,12 +99,12 @@ def test_the_issue_algorithms_declare_batching():
 
 @pytest.mark.parametrize("algo", DISTINCT)
 def test_batched_equals_sequential(algo, digits_tiny_root, counted):
-    n = 2 if get_server_class(algo).client_class.use_ala else 1  # ALA starts in a client's second round
+    n = 2 if get_server_class(algo).declares.client_class.declares.use_ala else 1  # ALA starts in a client's second round
     seq = rounds(digits_tiny_root, algo, "sequential", n=n)
     assert counted == {"train": 0, "predict": 0, "ala": 0, "alone": 0}  # the sequential path hands nothing over
     bat = rounds(digits_tiny_root, algo, "batched", n=n)
     assert counted["train"] >= 1 and counted["predict"] >= 2 and counted["alone"] == 0, counted
-    assert counted["ala"] > 0 if get_server_class(algo).client_class.use_ala else counted["ala"] == 0
+    assert counted["ala"] > 0 if get_server_class(algo).declares.client_class.declares.use_ala else counted["ala"] == 0
     assert_close_runs(seq, bat)
 
 
@@ -187,7 +189,9 @@ class LossBelow(FedAvgClient):
 
 
 class StepWithout(FedAvgClient):
-    batch_state = ()
+    declares = ClientDeclares(
+        batch_state=(),
+    )
 
     def after_backward(self):
         pass
@@ -196,13 +200,13 @@ class StepWithout(FedAvgClient):
 def test_declarations_are_checked():
     assert batch_refusal(LossBelow) == "LossBelow overrides loss below FedAvgClient, which declared batch_state"
     assert batch_refusal(StepWithout) == "StepWithout.after_backward has no batched_step"
-    assert batch_refusal(get_server_class("APFL").client_class) == ""  # after_backward with its batched_step
-    assert "overrides after_backward" in batch_refusal(get_server_class("SCAFFOLD").client_class)
+    assert batch_refusal(get_server_class("APFL").declares.client_class) == ""  # after_backward with its batched_step
+    assert "overrides after_backward" in batch_refusal(get_server_class("SCAFFOLD").declares.client_class)
 
 
 def test_auto_picks_batched_on_cuda_only(digits_tiny_root, tmp_path):
     cfg = parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAvg", "--executor", "auto"))
-    avg, scaffold = (get_server_class(a).client_class for a in ("FedAvg", "SCAFFOLD"))
+    avg, scaffold = (get_server_class(a).declares.client_class for a in ("FedAvg", "SCAFFOLD"))
     assert executor_kind(cfg, avg) == executor_kind(cfg) in ("fork", "sequential")  # the CPU rule is unchanged
     cuda = cfg.replace(device="cuda")
     assert executor_kind(cuda, avg) == "batched"
@@ -233,8 +237,8 @@ def test_the_graphed_step_masks_clients_without_a_batch(algo, flags, digits_tiny
     server.executor.graphs = graphs.CudaGraphs(capture=False)
     summaries = []
     for t in range(2):
-        server.run_round(t)
-        summaries.append(server.evaluate())
+        loop.run_round(server, t)
+        summaries.append(loop.evaluate(server))
     made = server.executor.graphs
     assert made.cache and not made.broken
     kinds = {key[0][0] for key in made.cache}  # the training step's keys, and ALA's W step's where ALA runs
@@ -252,5 +256,5 @@ def test_auto_falls_back_to_the_sequential_loop_for_a_model_it_cannot_stack(digi
     executor = BatchedExecutor(server.cfg.replace(executor="batched"), auto=True)
     server = type(server)(server.cfg, server.data, 0, None, executor=executor)
     assert executor.plain and "note: --executor auto: the sequential loop" in capsys.readouterr().out
-    server.run_round(0)
+    loop.run_round(server, 0)
     assert all(torch.equal(a, b) for a, b in zip(states(seq[0]).values(), states(server).values()))

@@ -11,6 +11,7 @@ from flcore.clients.clientavg import FedAvgClient
 from flcore.trainmodel.models import build_model
 from utils.batching import batch_bounds
 from utils.data_utils import ClientData
+from runtime import client_steps
 
 
 def test_batch_bounds_by_hand():
@@ -37,7 +38,7 @@ def test_resnet18_on_32x32_trains_when_one_sample_is_left_over(digits_root, tmp_
     client, _ = resnet_client(digits_root, tmp_path, FedAvgClient, 21)  # 21 = 2 * 10 + 1
     sizes = [len(b) for b in client.batches(2)]
     assert sizes == [10, 11, 10, 11] and client.steps_per_round() == 2
-    client.train(0)  # raised "Expected more than 1 value per channel when training" with a 1-sample batch
+    client_steps.train(client, 0)  # raised "Expected more than 1 value per channel when training" with a 1-sample batch
     assert all(torch.isfinite(p).all() for p in client.model.parameters())
     plain = FedAvgClient.__new__(FedAvgClient)  # without BatchNorm nothing is merged
     plain.train_samples, plain.cfg, plain.merge_single = 21, client.cfg, False
@@ -50,7 +51,7 @@ def test_ala_weight_learning_merges_a_one_sample_batch_too(digits_root, tmp_path
     client, model = resnet_client(digits_root, tmp_path, FedALAClient, 21, "-s", "53", "--ala_layers", "2",
                                   "--ala_max_epochs", "2")
     assert client.ala.head is None  # BatchNorm: no precomputed features
-    client.train(0)
+    client_steps.train(client, 0)
     client.receive(model, participating=True)  # ALA's start phase, in 11-sample batches
     assert client.ala.last_epochs == 2 and all(map(torch.isfinite, map(torch.tensor, client.ala.last_losses)))
 
@@ -60,4 +61,4 @@ def test_without_the_merge_batchnorm_fails(digits_root, tmp_path):
     client, _ = resnet_client(digits_root, tmp_path, FedAvgClient, 21)
     client.merge_single = False
     with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
-        client.train(0)
+        client_steps.train(client, 0)

@@ -24,6 +24,7 @@ from cli import parse_config
 from conftest import cli
 from flcore.registry import ALGORITHMS, get_server_class
 from utils.results import read_h5
+from runtime import loop
 
 ROUNDS = "5"
 # Measured final accuracies (module docstring); Local's is 361 of the 450 IID test samples, FedAvg's 403.
@@ -159,7 +160,7 @@ def test_federated_algorithms_beat_local_on_iid_digits(algo, setting, roots, tmp
     assert acc > LOCAL_IID, (acc, LOCAL_IID)
 
 
-PERSONALIZED = sorted(a for a in ALGORITHMS if get_server_class(a).personalized)
+PERSONALIZED = sorted(a for a in ALGORITHMS if get_server_class(a).declares.personalized)
 
 
 @pytest.mark.parametrize("algo, setting", cases(PERSONALIZED, "pat"))
@@ -170,7 +171,7 @@ def test_personalized_beats_fedavg_on_a_pathological_split(algo, setting, roots,
 
 # Traditional FL: clients are evaluated on the one global model. The set is each class's own declaration
 # (personalized = False); the tests below check the declaration against what its clients evaluate.
-TRADITIONAL = {a for a in ALGORITHMS if not get_server_class(a).personalized}
+TRADITIONAL = {a for a in ALGORITHMS if not get_server_class(a).declares.personalized}
 
 
 def evaluated_and_global(algo: str, root) -> tuple[list[dict], dict]:
@@ -182,9 +183,9 @@ def evaluated_and_global(algo: str, root) -> tuple[list[dict], dict]:
                                 "--train_loss_eval", "off", *FLAGS.get(algo, ())))
     server = get_server_class(algo)(cfg.replace(num_classes=10), load_split("Digits", root))
     for t in range(2):
-        server.run_round(t)
+        loop.run_round(server, t)
     server.round_idx = 2
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     return [c.eval_model().state_dict() for c in server.clients], server.global_model.state_dict()
 
 
@@ -199,7 +200,7 @@ def test_personalised_models_differ_from_the_global_model(algo, digits_noniid_ro
         common = [k for k in state if k in glob and state[k].is_floating_point()]
         assert common, algo
         gaps.append(max(float((state[k] - glob[k]).abs().max()) for k in common))
-    if get_server_class(algo).personalized:
+    if get_server_class(algo).declares.personalized:
         assert max(gaps) > 1e-4, (algo, gaps)
     else:
         assert max(gaps) == 0.0, (algo, gaps)

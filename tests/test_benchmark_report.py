@@ -100,13 +100,13 @@ def test_a_run_without_a_timed_round_exports_null_seconds_and_shows_a_dash(digit
     round: its seconds are JSON null, not NaN (which strict JSON readers refuse), and its cell is "-"."""
     import main
     from conftest import cli
-    from flcore.clients.clientbase import Client
+    from runtime import client_steps
     from utils.errors import Diverged
 
-    def diverge(self, round_idx):
-        raise Diverged(f"client {self.id}: training loss became nan")
+    def diverge(client, round_idx):
+        raise Diverged(f"client {client.id}: training loss became nan")
 
-    monkeypatch.setattr(Client, "train", diverge)
+    monkeypatch.setattr(client_steps, "train", diverge)
     out = tmp_path / "res"
     assert main.main(cli(digits_tiny_root, out, "-gr", "3", "--executor", "sequential")) == 2
     data = br.write_export(str(out), tmp_path / "export.json", "benchmark_converged.json")

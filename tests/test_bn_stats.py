@@ -9,6 +9,7 @@ from cli import parse_config
 from conftest import cli
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
+from runtime import loop
 
 FAST = ("-lbs", "20", "--train_loss_eval", "off", "-m", "BNCNN", "-lr", "0.05")
 
@@ -35,7 +36,7 @@ def one_round(server, monkeypatch):
         aggregate(ups)
 
     monkeypatch.setattr(server, "aggregate", record)
-    server.run_round(0)
+    loop.run_round(server, 0)
     return uploads
 
 
@@ -60,7 +61,7 @@ def test_fedavg_averages_statistics_only_when_shared(mode, digits_noniid_root, m
         else:  # never averaged: the server's model keeps the statistics it started with
             assert torch.equal(glob[k], init[k])
     # the next broadcast: parameters are the global ones; statistics the global ones or the client's own
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     for c, (_, _, up) in zip(server.clients, uploads):
         mine = c.model.state_dict()
         for k, _ in c.model.named_parameters():
@@ -77,11 +78,11 @@ def test_ala_takes_the_global_statistics_only_when_shared(mode, digits_noniid_ro
     forward passes): its statistics become the global model's (shared) or stay those it trained (local),
     and ALA's own train-mode forwards never change them."""
     server = make_server(digits_noniid_root, "FedALA", "--bn_stats", mode, "-p", "0", "--ala_max_epochs", "2")
-    server.run_round(0)
+    loop.run_round(server, 0)
     trained = {c.id: snapshot(c.model) for c in server.clients}
     glob = snapshot(server.global_model)
     server.round_idx = 1
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     for c in server.clients:
         assert c.ala.last_epochs == 2  # ALA did run
         mine = c.model.state_dict()
@@ -100,7 +101,7 @@ def test_fedrep_and_scaffold_average_parameters_only_when_local(digits_noniid_ro
             assert torch.equal(glob[k], init[k]), (algo, k)
         moved = [k for k, _ in server.global_model.named_parameters() if not torch.equal(glob[k], init[k])]
         assert moved, algo  # the parameters were aggregated
-        server._send_models(server.clients)
+        loop.send(server, server.clients)
         for c, (_, _, up) in zip(server.clients, uploads):
             mine = c.model.state_dict()
             prefix = "base." if algo == "FedRep" else ""

@@ -9,6 +9,10 @@ import pytest
 import torch
 
 from conftest import build_server as build
+from runtime import loop
+from runtime import checkpoint
+from runtime import client_steps
+from plugins import dp_sample
 
 
 def test_run_epochs_reports_the_mean_of_its_batches_losses(digits_tiny_root, tmp_path):
@@ -47,15 +51,16 @@ def test_train_runs_in_training_mode_and_records_its_own_time(digits_tiny_root, 
     monkeypatch.setattr(c, "local_update", lambda r: modes.append(c.model.training))
     c.model.eval()  # as an evaluation might leave it
     start = time.perf_counter()
-    c.train(0)
+    client_steps.train(c, 0)
     wall = time.perf_counter() - start
     assert modes == [True] and len(c.train_time) == 1 and 0 < c.train_time[0] <= wall
 
 
 def test_a_missing_attribute_is_an_attribute_error_naming_it_and_never_unparks(digits_tiny_root, tmp_path):
     server = build(digits_tiny_root, tmp_path, "--client_state", "cpu", "-jr", "0.4")
-    live = [c for c in server.clients if "parked_in" not in vars(c)]
-    parked = [c for c in server.clients if "parked_in" in vars(c)]
+    host = server.executor.host  # the clients themselves (the server holds handles)
+    live = [c for c in host.clients.values() if "parked_in" not in vars(c)]
+    parked = [c for c in host.clients.values() if "parked_in" in vars(c)]
     assert live and parked
     for c in (live[0], parked[0]):
         with pytest.raises(AttributeError, match=rf"^'{type(c).__name__}' object has no attribute '__nope__'$"):
@@ -63,25 +68,28 @@ def test_a_missing_attribute_is_an_attribute_error_naming_it_and_never_unparks(d
     assert "parked_in" in vars(parked[0])  # a special name is never a reason to bring a client back
     with pytest.raises(AttributeError, match=rf"^'{type(live[0]).__name__}' object has no attribute 'nope'$"):
         live[0].nope  # noqa: B018
-    assert parked[0].train_samples > 0 and "parked_in" in vars(parked[0])  # kept attributes need no unpark
-    parked[0].optimizer  # noqa: B018  (any other attribute brings it back)
+    assert parked[0].train_samples > 0 and "parked_in" in vars(parked[0])  # kept attributes are there
+    with pytest.raises(AttributeError, match="'optimizer'"):
+        parked[0].optimizer  # noqa: B018  (parked: nothing brings it back implicitly)
+    assert "parked_in" in vars(parked[0])
+    assert server.clients[parked[0].id].optimizer is not None  # the engine's read (a handle) brings it back
     assert "parked_in" not in vars(parked[0])
 
 
 def test_validation_counts_are_the_personal_models_own(digits_tiny_root, tmp_path):
     server = build(digits_tiny_root, tmp_path, "--val_ratio", "0.3")
-    server.run_round(0)
+    loop.run_round(server, 0)
     for c in server.clients:
         with torch.no_grad():
             want = int((c.model(c.x_val).argmax(1) == c.y_val).sum())
-        assert c.val_metrics() == (want, len(c.y_val)) and len(c.y_val) > 0
-    assert any(0 < c.val_metrics()[0] < len(c.y_val) for c in server.clients)  # neither none nor all right
+        assert client_steps.val_metrics(c) == (want, len(c.y_val)) and len(c.y_val) > 0
+    assert any(0 < client_steps.val_metrics(c)[0] < len(c.y_val) for c in server.clients)  # neither none nor all right
 
 
 def test_the_sampled_training_loss_takes_at_least_one_sample(digits_tiny_root, tmp_path):
     c = build(digits_tiny_root, tmp_path, "--train_loss_eval", "sampled", "--train_loss_fraction", "0.001"
               ).clients[0]
-    assert 0.001 * c.train_samples < 1 and len(c.train_loss_sample()) == 1
+    assert 0.001 * c.train_samples < 1 and len(client_steps.train_loss_sample(c)) == 1
 
 
 def test_run_epochs_options_are_keywords():
@@ -94,12 +102,12 @@ def test_run_epochs_options_are_keywords():
 @pytest.mark.optional_deps("opacus")
 def test_epsilon_is_zero_without_dp_sgd_and_before_its_first_step(digits_tiny_root, tmp_path):
     plain = build(digits_tiny_root, tmp_path)
-    plain.run_round(0)
-    assert all(c.dp_epsilon(1e-5) == 0.0 for c in plain.clients)  # trained, but without -dp
+    loop.run_round(plain, 0)
+    assert all(dp_sample.dp_epsilon(c, 1e-5) == 0.0 for c in plain.clients)  # trained, but without -dp
     private = build(digits_tiny_root, tmp_path, "-dp", "-dps", "1")
-    assert all(c.dp_epsilon(1e-5) == 0.0 for c in private.clients)  # no step taken yet
-    private.run_round(0)
-    assert all(c.dp_epsilon(1e-5) > 0 for c in private.clients)
+    assert all(dp_sample.dp_epsilon(c, 1e-5) == 0.0 for c in private.clients)  # no step taken yet
+    loop.run_round(private, 0)
+    assert all(dp_sample.dp_epsilon(c, 1e-5) > 0 for c in private.clients)
 
 
 def test_a_parameter_a_steps_loss_does_not_reach_is_not_moved_by_momentum(digits_tiny_root, tmp_path):
@@ -131,13 +139,13 @@ def test_test_metrics_by_hand(digits_tiny_root, tmp_path):
     from sklearn.metrics import roc_auc_score
 
     server = build(digits_tiny_root, tmp_path)
-    server.run_round(0)
+    loop.run_round(server, 0)
     for c in server.clients:
         with torch.no_grad():
             probs = torch.softmax(c.model(c.x_test), 1).numpy()
         correct = int((probs.argmax(1) == c.y_test.numpy()).sum())
         auc = roc_auc_score(np.eye(10)[c.y_test.numpy()].ravel(), probs.ravel())
-        got = c.test_metrics()
+        got = client_steps.test_metrics(c)
         assert got[:2] == (correct, len(c.y_test)) and got[2] == pytest.approx(auc, abs=1e-9)
 
 
@@ -151,7 +159,7 @@ def test_a_clients_saved_state_refers_to_its_data_and_never_holds_it(digits_tiny
         data = [t for t in (c.x_train, c.y_train, c.x_test, c.y_test, c.x_val, c.y_val) if t is not None]
         assert len(data) == (6 if flags else 4)
         held = []
-        map_tensors(c.state_dict(), lambda t: held.append(t) or t)
+        map_tensors(checkpoint.client_state(c), lambda t: held.append(t) or t)
         assert held and not any(t.shape == d.shape and torch.equal(t, d) for t in held for d in data)
 
 
@@ -179,10 +187,10 @@ def test_a_clients_state_leaves_out_what_it_is_told_and_names_the_client_in_erro
     from runtime.state import StateError
 
     c = build(digits_tiny_root, tmp_path).clients[2]
-    assert "train_time" in c.state_dict() and "train_time" not in c.state_dict(skip=("train_time",))
+    assert "train_time" in checkpoint.client_state(c) and "train_time" not in checkpoint.client_state(c, skip=("train_time",))
     c.helper = lambda: None  # not a tensor, a plain value or a known object: a state cannot hold it
     with pytest.raises(StateError, match=r"^client 2\.helper: "):
-        c.state_dict()
+        checkpoint.client_state(c)
 
 
 def fp16_client(root, out):
@@ -229,7 +237,7 @@ def test_evaluating_leaves_the_model_in_the_mode_it_was_in(training, digits_tiny
     for method in ("test_metrics", "val_metrics", "train_metrics"):
         c.model.train(training)
         modes.clear()
-        getattr(c, method)()
+        getattr(client_steps, method)(c)
         assert modes and not any(modes) and c.model.training is training, method
 
 
@@ -247,12 +255,12 @@ def test_a_late_joiner_receives_as_a_participant_and_fine_tunes_in_training_mode
     modes = []
     c.model.register_forward_pre_hook(lambda module, args: modes.append(module.training))
     c.model.eval()
-    c.join_late(server.global_model, 1)
+    client_steps.join_late(c, server.global_model, 1)
     assert got == [True]
     tuned = modes[:-1]  # the last forward is the test evaluation, in eval mode
     assert tuned and all(tuned) and modes[-1] is False
     got.clear()
-    c.join_late(None, 0)
+    client_steps.join_late(c, None, 0)
     assert got == []
 
 
@@ -263,4 +271,4 @@ def test_the_sampled_training_loss_is_the_clients_own_seeded_draw(digits_tiny_ro
               "--seed", "2").clients[3]
     k = math.ceil(0.25 * c.train_samples)
     want = torch.randperm(c.train_samples, generator=torch_gen(2, 0, "train-loss", 3))[:k].sort().values
-    assert torch.equal(c.train_loss_sample(), want)
+    assert torch.equal(client_steps.train_loss_sample(c), want)

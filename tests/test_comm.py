@@ -15,6 +15,7 @@ from flcore.trainmodel.models import build_model
 from flcore.trainmodel.parts import split_head
 from utils.comm import payload_bytes
 from utils.results import read_h5
+from runtime import loop
 
 
 def test_payload_bytes_by_hand():
@@ -127,7 +128,7 @@ def test_payload_tensors_own_their_storage_and_hold_no_graph(algo, digits_tiny_r
     cfg = parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", algo, "-gr", "2", *flags))
     server = get_server_class(algo)(cfg.replace(num_classes=10), load_split("Digits", digits_tiny_root), 0, None,
                                     SequentialExecutor())
-    server.run_round(0)
+    loop.run_round(server, 0)
     server.round_idx = 1
     server.selected = server.select_clients()
     server.prepare_broadcast(server.selected)
@@ -136,8 +137,8 @@ def test_payload_tensors_own_their_storage_and_hold_no_graph(algo, digits_tiny_r
             assert t.untyped_storage().nbytes() == t.nelement() * t.element_size(), (algo, c.id, t.shape)
             assert not t.requires_grad, (algo, c.id, t.shape)
     uploads, aggregate = [], server._aggregate
-    monkeypatch.setattr(server, "_aggregate", lambda ups: (uploads.extend(ups), aggregate(ups)))
-    server.run_round(1)
+    monkeypatch.setattr(loop, "aggregate", lambda srv, ups: (uploads.extend(ups), aggregate(srv, ups)))
+    loop.run_round(server, 1)
     assert uploads, algo
     for upload in uploads:
         for t in tensors_in([upload.state or {}, upload.extras]):

@@ -10,7 +10,7 @@ import pytest
 import cli
 
 import main
-from flcore.registry import ALGORITHMS, get_server_class
+from flcore.registry import ALGORITHMS, get_server_class, pfllib_flag_defaults
 from scripts.dev import docs_tables
 
 ROWS = {}  # -algo name -> the flags cell of its row, as written into docs/algorithms.md
@@ -79,6 +79,6 @@ PFLLIB = {"beta": 0.0, "lamda": 1.0, "mu": 0.0, "K": 5, "p_learning_rate": 0.01,
 
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
 def test_pfllib_defaults_are_pfllibs(algo):
-    for dest, value in get_server_class(algo).pfllib_flag_defaults().items():
+    for dest, value in pfllib_flag_defaults(get_server_class(algo)).items():
         assert dest in PFLLIB, (algo, dest, "not in the table of PFLlib's defaults above")
         assert value == PFLLIB[dest], (algo, dest, value)

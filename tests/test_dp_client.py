@@ -23,6 +23,7 @@ from flcore.registry import ALGORITHMS, get_server_class
 from utils import dp_client
 from utils.errors import FLError
 from utils.seeding import torch_gen
+from runtime import client_steps, loop
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha")
 NC = "3"
@@ -113,7 +114,7 @@ def test_the_round_aggregates_through_the_wrapper(digits_tiny_root, tmp_path):
                                     "--executor", "sequential", *extra))
         server = get_server_class("FedAvg")(cfg.replace(num_classes=10), load_split("Digits", digits_tiny_root, int(NC)))
         server.aggregate = lambda uploads, level=level: seen.setdefault(level, uploads)
-        server.run_round(0)
+        loop.run_round(server, 0)
     states = [torch.cat([v.flatten() for v in u.state.values()]) for u in seen["client"]]
     assert len(states) == int(NC) and all(torch.equal(s, states[0]) for s in states)
     assert [u.weight for u in seen["client"]] == [1.0] * int(NC)
@@ -319,9 +320,9 @@ class Counted:
 
     def rounds(self, first: int, last: int, final: bool = False) -> torch.Tensor:
         for t in range(first, last):
-            self.server.run_round(t)
+            loop.run_round(self.server, t)
         if final:
-            self.server._final_evaluation(last)
+            loop.final_evaluation(self.server, last)
         return self.global_params()
 
 
@@ -333,9 +334,9 @@ def test_a_server_that_sends_clients_different_models_is_refused_at_its_broadcas
     own = tiny_model()
     monkeypatch.setattr(server, "broadcast", lambda c: own if c.id == 1 else server.global_model)
     trained = []
-    monkeypatch.setattr(type(server.clients[0]), "train", lambda self, r=0: trained.append(self.id))
+    monkeypatch.setattr(client_steps, "train", lambda client, r=0: trained.append(client.id))
     with pytest.raises(FLError, match="--dp_level client: FedAvg sends each client its own model"):
-        server.run_round(0)
+        loop.run_round(server, 0)
     assert trained == []
 
 
@@ -414,9 +415,9 @@ def test_a_server_round_with_dropped_clients_releases_the_formula_over_the_selec
     server = get_server_class("FedAvg")(cfg.replace(num_classes=data.num_classes), data, 0, None)
     start = {k: v.clone() for k, v in server.global_model.state_dict().items()}
     raw = []
-    receive = server._receive_models
-    monkeypatch.setattr(server, "_receive_models", lambda cs: raw.extend(receive(cs)) or raw[-len(cs):])
-    server.run_round(0)
+    receive = loop.receive
+    monkeypatch.setattr(loop, "receive", lambda srv, cs: raw.extend(receive(srv, cs)) or raw[-len(cs):])
+    loop.run_round(server, 0)
     assert len(server.selected) == 5 and 0 < len(raw) < 5, (len(server.selected), len(raw))
     deltas = [{k: u.state[k].detach() - start[k] for k in start} for u in raw]
     norms = [math.sqrt(sum(float(d.pow(2).sum()) for d in delta.values())) for delta in deltas]
@@ -434,7 +435,7 @@ def test_a_round_of_part_of_the_clients_divides_by_the_selection_and_samples_at_
     q = m / N = 2 / 5 (m and N equal whenever every client is selected)."""
     server = build_server(digits_tiny_root, digits_tiny_root, "-jr", "0.4", "-dp", "--dp_level", "client",
                           "--dp_clip", "0.1", "-dps", "0.7")
-    server.run_round(0)
+    loop.run_round(server, 0)
     dp = plugin(server, "ClientDP").dp
     assert (len(server.clients), len(server.selected)) == (5, 2)
     assert dp.last["m"] == 2 and dp.last["std"] == pytest.approx(0.7 * 0.1 / 2) and dp.history == [(0.7, 0.4, 1)]

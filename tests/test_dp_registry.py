@@ -23,10 +23,12 @@ from cli import parse_config
 from conftest import REPO, cli
 from flcore.registry import ALGORITHMS, get_server_class
 from flcore.clients.clientbase import Client
+from utils import dp_sgd
 from plugins.dp_sample import SampleDP
 from utils import dp_support
 from utils.data_utils import load_split
 from utils.errors import FLError
+from runtime import loop
 
 DOC = REPO / "docs" / "privacy.md"
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha")
@@ -61,7 +63,7 @@ class Counted:
         self.cfg = parse_config(flags(algo, root, *extra))
         self.calls: list[tuple[int, float, float]] = []
         self.records: list[tuple[dict, int]] = []
-        backward = Client.dp_backward
+        backward = dp_sgd.dp_backward
         bs = self.cfg.batch_size
 
         def counting(client, objective, optimizer, x, y, modules=None, noise=None):
@@ -70,11 +72,12 @@ class Counted:
             self.calls.append((client.id, client.dp.sigma, min(1.0, max(bs, len(x)) / n)))
             return backward(client, objective, optimizer, x, y, modules, noise)
 
-        monkeypatch.setattr(Client, "dp_backward", counting)
+        monkeypatch.setattr(dp_sgd, "dp_backward", counting)
         data = load_split("Digits", root, int(NC))
         self.server = get_server_class(algo)(self.cfg.replace(num_classes=10), data)
-        record = self.server._record
-        self.server._record = lambda summary: (self.records.append((summary, len(self.calls))), record(summary))
+        record = loop.record
+        monkeypatch.setattr(loop, "record", lambda server, summary: (
+            self.records.append((summary, len(self.calls))), record(server, summary)))
         self.start = self.params()
 
     def params(self) -> dict[str, torch.Tensor]:
@@ -87,9 +90,9 @@ class Counted:
 
     def rounds(self, first: int, last: int, final: bool = False) -> dict[str, torch.Tensor]:
         for t in range(first, last):
-            self.server.run_round(t)
+            loop.run_round(self.server, t)
         if final:
-            self.server._final_evaluation(last)
+            loop.final_evaluation(self.server, last)
         return self.params()
 
 
@@ -164,7 +167,7 @@ def test_docs_table_is_the_declarations():
 def test_a_declared_refusal_is_what_refuses():
     """Every algorithm refuses exactly the -dp levels its ``dp_support`` names, with that reason."""
     for algo in ALGORITHMS:
-        support = get_server_class(algo).dp_support
+        support = get_server_class(algo).declares.dp_support
         for level, reason in (("sample", support.refusal), ("client", support.refusal or support.client_refusal)):
             argv = ["-algo", algo, "-gr", "1", "-dp", "--dp_level", level]
             if reason:
@@ -197,7 +200,7 @@ def test_each_uncovered_step_is_in_docs_and_warned(digits_tiny_root, capsys):
     assert main.main(flags("FedFomo", digits_tiny_root, "-gr", "1", "--results_dir",
                            str(digits_tiny_root / "warn"))) == 0
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: -dp")]
-    assert err == [f"warning: -dp: FedFomo's epsilon does not cover: {get_server_class('FedFomo').dp_support.uncovered} "
+    assert err == [f"warning: -dp: FedFomo's epsilon does not cover: {get_server_class('FedFomo').declares.dp_support.uncovered} "
                    f"(see docs/privacy.md)"]
     # once per invocation, from its first run (-pv 1 -t 3: runs 1 and 2), and never without -dp
     fomo = get_server_class("FedFomo")
@@ -239,7 +242,7 @@ def test_a_declaration_cannot_be_changed_in_place():
 
     from flcore.servers.serverbase import Server
 
-    assert get_server_class("FedAvg").dp_support is Server.dp_support
+    assert get_server_class("FedAvg").declares.dp_support is Server.declares.dp_support
     with pytest.raises(dataclasses.FrozenInstanceError):
-        Server.dp_support.refusal = "changed"
-    assert Server.dp_support == dp_support.DPSupport()
+        Server.declares.dp_support.refusal = "changed"
+    assert Server.declares.dp_support == dp_support.DPSupport()

@@ -8,6 +8,7 @@ from conftest import cli
 from flcore.registry import get_server_class
 from utils.ALA import ALA
 from utils.data_utils import load_split
+from runtime import loop
 
 
 @pytest.mark.parametrize("who", ["selected", "all"])
@@ -27,23 +28,23 @@ def test_every_evaluation_runs_ala_by_one_rule(who, digits_root, monkeypatch):
 
     monkeypatch.setattr(ALA, "adaptive_local_aggregation", spy)
     seen, trained = [], set()
-    evaluate, train = server.evaluate, server._train_clients
+    evaluate, train = loop.evaluate, loop.train_clients
 
-    def check_then_evaluate():
+    def check_then_evaluate(srv):
         chosen = {c.id for c in server.selected}
         assert len(chosen) == 2  # int(0.4 * 5)
         expected = trained if who == "all" else chosen & trained  # never-trained clients take Θ as is
         seen.append((server.round_idx, sorted(ran), sorted(expected)))
         ran.clear()
-        return evaluate()
+        return evaluate(srv)
 
-    def record_training(clients):
+    def record_training(srv, clients):
         trained.update(c.id for c in clients)
-        train(clients)
+        train(srv, clients)
 
-    monkeypatch.setattr(server, "evaluate", check_then_evaluate)
-    monkeypatch.setattr(server, "_train_clients", record_training)
-    server.train()
+    monkeypatch.setattr(loop, "evaluate", check_then_evaluate)
+    monkeypatch.setattr(loop, "train_clients", record_training)
+    loop.train(server)
     assert [r for r, _, _ in seen] == [0, 1, 2, 3, 4]  # four rounds and the final evaluation
     for r, got, want in seen:
         assert got == want, (r, got, want)

@@ -16,6 +16,7 @@ from utils.data_utils import ClientData, few_shot_indices, load_split, local_spl
 from utils.metrics import predict, summarize
 from utils.results import read_h5
 from utils.seeding import torch_gen
+from runtime import loop
 
 
 def accuracy(model, x, y) -> np.float64:
@@ -89,8 +90,8 @@ def test_fedrep_new_clients_take_the_global_body_under_their_initial_head(digits
     data = load_split("Digits", digits_tiny_root, 3, new_clients=2)
     server = get_server_class("FedRep")(cfg, data)
     initial = copy.deepcopy(server.global_model)
-    server.train()
-    summary = server.evaluate_new_clients()
+    loop.train(server)
+    summary = loop.evaluate_new_clients(server)
     want = []
     for d in data.new_clients:
         model = copy.deepcopy(initial)

@@ -23,12 +23,14 @@ from conftest import build_server, cli
 from flcore.clients.clientavg import FedAvgClient
 from flcore.registry import ALGORITHMS, get_server_class
 from flcore.servers.serveravg import FedAvgServer
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from runtime.executors import ClientHandle, balance
 from runtime.fork import ForkExecutor
 from utils.data_utils import load_split
 from utils.errors import FLError
 from utils.results import RunRecorder, read_h5
+from runtime import loop
+from runtime import client_steps
 
 ALGOS = sorted(ALGORITHMS)
 FAST = ("-lr", "0.1", "-lbs", "20")
@@ -67,7 +69,7 @@ def run_main(root, out, *flags, executor=None) -> dict:
 
 def build(root, algo: str = "FedAvg", *flags) -> Server:
     """A server with its clients in this process (sequential executor), built as main.run builds it,
-    without result files; tests drive it with ``server.run_round(t)``."""
+    without result files; tests drive it with ``loop.run_round(server, t)``."""
     return build_server(root, root, "-algo", algo, *flags)
 
 
@@ -147,7 +149,7 @@ def test_ray_matches_sequential(algo, digits_tiny_root, tmp_path, sequential_run
     assert max(loads) - min(loads) <= max(sizes)
     h = ray_pool.handles[3]
     assert len(h.train_time) == 2  # one entry per round trained, accumulated on the worker
-    correct, n, _ = h.test_metrics()  # a method call runs on the worker
+    correct, n, _ = ray_pool.map([h], client_steps.test_metrics)[0]  # an engine call runs on the worker
     assert n == h.test_samples and 0 <= correct <= n
     assert isinstance(h.model, torch.nn.Module)  # an attribute read returns a copy
     with pytest.raises(FLError, match="method"):
@@ -220,7 +222,7 @@ def kill_worker_at(monkeypatch, round_idx: int, worker: int, every_time: bool = 
     worker's process by SIGKILL, a Ray actor by ray.kill): once, or ``every_time`` the round is run.
     Returns the list of rounds in which a worker was killed."""
     killed: list = []
-    train = Server._train_clients
+    train = loop.train_clients
 
     def kill_then_train(self, clients):
         if self.round_idx == round_idx and (every_time or not killed):
@@ -232,7 +234,7 @@ def kill_worker_at(monkeypatch, round_idx: int, worker: int, every_time: bool = 
             killed.append(round_idx)
         return train(self, clients)
 
-    monkeypatch.setattr(Server, "_train_clients", kill_then_train)
+    monkeypatch.setattr(loop, "train_clients", kill_then_train)
     return killed
 
 
@@ -279,7 +281,9 @@ class ScaledClient(FedAvgClient):
 
 
 class ScaledServer(FedAvgServer):
-    client_class = ScaledClient
+    declares = Declares(
+        client_class=ScaledClient,
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -304,11 +308,11 @@ def test_rebuilt_clients_get_the_servers_setup_calls_again(executor, digits_tiny
     else:
         pool = ForkExecutor(2)
     seq = scaled_server(digits_tiny_root, tmp_path / "seq")
-    seq.train()
+    loop.train(seq)
     killed = kill_worker_at(monkeypatch, round_idx=1, worker=1)
     par = scaled_server(digits_tiny_root, tmp_path / executor, executor=pool)
     try:
-        par.train()
+        loop.train(par)
         assert killed == [1]
         assert_same(seq.recorder.series, par.recorder.series)
         # the set-up calls were replayed on the rebuilt clients (the lost worker held some of each kind)
@@ -344,7 +348,7 @@ def test_a_closed_fork_pool_leaves_no_pipe_open_and_its_workers_are_daemons(digi
         assert len(pool.procs) == 2 and all(p.daemon for p in pool.procs)
         opened = open_fds() - before  # the pool's pipes (and whatever else the server opened meanwhile)
         assert len(opened) >= 2
-        server.train()
+        loop.train(server)
     finally:
         pool.close()
     assert not opened & open_fds()  # (other tests' leftovers may close meanwhile: only these are compared)
@@ -367,34 +371,34 @@ def test_client_errors_cross_from_a_fork_worker(digits_tiny_root, tmp_path):
         with pytest.raises(ValueError, match="client 4 fails") as e:  # any other error: with the trace
             server.clients[4].fail()
         assert "in a fork worker" in e.value.__notes__[0] and "in fail" in e.value.__notes__[0]
-        server.run_round(0)  # the pool still answers after its clients raised
+        loop.run_round(server, 0)  # the pool still answers after its clients raised
     finally:
-        server.close()
+        loop.close(server)
 
 
 # ---- personal entries stay on the client ---------------------------------------------------------------
 def test_personal_keys_are_declared():
-    declared = {a: get_server_class(a).client_class.personal_keys for a in ALGOS}
+    declared = {a: get_server_class(a).declares.client_class.declares.personal_keys for a in ALGOS}
     assert declared["FedRep"] == ("head.",) and declared["Local"] == ("",)
 
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_personal_entries_never_reach_the_server(algo, digits_tiny_root, monkeypatch):
     server = build(digits_tiny_root, algo)
-    receive = server._receive_models
+    receive = loop.receive
     seen = []
 
-    def receive_and_keep(clients):
+    def receive_and_keep(srv, clients):
         # The personal entries of each client's model as they are when it uploads (after training).
         personal = {c.id: {k: v.detach().clone() for k, v in c.model.state_dict().items()
                            if k.startswith(c.personal_keys)} for c in clients}
-        uploads = receive(clients)
+        uploads = receive(srv, clients)
         seen.append((personal, uploads))
         return uploads
 
-    monkeypatch.setattr(server, "_receive_models", receive_and_keep)
-    server.run_round(0)
-    server.run_round(1)
+    monkeypatch.setattr(loop, "receive", receive_and_keep)
+    loop.run_round(server, 0)
+    loop.run_round(server, 1)
     assert len(seen) == 2
     for personal, uploads in seen:
         assert sorted(u.id for u in uploads) == list(range(5))
@@ -416,20 +420,20 @@ def test_sampled_train_loss_is_a_fixed_seeded_sample(digits_tiny_root):
     flags = ("--train_loss_eval", "sampled", "--train_loss_fraction", "0.25")
     server = build(digits_tiny_root, "FedAvg", *flags)
     c = server.clients[0]
-    idx = c.train_loss_sample()
+    idx = client_steps.train_loss_sample(c)
     assert len(idx) == int(np.ceil(0.25 * c.train_samples)) and len(set(idx.tolist())) == len(idx)
-    assert torch.equal(idx, c.train_loss_sample())  # drawn once, kept
-    assert torch.equal(idx, build(digits_tiny_root, "FedAvg", *flags).clients[0].train_loss_sample())  # same seed
-    assert not torch.equal(idx, build(digits_tiny_root, "FedAvg", *flags, "--seed", "1").clients[0].train_loss_sample())
-    loss_sum, n = c.train_metrics()
+    assert torch.equal(idx, client_steps.train_loss_sample(c))  # drawn once, kept
+    assert torch.equal(idx, client_steps.train_loss_sample(build(digits_tiny_root, "FedAvg", *flags).clients[0]))  # same seed
+    assert not torch.equal(idx, client_steps.train_loss_sample(build(digits_tiny_root, "FedAvg", *flags, "--seed", "1").clients[0]))
+    loss_sum, n = client_steps.train_metrics(c)
     with torch.no_grad():
         mean = torch.nn.functional.cross_entropy(c.model(c.x_train[idx]), c.y_train[idx])
     assert n == c.train_samples and loss_sum == pytest.approx(float(mean) * c.train_samples, rel=1e-5)
 
 
 def test_sampled_with_everything_equals_full(digits_tiny_root):
-    full = build(digits_tiny_root, "FedAvg").evaluate()
-    sampled = build(digits_tiny_root, "FedAvg", "--train_loss_eval", "sampled", "--train_loss_fraction", "1").evaluate()
+    full = loop.evaluate(build(digits_tiny_root, "FedAvg"))
+    sampled = loop.evaluate(build(digits_tiny_root, "FedAvg", "--train_loss_eval", "sampled", "--train_loss_fraction", "1"))
     assert sampled["train_loss"] == pytest.approx(full["train_loss"], rel=1e-6)
     assert sampled["test_acc"] == full["test_acc"]
 
@@ -482,8 +486,8 @@ def test_parked_client_round_trips_exactly(digits_tiny_root):
     from runtime.state import read_file
 
     server = build(digits_tiny_root, "FedALA", "--ala_max_epochs", "2", "--client_state", "cpu")  # all live
-    server.run_round(0)
-    server.run_round(1)  # ALA weights, trained models and advanced streams to carry
+    loop.run_round(server, 0)
+    loop.run_round(server, 1)  # ALA weights, trained models and advanced streams to carry
     c = server.executor.host.clients[1]  # the client itself (the server holds a handle)
     before = {k: v.clone() for k, v in c.model.state_dict().items()}
     weights = {k: v.clone() for k, v in c.ala.weights.items()}
@@ -576,14 +580,14 @@ def test_parked_clients_give_the_same_run_with_a_round_of_memory(mode, executor,
     assert_same(sequential_run(*flags), got)  # bit for bit the run with every client live
     if executor == "sequential":
         server = build(digits_tiny_root, "FedALA", *flags[2:], "--client_state", mode)
-        server.run_round(0)
+        loop.run_round(server, 0)
         store = server.executor.host.store
         live = [c for c in server.executor.host.clients.values() if "parked_in" not in vars(c)]
         assert len(live) == store.capacity == 2  # int(0.4 * 5) clients stay live
         assert sorted(store.live) == sorted(c.id for c in live) and store.stores >= 3 and store.loads >= 1
         folder = store.folder
         assert (folder is not None) == (mode == "disk")
-        server.close()  # the run's own folder goes with it
+        loop.close(server)  # the run's own folder goes with it
         assert folder is None or not folder.exists()
 
 
@@ -691,7 +695,7 @@ def test_a_parked_client_is_rebuilt_from_the_data_it_was_built_from(digits_tiny_
         fresh = host.rebuild(c)
         for name in ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test"):
             assert torch.equal(getattr(fresh, name), getattr(c, name)), name
-    server.run_round(0)  # and the parked clients train and evaluate
+    loop.run_round(server, 0)  # and the parked clients train and evaluate
 
 
 def test_unparking_restores_parameters_and_plain_tensors_as_they_were(digits_tiny_root):
@@ -795,7 +799,7 @@ def test_tensor_pool_holds_equal_tensors_once():
 def test_parked_fedavg_clients_share_the_broadcast_model(digits_tiny_root):
     """After a broadcast every FedAvg client holds the global model: parked, they cost one copy."""
     server = build(digits_tiny_root, "FedAvg", "-jr", "0.4", "--client_state", "cpu")
-    server.run_round(0)
+    loop.run_round(server, 0)
     large = sum(p.numel() * 4 for p in server.global_model.parameters() if p.numel() >= 4096)
     store = server.executor.host.store
     assert large > 0 and len(store.states) == 3 and store.pool.nbytes() == large  # 5 clients, 2 live

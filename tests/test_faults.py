@@ -13,10 +13,11 @@ from cli import parse_config
 from conftest import cli
 from flcore.clients.clientavg import FedAvgClient
 from flcore.servers.serveravg import FedAvgServer
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from runtime.faults import SlowClients
 from utils.data_utils import load_split
 from utils.seeding import np_rng
+from runtime import loop
 
 
 def make_server(root, *flags, server_cls=FedAvgServer):
@@ -33,10 +34,10 @@ def test_drop_rate_half_trains_the_seeded_half(digits_root, monkeypatch):
     server = make_server(digits_root, "-cdr", "0.5", "-gr", "3", "-lr", "0.05", "-lbs", "20",
                          "--train_loss_eval", "off")
     trained, uploaded = [], []
-    train, receive = Server._train_clients, Server._receive_models
-    monkeypatch.setattr(Server, "_train_clients", lambda s, cs: (trained.append([c.id for c in cs]), train(s, cs)))
-    monkeypatch.setattr(Server, "_receive_models", lambda s, cs: uploaded.append(len(cs)) or receive(s, cs))
-    server.train()
+    train, receive = loop.train_clients, loop.receive
+    monkeypatch.setattr(loop, "train_clients", lambda s, cs: (trained.append([c.id for c in cs]), train(s, cs)))
+    monkeypatch.setattr(loop, "receive", lambda s, cs: uploaded.append(len(cs)) or receive(s, cs))
+    loop.train(server)
     # Independent expectation: -jr 1 selects everyone; each drops when its draw from the (seed 0, run 0,
     # "drop") stream is below 0.5.
     drop = np_rng(0, 0, "drop")
@@ -46,7 +47,7 @@ def test_drop_rate_half_trains_the_seeded_half(digits_root, monkeypatch):
         expected.append([i for i in range(5) if u[i] >= 0.5])
     assert trained == expected and uploaded == [len(e) for e in expected]
     assert any(len(e) < 5 for e in expected)
-    kept = [len(server._active_clients(server.clients)) for _ in range(400)]
+    kept = [len(loop.active_clients(server, server.clients)) for _ in range(400)]
     assert abs(np.mean(kept) / 5 - 0.5) < 0.05
 
 
@@ -166,7 +167,9 @@ class StepsClient(FedAvgClient):
 
 
 class StepsServer(FedAvgServer):
-    client_class = StepsClient
+    declares = Declares(
+        client_class=StepsClient,
+    )
 
 
 def test_server_uses_each_clients_step_count(digits_root, monkeypatch):
@@ -176,7 +179,7 @@ def test_server_uses_each_clients_step_count(digits_root, monkeypatch):
     got = []
     aggregate = server.aggregate
     monkeypatch.setattr(server, "aggregate", lambda uploads: (got.append([u.id for u in uploads]), aggregate(uploads)))
-    server.run_round(0)
+    loop.run_round(server, 0)
     assert server.late == [1, 3] and got == [[0, 2, 4]]
 
 

@@ -15,6 +15,8 @@ from utils.comm import payload_bytes
 from utils.data_utils import load_split
 from utils.errors import FLError
 from utils.results import read_h5
+from runtime import loop
+from runtime import client_steps
 
 
 def build(root, *flags):
@@ -103,9 +105,9 @@ def test_client_loss_is_ce_plus_lambda_times_the_term_toward_the_received_logits
 def test_each_round_uploads_the_logits_of_that_round_only(digits_tiny_root):
     server = build(digits_tiny_root)
     c = server.clients[0]
-    c.train(0)  # round 0 moves the model, so its logits differ from round 1's
+    client_steps.train(c, 0)  # round 0 moves the model, so its logits differ from round 1's
     c.learning_rate = lambda round_idx: 0.0  # round 1 leaves the model as round 0 left it
-    c.train(1)
+    client_steps.train(c, 1)
     up = c.upload()
     with torch.no_grad():
         out = c.model(c.x_train)
@@ -115,13 +117,13 @@ def test_each_round_uploads_the_logits_of_that_round_only(digits_tiny_root):
     torch.testing.assert_close(up.extras["logits"], want)
 
 
-def test_no_weights_cross_the_wire(digits_tiny_root):
+def test_no_weights_cross_the_wire(digits_tiny_root, monkeypatch):
     server = build(digits_tiny_root)
     seen = []
-    receive = server._receive_models
-    server._receive_models = lambda clients: seen.extend(receive(clients)) or seen[-len(clients):]
+    receive = loop.receive
+    monkeypatch.setattr(loop, "receive", lambda srv, clients: seen.extend(receive(srv, clients)) or seen[-len(clients):])
     for t in range(2):
-        server.run_round(t)
+        loop.run_round(server, t)
     c = server.data.num_classes
     for u in seen:
         assert u.state is None and set(u.extras) == {"labels", "logits"}

@@ -13,6 +13,8 @@ from flcore.registry import get_server_class
 from flcore.servers.serveramp import FedAMPServer, heur_attention, pairwise_cosine
 from utils.data_utils import load_split
 from utils.results import read_h5
+from runtime import loop
+from runtime import client_steps
 
 
 def make_server(root, *flags):
@@ -151,11 +153,11 @@ def test_negative_self_attention_warns_once_with_the_bound(digits_root, capsys):
 def test_evaluation_sees_the_trained_w_i_not_the_cloud_model(digits_noniid_root):
     server = make_server(digits_noniid_root, "-jr", "0.5", "-lr", "0.1", "--train_loss_eval", "off")
     init = state(server.global_model)
-    server.run_round(0)
+    loop.run_round(server, 0)
     trained = {c.id for c in server.selected}
     assert 0 < len(trained) < len(server.clients)
     server.round_idx = 1
-    server._send_models(server.clients)  # everyone receives its next cloud model u_i and starts from it
+    loop.send(server, server.clients)  # everyone receives its next cloud model u_i and starts from it
     correct = total = 0
     for c in server.clients:
         w_i = server.client_states[c.id] if c.id in trained else init  # what it uploaded, or never trained
@@ -167,13 +169,13 @@ def test_evaluation_sees_the_trained_w_i_not_the_cloud_model(digits_noniid_root)
         reference.load_state_dict(w_i)
         with torch.no_grad():
             hits = int((reference(c.x_test).argmax(1) == c.y_test).sum())
-        assert c.test_metrics()[0] == hits
+        assert client_steps.test_metrics(c)[0] == hits
         correct, total = correct + hits, total + c.test_samples
-    assert math.isclose(server.evaluate()["test_acc"], correct / total)
+    assert math.isclose(loop.evaluate(server)["test_acc"], correct / total)
     # the next local training starts from u_i and its result becomes the evaluated model
     c = server.clients[0]
     start = state(c.model)
-    c.train(1)
+    client_steps.train(c, 1)
     after = state(c.eval_model())
     assert all(torch.equal(after[k], v) for k, v in state(c.model).items())
     assert any(not torch.equal(after[k], start[k]) for k in start)

@@ -15,6 +15,7 @@ from flcore.clients.clientas import fisher_trace
 from flcore.registry import get_server_class
 from utils.comm import payload_bytes
 from utils.data_utils import load_split
+from runtime import loop
 
 
 def make_server(root, *flags):
@@ -77,9 +78,9 @@ def test_bodies_are_averaged_with_the_fisher_traces_as_weights(digits_tiny_root,
 
     monkeypatch.setattr(clientas, "fisher_trace", recording)
     seen = []
-    receive = server._receive_models
-    monkeypatch.setattr(server, "_receive_models", lambda clients: seen.extend(receive(clients)) or seen)
-    server.run_round(0)
+    receive = loop.receive
+    monkeypatch.setattr(loop, "receive", lambda srv, clients: seen.extend(receive(srv, clients)) or seen)
+    loop.run_round(server, 0)
     assert sorted(u.id for u in seen) == [0, 1, 2] and len(traced) == 3
     for u, (trained, value) in zip(seen, traced.values()):
         c = server.clients[u.id]
@@ -96,7 +97,7 @@ def test_alignment_is_a_step_towards_the_local_prototypes(digits_tiny_root):
     # One batch holding every training sample (--align_batch_size above their count): one gradient step.
     server = make_server(digits_tiny_root, "--align_batch_size", "1000", "--align_lr", "0.5")
     c = server.clients[0]
-    server.run_round(0)  # the clients now hold trained bodies and heads of their own
+    loop.run_round(server, 0)  # the clients now hold trained bodies and heads of their own
     own, glob = state(c.model), state(server.global_model.base)
     body = c.model.base.eval()
     with torch.no_grad():
@@ -108,7 +109,7 @@ def test_alignment_is_a_step_towards_the_local_prototypes(digits_tiny_root):
     grads = torch.autograd.grad(loss, list(ref.parameters()))
     want = {n: p.detach() - 0.5 * g for (n, p), g in zip(ref.named_parameters(), grads)}
     server.round_idx = 1
-    server._send_models([c])
+    loop.send(server, [c])
     got = c.model.state_dict()
     for n, v in want.items():
         assert torch.allclose(got[f"base.{n}"], v, atol=1e-5), n
@@ -118,10 +119,10 @@ def test_alignment_is_a_step_towards_the_local_prototypes(digits_tiny_root):
 
 def test_only_participants_receive_the_body(digits_tiny_root):
     server = make_server(digits_tiny_root)
-    server.run_round(0)
+    loop.run_round(server, 0)
     before = [state(c.model) for c in server.clients]
     server.bytes_down = 0
-    server._send_models([server.clients[1]])
+    loop.send(server, [server.clients[1]])
     assert server.bytes_down == payload_bytes(server.global_model.base)
     assert server.broadcast(server.clients[0]) is None
     for i in (0, 2):
@@ -136,13 +137,13 @@ def test_received_batchnorm_statistics_are_the_global_or_the_clients_own(bn, dig
     """Without alignment steps (--align_epochs 0) a participant's body takes the global parameters and, with
     --bn_stats shared, the global BatchNorm statistics; with local, it keeps its own."""
     server = make_server(digits_tiny_root, "-m", "BNCNN", "--bn_stats", bn, "--align_epochs", "0")
-    server.run_round(0)
+    loop.run_round(server, 0)
     client = server.clients[1]
     own = {k: v.clone() for k, v in client.model.base.named_buffers()}
     glob = dict(server.global_model.base.named_buffers())
     mean = [k for k in own if k.endswith("running_mean")]
     assert mean and not torch.equal(own[mean[0]], glob[mean[0]])
-    server._send_models([client])
+    loop.send(server, [client])
     want = own if bn == "local" else glob
     assert all(torch.equal(b, want[k]) for k, b in client.model.base.named_buffers())
     params = dict(server.global_model.base.named_parameters())
@@ -153,12 +154,12 @@ def test_ala_takes_the_aligned_body(digits_tiny_root, tmp_path):
     server = make_server(digits_tiny_root, "-ala")
     c = server.clients[0]
     assert all(n.startswith("base.") for n in c.ala.names)
-    server.run_round(0)
+    loop.run_round(server, 0)
     calls = []
     c.ala.adaptive_local_aggregation = lambda glob, target, x, y: calls.append((state(glob), state(target)))
     glob = state(server.global_model.base)
     server.round_idx = 1
-    server._send_models([c])
+    loop.send(server, [c])
     (received, target), = calls  # ALA initialises the client's own model from the aligned body under its head
     assert target.keys() == received.keys() and all(torch.equal(received[k], v) for k, v in target.items()
                                                     if k.startswith("head."))

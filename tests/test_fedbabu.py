@@ -16,6 +16,8 @@ from flcore.registry import get_server_class
 from utils.data_utils import load_split
 from utils.errors import FLError
 from utils.seeding import torch_gen
+from runtime import loop
+from plugins import dp_sample
 
 
 def make_server(root, *flags):
@@ -35,7 +37,7 @@ def test_head_never_changes_during_federated_training(digits_noniid_root):
     server = make_server(digits_noniid_root, "-lr", "0.1", "-fte", "1")
     head0, base0 = state(server.global_model.head), state(server.global_model.base)
     for t in range(3):
-        server.run_round(t)
+        loop.run_round(server, t)
         for c in server.clients:
             assert same(state(c.model.head), head0), (t, c.id)
         assert same(state(server.global_model.head), head0)
@@ -46,9 +48,9 @@ def test_head_never_changes_during_federated_training(digits_noniid_root):
 
 def test_evaluated_model_is_the_received_one_fine_tuned(digits_noniid_root):
     server = make_server(digits_noniid_root, "-lr", "0.05", "-fte", "2")
-    server.run_round(0)
+    loop.run_round(server, 0)
     server.round_idx = 1
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     client = server.clients[3]
     start = copy.deepcopy(client.model)
     gen_state = client.batch_gen.get_state()
@@ -78,7 +80,7 @@ def test_evaluation_never_changes_the_federated_run(dp, digits_noniid_root):
     for eg in ("1", "100"):  # every round evaluated (fine-tunes) vs round 0 only
         server = make_server(digits_noniid_root, "-lr", "0.1", "-eg", eg, "-fte", "1", "--train_loss_eval", "off", *dp)
         for t in range(3):
-            server.run_round(t)
+            loop.run_round(server, t)
         runs.append(server)
     assert same(state(runs[0].global_model), state(runs[1].global_model))
     for a, b in zip(runs[0].clients, runs[1].clients):
@@ -88,13 +90,13 @@ def test_evaluation_never_changes_the_federated_run(dp, digits_noniid_root):
 @pytest.mark.optional_deps("opacus")
 def test_dp_counts_the_fine_tune_steps(digits_noniid_root):
     server = make_server(digits_noniid_root, "-lr", "0.1", "-dp", "-fte", "2", "--train_loss_eval", "off")
-    server.run_round(0)  # evaluation (2 fine-tune epochs) then training (1 epoch)
+    loop.run_round(server, 0)  # evaluation (2 fine-tune epochs) then training (1 epoch)
     client = server.clients[0]
     per_epoch = math.ceil(client.train_samples / 10)
     assert sum(steps for _, _, steps in client.dp.history) == 3 * per_epoch
-    assert client.dp_epsilon(1e-5) > 0
+    assert dp_sample.dp_epsilon(client, 1e-5) > 0
     server.round_idx = 1
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     tuned = client.eval_model()
     assert not same(state(tuned), state(client.model))  # the DP fine-tune did train the copy
     assert sum(steps for _, _, steps in client.dp.history) == 5 * per_epoch

@@ -16,6 +16,7 @@ from flcore.servers.serverbn import FedBNServer
 from flcore.trainmodel.models import build_model
 from utils.data_utils import load_split
 from utils.errors import FLError
+from runtime import loop
 
 
 def build(root, *flags):
@@ -63,13 +64,13 @@ def test_aggregate_averages_only_non_bn_entries(digits_tiny_root):
 
 def test_clients_keep_their_bn_and_receive_the_rest(digits_tiny_root):
     server = build(digits_tiny_root)
-    server.run_round(0)
+    loop.run_round(server, 0)
     c = server.clients[1]
     own = {k: v.clone() for k, v in c.model.state_dict().items()}
     bn = [k for k in own if k.startswith(c.personal_keys)]
     assert len(bn) == 10 and all(k.startswith(("conv1.1.", "conv2.1.")) for k in bn)
     assert not torch.equal(own["conv1.1.running_mean"], server.global_model.state_dict()["conv1.1.running_mean"])
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     glob = server.global_model.state_dict()
     for k, v in c.model.state_dict().items():
         assert torch.equal(v, own[k] if k in bn else glob[k]), k
@@ -79,7 +80,7 @@ def test_clients_keep_their_bn_and_receive_the_rest(digits_tiny_root):
 
 def test_one_round_equals_a_hand_fedavg_over_non_bn_entries(digits_tiny_root):
     server = build(digits_tiny_root)
-    server.run_round(0)
+    loop.run_round(server, 0)
     states = [c.model.state_dict() for c in server.clients]
     n = torch.tensor([c.train_samples for c in server.clients], dtype=torch.float64)
     for k, v in server.global_model.state_dict().items():
@@ -106,11 +107,11 @@ def test_dp_is_refused(digits_tiny_root):
 
 def test_ala_runs_and_leaves_bn_alone(digits_tiny_root, tmp_path):
     server = build(digits_tiny_root, "-ala", "-p", "0")
-    server.run_round(0)
-    server.run_round(1)  # the second broadcast runs ALA on every layer
+    loop.run_round(server, 0)
+    loop.run_round(server, 1)  # the second broadcast runs ALA on every layer
     c = server.clients[0]
     own = {k: v.clone() for k, v in c.model.state_dict().items() if k.startswith(c.personal_keys)}
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     for k, v in own.items():
         assert torch.equal(c.model.state_dict()[k], v), k
     assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "FedBN", "-ala", "-gr", "2", "-lr", "0.1")) == 0
@@ -121,13 +122,13 @@ def test_ala_blends_the_received_shared_layers_into_the_clients_own_under_its_ba
     ALA's rule: Θ_i + (Θ − Θ_i) ⊙ W on the adapted layers (W: the weights ALA learned in that call), the
     global entries on the other shared layers, and the client's own BatchNorm entries untouched."""
     server = build(digits_tiny_root, "-ala", "-p", "2")
-    server.run_round(0)
-    server.run_round(1)
+    loop.run_round(server, 0)
+    loop.run_round(server, 1)
     c = server.clients[0]
     own = {k: v.clone() for k, v in c.model.state_dict().items()}
     glob = {k: v.clone() for k, v in server.global_model.state_dict().items()}
     assert not all(torch.equal(own[k], glob[k]) for k in c.ala.names)
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     new, w = c.model.state_dict(), c.ala.weights
     assert set(c.ala.names) and not any(k.startswith(c.personal_keys) for k in c.ala.names)
     for k in own:

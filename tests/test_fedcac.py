@@ -12,6 +12,7 @@ from flcore.registry import get_server_class
 from flcore.servers.servercac import collaborators, overlap_rates
 from utils.data_utils import load_split
 from utils.errors import FLError
+from runtime import loop
 
 
 def make_server(root, *flags, algo="FedCAC"):
@@ -93,9 +94,9 @@ def test_overlap_rates_and_collaborators_on_hand_made_masks():
 def test_server_composes_each_uploaders_model_by_hand(digits_tiny_root, monkeypatch):
     server = make_server(digits_tiny_root, "-lr", "0.1", "-bt", "3")
     seen = []
-    receive = server._receive_models
-    monkeypatch.setattr(server, "_receive_models", lambda cs: seen.append(receive(cs)) or seen[-1])
-    server.run_round(0)
+    receive = loop.receive
+    monkeypatch.setattr(loop, "receive", lambda srv, cs: seen.append(receive(srv, cs)) or seen[-1])
+    loop.run_round(server, 0)
     uploads = seen[0]
     n = torch.tensor([float(u.weight) for u in uploads])
     names = [k for k, _ in server.global_model.named_parameters()]
@@ -113,7 +114,7 @@ def test_server_composes_each_uploaders_model_by_hand(digits_tiny_root, monkeypa
             want = torch.where(u.extras["critical"][k], mean, glob[k])
             assert torch.allclose(server.composed[u.id][k], want, atol=1e-6), (u.id, k)
     assert max(sizes) > 1  # someone collaborates: the check is not about self-averages only
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     for c in server.clients:
         for k, p in c.model.named_parameters():
             assert torch.equal(p, server.composed[c.id][k])
@@ -121,7 +122,7 @@ def test_server_composes_each_uploaders_model_by_hand(digits_tiny_root, monkeypa
 
 def test_a_client_without_a_composition_keeps_its_critical_entries(digits_tiny_root):
     server = make_server(digits_tiny_root, "-lr", "0.1")
-    server.run_round(0)
+    loop.run_round(server, 0)
     c = server.clients[2]
     before = {k: p.detach().clone() for k, p in c.model.named_parameters()}
     glob = server.global_model.state_dict()
@@ -136,8 +137,8 @@ def test_nothing_critical_is_fedavg(digits_tiny_root):
     cac = make_server(digits_tiny_root, "-lr", "0.1", "-tau", "1e-9")
     avg = make_server(digits_tiny_root, "-lr", "0.1", algo="FedAvg")
     for t in range(2):
-        cac.run_round(t)
-        avg.run_round(t)
+        loop.run_round(cac, t)
+        loop.run_round(avg, t)
     for k, v in avg.global_model.state_dict().items():
         assert torch.equal(cac.global_model.state_dict()[k], v), k
     for c, a in zip(cac.clients, avg.clients):
@@ -209,7 +210,7 @@ def test_batchnorm_statistics_follow_bn_stats(mode, digits_tiny_root):
     for k, p in server.global_model.named_parameters():
         assert torch.equal(p, glob[k]), k  # received, not sent back
 
-    server.run_round(0)
+    loop.run_round(server, 0)
     for c in server.clients:
         composed = server.composed[c.id]
         for k, b in server.global_model.named_buffers():

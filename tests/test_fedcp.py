@@ -18,6 +18,7 @@ from flcore.registry import get_server_class
 from flcore.trainmodel.parts import BaseHeadSplit
 from utils.data_utils import load_split
 from utils.errors import FLError
+from runtime import loop
 
 
 def make_server(root, *flags):
@@ -70,13 +71,13 @@ def test_mmd_by_hand():
 def test_round_wiring(digits_noniid_root, monkeypatch):
     server = make_server(digits_noniid_root, "-lr", "0.05")
     glob = {k: v.clone() for k, v in server.global_model.state_dict().items()}
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     pheads = {}
     seen = []
-    receive = server._receive_models
+    receive = loop.receive
 
-    def keep(cs):
-        uploads = receive(cs)
+    def keep(srv, cs):
+        uploads = receive(srv, cs)
         for c in server.clients:
             # the global head is frozen during local training; the personal head is what is uploaded
             assert torch.equal(c.model.head.weight, glob["head.weight"])
@@ -84,9 +85,9 @@ def test_round_wiring(digits_noniid_root, monkeypatch):
         seen.extend(uploads)
         return uploads
 
-    monkeypatch.setattr(server, "_receive_models", keep)
-    server._train_clients(server.clients)
-    server.aggregate(server._receive_models(server.clients))
+    monkeypatch.setattr(loop, "receive", keep)
+    loop.train_clients(server, server.clients)
+    server.aggregate(loop.receive(server, server.clients))
     for u in seen:
         assert not [k for k in u.state if k.startswith(("phead.", "context"))]
         assert {k.split(".")[0] for k in u.state} == {"base", "cpn", "head"}
@@ -95,7 +96,7 @@ def test_round_wiring(digits_noniid_root, monkeypatch):
     want = sum(n[i] * pheads[i]["weight"] for i in n) / sum(n.values())
     assert torch.allclose(server.global_model.head.weight, want, atol=1e-6)
     server.round_idx = 1
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     for c in server.clients:  # receiving keeps the personal head and sets the context from it
         assert torch.equal(c.model.phead.weight, pheads[c.id]["weight"])
         assert torch.allclose(c.model.context, pheads[c.id]["weight"].sum(0))
@@ -112,7 +113,7 @@ def test_ala_runs(digits_tiny_root, tmp_path, capsys):
 def test_loss_is_ce_of_the_gumbel_split_plus_lambda_mmd_to_the_received_extractor(digits_tiny_root):
     server = make_server(digits_tiny_root, "-lam", "0.7")
     c = server.clients[0]
-    server._send_models([c])
+    loop.send(server, [c])
     received = {k: v.clone() for k, v in c.model.base.state_dict().items()}
     with torch.no_grad():  # local training has moved the extractor away from the received one, and the
         # personal head away from the global one (while they are equal, r + s = 1 makes the policy invisible)

@@ -16,6 +16,7 @@ from flcore.registry import get_server_class
 from flcore.servers.servercross import choose_collaborators, cosine_matrix, cross_aggregate
 from utils.data_utils import load_split
 from utils.results import read_h5
+from runtime import loop
 
 FAST = ("-lr", "0.1", "-lbs", "20", "--train_loss_eval", "off")
 
@@ -38,10 +39,10 @@ def play_round(server, t):
     """run_round's steps, returning (slot of each participant, uploads)."""
     server.round_idx = t
     server.selected = server.select_clients()
-    server._send_models(server.selected)
-    active = server._active_clients(server.selected)
-    server._train_clients(active)
-    uploads = server._receive_models(active)
+    loop.send(server, server.selected)
+    active = loop.active_clients(server, server.selected)
+    loop.train_clients(server, active)
+    uploads = loop.receive(server, active)
     slots = dict(server.slot_of)
     server.aggregate(uploads)
     return slots, uploads
@@ -123,7 +124,7 @@ def test_server_cross_aggregates_the_uploads(strategy, partners, digits_tiny_roo
     server = build(digits_tiny_root, "-jr", "0.8", "-ca", "0.75", "-cmss", strategy)
     assert server.k == 4
     server.round_idx = 0
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     assert sorted(server.slot_of.values()) == [0, 1, 2, 3]
     uploads, u, z = toy_uploads(server, dict(enumerate(COORDS)))
     server.aggregate(uploads)
@@ -140,7 +141,7 @@ def test_server_cross_aggregates_the_uploads(strategy, partners, digits_tiny_roo
 def test_slots_without_an_upload_keep_their_middleware_model(digits_tiny_root):
     server = build(digits_tiny_root, "-jr", "0.8", "-ca", "0.75", "-cmss", "0")
     server.round_idx = 0
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     init = state(server.global_model)
     uploads, u, z = toy_uploads(server, {0: COORDS[1], 2: COORDS[3]})  # slots 1 and 3 dropped out
     before = [dict(m) for m in server.middleware]
@@ -176,12 +177,12 @@ def test_alpha_one_is_a_reference_loop_of_local_models(digits_tiny_root):
     for t in range(3):
         server.round_idx = t
         server.selected = server.select_clients()
-        server._send_models(server.selected)
+        loop.send(server, server.selected)
         slots = dict(server.slot_of)
         mappings.append(tuple(sorted(slots.items())))
         gens = {c.id: c.batch_gen.get_state() for c in server.selected}
-        server._train_clients(server.selected)
-        uploads = server._receive_models(server.selected)
+        loop.train_clients(server, server.selected)
+        uploads = loop.receive(server, server.selected)
         server.aggregate(uploads)
         for u in uploads:  # each middleware model is exactly its client's local model
             assert same(server.middleware[slots[u.id]], u.state)
@@ -208,7 +209,7 @@ def test_clients_evaluate_the_global_model_and_train_their_middleware_model(digi
     server = build(digits_tiny_root)
     play_round(server, 0)
     server.round_idx = 1
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     glob = state(server.global_model)
     for k, v in glob.items():  # the global model is the mean of the middleware models
         torch.testing.assert_close(v, sum(m[k] for m in server.middleware) / server.k)
@@ -263,7 +264,7 @@ def test_ala_initialises_the_training_start_from_the_middleware_model(digits_tin
     play_round(server, 0)
     trained = {c.id: state(c.model) for c in server.clients}
     server.round_idx = 1
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     changed = 0
     for c in server.clients:
         start, middleware = state(c.model), server.middleware[server.slot_of[c.id]]
@@ -283,7 +284,7 @@ def test_evaluated_batchnorm_statistics_are_the_global_or_the_clients_own(bn, di
     server = build(digits_tiny_root, "-m", "BNCNN", "--bn_stats", bn)
     play_round(server, 0)
     server.round_idx = 1
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     glob = dict(server.global_model.named_parameters())
     glob_buffers = dict(server.global_model.named_buffers())
     for c in server.clients:

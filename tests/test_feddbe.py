@@ -14,6 +14,7 @@ from flcore.clients.clientdbe import mean_regularizer, running_mean_update
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
 from utils.seeding import torch_gen
+from runtime import loop
 
 
 def make_server(root, *flags):
@@ -92,7 +93,7 @@ def test_initialization_period_gives_the_weighted_mean_once(digits_tiny_root):
     want = sum(w * m for w, m in results) / sum(w for w, _ in results)
     assert all(w == c.train_samples for (w, _), c in zip(results, ref.clients))
     start = {k: v.clone() for k, v in server.global_model.state_dict().items()}
-    server.run_round(0)
+    loop.run_round(server, 0)
     assert torch.allclose(server.global_mean, want, atol=1e-6)
     assert all(torch.equal(c.global_mean, server.global_mean) for c in server.clients)
     assert server.payload["mean"] is not None and server.bytes_up > 0
@@ -105,7 +106,7 @@ def test_initialization_period_gives_the_weighted_mean_once(digits_tiny_root):
     twin.payload = None
     twin.prepare_broadcast = lambda p: setattr(twin, "payload", {"model": twin.global_model, "mean": want})
     assert torch.equal(twin.global_model.state_dict()["base.fc1.0.weight"], start["base.fc1.0.weight"])
-    twin.run_round(0)
+    loop.run_round(twin, 0)
     for k, v in server.global_model.state_dict().items():
         assert torch.allclose(v, twin.global_model.state_dict()[k], atol=1e-6), k
     # the initialization period's means are counted as uploaded, on top of the round's models
@@ -114,7 +115,7 @@ def test_initialization_period_gives_the_weighted_mean_once(digits_tiny_root):
 
 def test_prbm_is_trained_but_never_uploaded(digits_tiny_root):
     server = make_server(digits_tiny_root, "-lr", "0.1")
-    server.run_round(0)
+    loop.run_round(server, 0)
     c = server.clients[1]
     assert c.model.prbm.abs().max() > 0  # trained
     up = c.upload()
@@ -126,8 +127,8 @@ def test_prbm_is_trained_but_never_uploaded(digits_tiny_root):
 def test_ala_runs_on_the_received_model(digits_tiny_root):
     server = make_server(digits_tiny_root, "-ala", "--ala_max_epochs", "2")
     assert server.clients[0].ala.names[-2:] == ["head.weight", "head.bias"]
-    server.run_round(0)
-    server.run_round(1)
+    loop.run_round(server, 0)
+    loop.run_round(server, 1)
     assert all(torch.isfinite(p).all() for c in server.clients for p in c.model.parameters())
 
 

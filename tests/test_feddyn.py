@@ -14,6 +14,8 @@ from flcore.clients.clientdyn import dyn_penalty_grad
 from flcore.registry import get_server_class
 from flcore.servers.serverdyn import dyn_server_step
 from utils.data_utils import load_split
+from runtime import loop
+from runtime import client_steps
 
 
 def make_server(root, *flags):
@@ -45,12 +47,12 @@ def test_local_steps_and_state_update_follow_the_paper(digits_root):
     alpha, lr, bs = 0.5, 0.05, 32
     server = make_server(digits_root, "-al", str(alpha), "-lr", str(lr), "-lbs", str(bs))
     c0 = server.clients[0]
-    server._send_models([c0])
+    loop.send(server, [c0])
     anchor = {k: p.detach().clone() for k, p in server.global_model.named_parameters()}
     c0.grad_state = randn_like(anchor, 4)
     state_old = {k: v.clone() for k, v in c0.grad_state.items()}
     batch_state = c0.batch_gen.get_state()
-    c0.train(0)
+    client_steps.train(c0, 0)
 
     # Reference: SGD on CE + the written-out regulariser, by autograd, over the client's own batches.
     gen = torch.Generator().set_state(batch_state)
@@ -98,13 +100,13 @@ def test_server_aggregate_updates_h_over_all_clients_and_corrects_the_unweighted
 
 def test_feddyn_with_ala_anchors_to_the_received_global_model(digits_root):
     server = make_server(digits_root, "-ala", "--ala_max_epochs", "3", "-gr", "2", "-lr", "0.1", "-eg", "5")
-    server.train()
+    loop.train(server)
     client = server.clients[0]
     assert client.ala.weights is not None  # ALA ran in round 2
     glob = dict(server.global_model.named_parameters())
     assert all(torch.equal(client.anchor[k], glob[k].detach()) for k in glob)  # the anchor is θ^{t-1} ...
     assert any(not torch.equal(p.detach(), glob[k]) for k, p in client.model.named_parameters())  # ... not ALA's mix
-    assert np.isfinite(server.evaluate()["train_loss"])
+    assert np.isfinite(loop.evaluate(server)["train_loss"])
 
 
 @pytest.mark.optional_deps("opacus")
@@ -115,7 +117,7 @@ def test_dp_adds_the_regulariser_after_clipping(digits_root):
     server = make_server(digits_root, "-dp", "-dps", "1", "--dp_clip", "1e-9", "-al", str(alpha), "-lr", str(lr))
     c0 = server.clients[0]
     c0.dp.sigma = 0.0
-    server._send_models([c0])
+    loop.send(server, [c0])
     anchor = {k: p.detach().clone() for k, p in c0.model.named_parameters()}
     c0.grad_state = randn_like(anchor, 8)
     with torch.no_grad():

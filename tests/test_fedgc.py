@@ -15,6 +15,8 @@ from flcore.clients.clientgc import GCModel
 from flcore.registry import get_server_class
 from flcore.servers.servergc import corrected, gc_regulariser
 from utils.data_utils import load_split
+from runtime import loop
+from runtime import client_steps
 
 
 def make_server(root, *flags):
@@ -62,9 +64,9 @@ def test_local_softmax_over_own_classes(digits_noniid_root):
 def test_round_uploads_own_rows_and_receives_them_corrected(digits_noniid_root, monkeypatch):
     server = make_server(digits_noniid_root, "-lam", "2.0", "-lr", "0.05")
     seen = []
-    receive = server._receive_models
-    monkeypatch.setattr(server, "_receive_models", lambda cs: seen.extend(receive(cs)) or seen)
-    server.run_round(0)
+    receive = loop.receive
+    monkeypatch.setattr(loop, "receive", lambda srv, cs: seen.extend(receive(srv, cs)) or seen)
+    loop.run_round(server, 0)
     assert sorted(u.id for u in seen) == [0, 1, 2]
     for u in seen:
         assert set(u.state) == {k for k in server.global_model.state_dict() if k.startswith("base.")}
@@ -76,7 +78,7 @@ def test_round_uploads_own_rows_and_receives_them_corrected(digits_noniid_root, 
     for i, w in zip(ids, want):
         assert torch.equal(server.embeddings[i][1], w)
     server.round_idx = 1
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     for i in ids:
         c = server.clients[i]
         assert torch.equal(c.model.head.weight[c.own], server.embeddings[i][1])
@@ -86,9 +88,9 @@ def test_round_uploads_own_rows_and_receives_them_corrected(digits_noniid_root, 
 def test_server_step_is_lambda_times_the_decayed_rate(digits_noniid_root, monkeypatch, lam):
     server = make_server(digits_noniid_root, "-lam", str(lam), "-lr", "0.05", "-ld", "-ldg", "0.5")
     seen = []
-    receive = server._receive_models
-    monkeypatch.setattr(server, "_receive_models", lambda cs: seen.extend(receive(cs)) or seen)
-    server.run_round(2)
+    receive = loop.receive
+    monkeypatch.setattr(loop, "receive", lambda srv, cs: seen.extend(receive(srv, cs)) or seen)
+    loop.run_round(server, 2)
     up = {u.id: u.extras for u in seen}
     ids = sorted(up)
     step = lam * 0.05 * 0.5 ** 2  # λ · lr decayed for round 2
@@ -120,8 +122,8 @@ def test_embeddings_start_as_the_classifier_and_the_class_mask_stays_out_of_the_
 def test_uploaded_embeddings_hold_no_graph(digits_noniid_root):
     server = make_server(digits_noniid_root)
     c = server.clients[0]
-    server._send_models([c])
-    c.train(0)
+    loop.send(server, [c])
+    client_steps.train(c, 0)
     rows = c.upload().extras["embeddings"]
     assert not rows.requires_grad and rows.grad_fn is None
     assert torch.equal(rows, c.model.head.weight.detach()[c.own])

@@ -19,6 +19,8 @@ from flcore.registry import get_server_class
 from flcore.servers.servergen import generator_loss
 from utils.data_utils import load_split
 from utils.results import read_h5
+from runtime import loop
+from runtime import client_steps
 
 
 def make_server(root, *flags):
@@ -61,14 +63,14 @@ def test_generator_loss_on_a_toy_ensemble_matches_a_hand_computation():
 
 def test_the_generator_learns_on_the_server_only(digits_root):
     server = make_server(digits_root)
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     assert all(c.generator is None for c in server.clients)  # round 0: nothing trained yet
-    server.run_round(0)
+    loop.run_round(server, 0)
     assert server.gen_rounds == 1
     counts = sum(torch.bincount(c.y_train, minlength=10).float() for c in server.clients)
     torch.testing.assert_close(server.label_dist, counts / counts.sum())
     server.round_idx = 1
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     g_server = state(server.generator)
     c0 = server.clients[0]
     assert c0.generator is not server.generator
@@ -77,12 +79,12 @@ def test_the_generator_learns_on_the_server_only(digits_root):
         assert torch.equal(v, g_server[k])
     held = {id(p) for g in c0.optimizer.param_groups for p in g["params"]}
     assert not any(id(p) in held or p.requires_grad for p in c0.generator.parameters())
-    server._train_clients(server.clients)
+    loop.train_clients(server, server.clients)
     for k, v in state(c0.generator).items():  # client training leaves both copies as they were
         assert torch.equal(v, g_client[k])
     for k, v in state(server.generator).items():
         assert torch.equal(v, g_server[k])
-    uploads = server._receive_models(server.clients)
+    uploads = loop.receive(server, server.clients)
     server.aggregate(uploads)
     assert server.gen_rounds == 2
     moved = [k for k, v in server.generator.named_parameters() if not torch.equal(v.detach(), g_server[k])]
@@ -94,10 +96,10 @@ def test_client_objective_and_its_schedule(digits_root):
     assert generated_weight(10.0, 0) == 10.0 and generated_weight(10.0, 2) == pytest.approx(10 * 0.98 ** 2)
     assert generated_weight(10.0, 10 ** 4) == 1e-4
     server = make_server(digits_root, "--generative_alpha", "3.0", "--gen_batch_size", "6")
-    server.run_round(0)
+    loop.run_round(server, 0)
     c0 = server.clients[0]
     server.round_idx = 1
-    server._send_models([c0])
+    loop.send(server, [c0])
     c0.alpha = generated_weight(3.0, 1)
     x, y = c0.x_train[:5], c0.y_train[:5]
     gen = torch.Generator().set_state(c0.gen_stream.get_state())
@@ -110,7 +112,7 @@ def test_client_objective_and_its_schedule(digits_root):
     assert got.item() == pytest.approx(want.item(), rel=1e-5)
     assert (got - F.cross_entropy(c0.model(x), y)).item() > 0.1  # the generated term is there
     before = {k: v.clone() for k, v in c0.model.base.state_dict().items()}
-    c0.train(1)  # the run takes the round's weight itself
+    client_steps.train(c0, 1)  # the run takes the round's weight itself
     assert c0.alpha == pytest.approx(3.0 * 0.98)
     assert any(not torch.equal(v, before[k]) for k, v in c0.model.base.state_dict().items())
 
@@ -132,14 +134,14 @@ def test_round_zero_is_fedavg_and_later_rounds_are_not(digits_tiny_root, tmp_pat
 def test_lf_shares_only_the_head(digits_root):
     server = make_server(digits_root, "-lf")
     base0 = state(server.global_model.base)
-    server.run_round(0)
-    uploads = server._receive_models(server.clients)
+    loop.run_round(server, 0)
+    uploads = loop.receive(server, server.clients)
     assert all(set(u.state) == {"head.weight", "head.bias"} for u in uploads)
     assert server.clients[0].personal_keys == ("base.",)
     for k, v in state(server.global_model.base).items():
         assert torch.equal(v, base0[k])
     server.round_idx = 1
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     a, b = server.clients[0].model, server.clients[1].model
     assert torch.equal(a.head.weight, server.global_model.head.weight)
     assert not torch.equal(a.base.fc1[0].weight, b.base.fc1[0].weight)  # bodies stay local
@@ -236,9 +238,9 @@ def test_lf_averages_the_uploaded_heads_by_samples(digits_tiny_root, monkeypatch
     """-lf: the global head becomes the sample-weighted mean of the uploaded heads (unequal weights)."""
     server = make_server(digits_tiny_root, "-lf", "-se", "1")
     seen = []
-    receive = server._receive_models
-    monkeypatch.setattr(server, "_receive_models", lambda cs: seen.append(receive(cs)) or seen[-1])
-    server.run_round(0)
+    receive = loop.receive
+    monkeypatch.setattr(loop, "receive", lambda srv, cs: seen.append(receive(srv, cs)) or seen[-1])
+    loop.run_round(server, 0)
     uploads = seen[0]
     w = [float(u.weight) for u in uploads]
     assert len(set(w)) > 1

@@ -14,6 +14,7 @@ from flcore.servers.servergh import train_header
 from utils.comm import payload_bytes
 from utils.data_utils import load_split
 from utils.errors import FLError
+from runtime import loop
 
 
 def make_server(root, *flags):
@@ -28,10 +29,12 @@ def state(module):
 
 def uploads_of_round(server, t=0):
     seen = []
-    receive = server._receive_models
-    server._receive_models = lambda clients: seen.extend(receive(clients)) or seen
-    server.run_round(t)
-    server._receive_models = receive
+    receive = loop.receive
+    loop.receive = lambda srv, clients: seen.extend(receive(srv, clients)) or seen
+    try:
+        loop.run_round(server, t)
+    finally:
+        loop.receive = receive
     return seen
 
 
@@ -106,7 +109,7 @@ def test_no_body_is_uploaded_and_only_the_header_goes_down(digits_tiny_root):
     head_bytes = payload_bytes(server.global_model.head)
     assert payload_bytes(server.broadcast(server.clients[0])) == head_bytes
     assert server.bytes_down == 3 * head_bytes
-    server._send_models(server.select_clients())  # every client takes the global header over its own body
+    loop.send(server, server.select_clients())  # every client takes the global header over its own body
     glob = server.global_model.head.state_dict()
     bodies = [c.model.base.state_dict() for c in server.clients]
     for c in server.clients:
@@ -118,11 +121,11 @@ def test_ala_adapts_the_received_header(digits_tiny_root, tmp_path):
     server = make_server(digits_tiny_root, "-ala")
     c = server.clients[0]
     assert c.ala.names == ["head.weight", "head.bias"]
-    server.run_round(0)
+    loop.run_round(server, 0)
     calls = []
     c.ala.adaptive_local_aggregation = lambda glob, target, x, y: calls.append((state(glob), state(target)))
     server.round_idx = 1
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     (received, target), = calls  # the global header under the client's own body
     assert all(torch.equal(received[f"head.{k}"], v) for k, v in server.global_model.head.state_dict().items())
     assert all(torch.equal(received[k], v) for k, v in target.items() if k.startswith("base."))

@@ -17,6 +17,8 @@ from flcore.registry import get_server_class
 from utils.comm import payload_bytes
 from utils.data_utils import load_split
 from utils.errors import FLError
+from runtime import loop
+from runtime import client_steps
 
 
 def build(root, *flags):
@@ -61,10 +63,10 @@ def test_threshold_schedule_by_hand():
 def test_upload_is_the_factors_at_the_rounds_threshold(digits_tiny_root):
     server = build(digits_tiny_root, "-Ts", "0.6", "-Te", "0.9")
     c = server.clients[0]
-    server._send_models([c])
+    loop.send(server, [c])
     server.round_idx = 2
     start = {k: v.clone() for k, v in c.global_mentee.state_dict().items()}
-    c.train(2)
+    client_steps.train(c, 2)
     up = c.upload()
     assert up.state is None
     energy = 0.825  # T(2) with R = 4 rounds: 0.6 + 0.3 * 3 / 4
@@ -88,14 +90,14 @@ def test_upload_is_the_factors_at_the_rounds_threshold(digits_tiny_root):
 def test_global_mentee_stays_in_sync_and_bytes_up_drop(digits_tiny_root):
     server = build(digits_tiny_root)
     for t in range(2):
-        server.run_round(t)
+        loop.run_round(server, t)
     model_bytes = payload_bytes(server.global_model)
     assert 0 < server.bytes_up < 3 * model_bytes / 3  # round 1's three uploads: under one mentee's bytes
     assert 0 < server.bytes_down < 3 * model_bytes / 3
     server.round_idx = 2
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     server.aggregate([])  # a round without uploads: the next broadcast carries no update again
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     glob = server.global_model.state_dict()
     for c in server.clients:
         for k, v in c.global_mentee.state_dict().items():
@@ -291,8 +293,8 @@ def test_the_probe_leaves_the_models_as_it_found_them(digits_tiny_root):
 def test_the_upload_carries_the_batchnorm_statistics_unless_local(digits_tiny_root, bn_stats):
     server = build(digits_tiny_root, "-m", "BNCNN", "--bn_stats", bn_stats)
     c = server.clients[0]
-    server._send_models([c])
-    c.train(0)
+    loop.send(server, [c])
+    client_steps.train(c, 0)
     keys = [k for k, _ in c.model.named_parameters()]
     if bn_stats == "shared":
         keys += [k for k in c.model.state_dict() if k.endswith(("running_mean", "running_var"))]
@@ -339,11 +341,11 @@ def test_both_groups_follow_the_decayed_rate_and_the_mentee_keeps_its_own(digits
     0.02 · 0.25; the mentor trains in train mode even after something left it in eval mode."""
     server = build(digits_tiny_root, "-mlr", "0.02", "-ld", "-ldg", "0.5")
     c = server.clients[0]
-    server._send_models([c])
+    loop.send(server, [c])
     modes = []
     c.mentor.register_forward_pre_hook(lambda mod, args: modes.append(mod.training))
     c.mentor.eval()
-    c.train(2)
+    client_steps.train(c, 2)
     groups = c.kd_optimizer.param_groups
     assert groups[0]["lr"] == pytest.approx(0.025) and groups[1]["lr"] == pytest.approx(0.005)
     assert {id(p) for p in groups[0]["params"]} == {id(p) for p in [*c.mentor.parameters(), *c.W_h.parameters()]}

@@ -16,6 +16,8 @@ from conftest import build_server, cli
 from flcore.clients.clientbase import Upload
 from flcore.clients.clientfednova import a_norm
 from utils.errors import FLError
+from runtime import loop
+from runtime import client_steps
 
 
 @pytest.mark.parametrize("steps", [1, 2, 7, 30])
@@ -70,7 +72,7 @@ def test_a_round_on_unequal_clients_is_the_normalised_update(digits_tiny_root, t
     clients' trained models: x + τ_eff Σ p_i (x_i − x) / τ_i, not FedAvg's Σ p_i x_i."""
     server = build_server(digits_tiny_root, tmp_path, "-algo", "FedNova")
     x = copy.deepcopy(server.global_model.state_dict())
-    server.run_round(0)
+    loop.run_round(server, 0)
     n = [c.train_samples for c in server.clients]
     tau = [math.ceil(m / 20) for m in n]
     assert len(set(tau)) > 1, tau
@@ -93,7 +95,7 @@ def test_equal_step_counts_give_fedavgs_numbers(digits_root, tmp_path):
         server = build_server(digits_root, tmp_path, "-algo", algo)
         assert len({c.steps_per_round() for c in server.clients}) == 1
         for t in range(2):
-            server.run_round(t)
+            loop.run_round(server, t)
         models[algo] = server.global_model.state_dict()
     for k, v in models["FedAvg"].items():
         assert torch.allclose(models["FedNova"][k].float(), v.float(), atol=1e-6), k
@@ -105,7 +107,7 @@ def test_the_local_solver_is_momentum_sgd_on_the_proximal_loss(digits_tiny_root,
     ||a_i||_1 is ``a_norm`` of its steps."""
     rho, mu, lr = 0.9, 0.5, 0.1
     server = build_server(digits_tiny_root, tmp_path, "-algo", "FedNova", "-rho", str(rho), "-mu", str(mu))
-    server.run_round(0)
+    loop.run_round(server, 0)
     client = server.clients[0]
     client.receive(server.global_model, True)
     model = copy.deepcopy(client.model)
@@ -122,7 +124,7 @@ def test_the_local_solver_is_momentum_sgd_on_the_proximal_loss(digits_tiny_root,
                 b.mul_(rho).add_(g + mu * (p - a))
                 p.sub_(lr * b)
         steps += 1
-    client.train(1)
+    client_steps.train(client, 1)
     for (k, mine), theirs in zip(client.model.named_parameters(), model.parameters()):
         assert torch.allclose(mine, theirs, atol=1e-5), k
     assert steps == client.steps_per_round()

@@ -15,6 +15,8 @@ from flcore.registry import get_server_class
 from utils.data_utils import load_split
 from utils.errors import FLError
 from utils.results import read_h5
+from runtime import loop
+from utils import dp_sgd
 
 
 def make_server(root, *flags):
@@ -57,7 +59,7 @@ def test_client_loss_is_ce_plus_beta_ntd_against_the_received_global_model(digit
     beta, tau = 0.7, 2.0
     server = make_server(digits_root, "-bt", str(beta), "-tau", str(tau))
     client = server.clients[0]
-    server._send_models([client])
+    loop.send(server, [client])
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in client.model.parameters():  # as after some local steps: local far enough from global that
@@ -84,14 +86,14 @@ def test_beta_zero_is_fedavg(digits_root, tmp_path):
 
 def test_teacher_is_the_received_global_model_with_ala(digits_root):
     server = make_server(digits_root, "-ala", "--ala_max_epochs", "3", "-gr", "2", "-lr", "0.1", "-eg", "5")
-    server.train()
+    loop.train(server)
     client = server.clients[0]
     assert client.ala.weights is not None  # ALA ran in round 2
-    server._send_models([client])  # the next round's start: ALA mix for the student, global model for the teacher
+    loop.send(server, [client])  # the next round's start: ALA mix for the student, global model for the teacher
     glob = dict(server.global_model.named_parameters())
     assert all(torch.equal(p, glob[k].detach()) for k, p in client.teacher.named_parameters())
     assert any(not torch.equal(p.detach(), glob[k]) for k, p in client.model.named_parameters())
-    assert np.isfinite(server.evaluate()["train_loss"])
+    assert np.isfinite(loop.evaluate(server)["train_loss"])
 
 
 @pytest.mark.optional_deps("opacus")
@@ -100,7 +102,7 @@ def test_dp_per_sample_gradients_include_the_distillation_term(digits_root):
     teacher (an untrained client module) and the not-true gather under vmap."""
     server = make_server(digits_root, "-dp", "-dps", "1", "--dp_clip", "1e9", "-bt", "2")
     client = server.clients[0]
-    server._send_models([client])
+    loop.send(server, [client])
     with torch.no_grad():
         for p in client.model.parameters():
             p.mul_(1.1)
@@ -110,7 +112,7 @@ def test_dp_per_sample_gradients_include_the_distillation_term(digits_root):
     client.loss(x, y).backward()
     want = [p.grad.clone() for p in client.model.parameters()]
     client.optimizer.zero_grad()
-    client.dp_backward(client.loss, client.optimizer, x, y)
+    dp_sgd.dp_backward(client, client.loss, client.optimizer, x, y)
     for p, w in zip(client.model.parameters(), want):
         torch.testing.assert_close(p.grad, w, atol=1e-5, rtol=1e-4)
     assert all(t.grad is None for t in client.teacher.parameters())

@@ -16,6 +16,8 @@ from flcore.prototypes import aggregate_prototypes
 from flcore.registry import get_server_class
 from flcore.servers.serverpac import combination_weights
 from utils.data_utils import load_split
+from runtime import loop
+from runtime import client_steps
 
 
 def make_server(root, *flags):
@@ -93,12 +95,12 @@ def test_feature_statistics_by_hand():
     assert torch.allclose(h, torch.tensor([[p[k] * m for m in mu[k]] for k in range(4)], dtype=torch.float64))
 
 
-def test_a_round_combines_heads_averages_bodies_and_centroids(digits_tiny_root):
+def test_a_round_combines_heads_averages_bodies_and_centroids(digits_tiny_root, monkeypatch):
     server = make_server(digits_tiny_root)
     seen = []
-    receive = server._receive_models
-    server._receive_models = lambda clients: seen.append(receive(clients)) or seen[-1]
-    server.run_round(0)
+    receive = loop.receive
+    monkeypatch.setattr(loop, "receive", lambda srv, clients: seen.append(receive(srv, clients)) or seen[-1])
+    loop.run_round(server, 0)
     uploads = seen[0]
     states = [{k: t.detach().clone() for k, t in u.state.items()} for u in uploads]  # live tensors: keep them
     # the body is FedAvg's
@@ -115,7 +117,7 @@ def test_a_round_combines_heads_averages_bodies_and_centroids(digits_tiny_root):
     # each client's head is Σ_j α_ij head_j with α_i from the uploaded statistics; it arrives next broadcast
     v = torch.stack([u.extras["v"] for u in uploads])
     hs = torch.stack([u.extras["H"] for u in uploads])
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     for i, u in enumerate(uploads):
         alpha = combination_weights(v, hs, i)
         assert np.array_equal(alpha, server.weights[u.id])
@@ -133,9 +135,9 @@ def test_a_lone_upload_keeps_its_own_head(digits_tiny_root):
     """A round with one upload (the others dropped or not selected): its α is [1], so the head it gets
     back is its own, and the body is its own too."""
     server = make_server(digits_tiny_root)
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     c = server.clients[2]
-    c.train(0)
+    client_steps.train(c, 0)
     upload = c.upload()
     state = {k: t.detach().clone() for k, t in upload.state.items()}
     server.aggregate([upload])
@@ -148,12 +150,12 @@ def test_a_lone_upload_keeps_its_own_head(digits_tiny_root):
 
 def test_statistics_are_of_the_received_body_before_training(digits_tiny_root):
     server = make_server(digits_tiny_root)
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     c = server.clients[1]
     c.model.eval()
     with torch.no_grad():
         want = feature_statistics(c.model.base(c.x_train), c.y_train, 10)
-    c.train(0)
+    client_steps.train(c, 0)
     assert float(c.stats[0]) == pytest.approx(float(want[0]), rel=1e-5)
     assert torch.allclose(c.stats[1], want[1], atol=1e-6)
 
@@ -162,22 +164,22 @@ def test_steps_per_round_counts_head_and_body_steps(digits_tiny_root):
     """Both phases move the uploaded model (head and body are uploaded): -pls 2 head epochs and -ls 1
     body epoch of ceil(n / 20) batches each, the count the optimizer really takes in a round."""
     server = make_server(digits_tiny_root, "-pls", "2", "-ls", "1")
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     c = server.clients[0]
     taken = []
     step = c._sgd_step
     c._sgd_step = lambda *a: taken.append(1) or step(*a)
-    c.train(0)
+    client_steps.train(c, 0)
     assert len(taken) == c.steps_per_round() == 3 * math.ceil(c.train_samples / 20)
 
 
 def test_ala_runs_on_the_body(digits_tiny_root):
     server = make_server(digits_tiny_root, "-ala", "-p", "2")
     assert server.clients[0].ala.names == ["base.fc1.0.weight", "base.fc1.0.bias"]
-    server.run_round(0)
-    server.run_round(1)
+    loop.run_round(server, 0)
+    loop.run_round(server, 1)
     server.round_idx = 2
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     glob = server.global_model.base.state_dict()
     for c in server.clients:  # ALA mixed the adapted tensors with the client's own; the others are copied
         body = c.model.base.state_dict()

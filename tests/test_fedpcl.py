@@ -15,6 +15,7 @@ from flcore.prototypes import NearestPrototype
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
 from utils.errors import FLError
+from runtime import loop
 
 
 def make_server(root, *flags):
@@ -54,17 +55,17 @@ def test_contrastive_loss_by_hand():
     assert prototype_contrastive_loss(z, y, gt, torch.zeros(3, dtype=torch.bool), tau).item() == 0.0
 
 
-def test_rounds_upload_normalised_prototypes_only_and_pad_with_the_global_ones(digits_tiny_root):
+def test_rounds_upload_normalised_prototypes_only_and_pad_with_the_global_ones(digits_tiny_root, monkeypatch):
     server = make_server(digits_tiny_root)
     seen = []
-    receive = server._receive_models
-    server._receive_models = lambda clients: seen.append(receive(clients)) or seen[-1]
+    receive = loop.receive
+    monkeypatch.setattr(loop, "receive", lambda srv, clients: seen.append(receive(srv, clients)) or seen[-1])
     before = {k: v.clone() for k, v in server.clients[0].model.state_dict().items()}
-    server.run_round(0)
+    loop.run_round(server, 0)
     c = server.clients[0]
     # the first round only collects prototypes: nothing to contrast with yet, the model is untouched
     assert all(torch.equal(before[k], v) for k, v in c.model.state_dict().items())
-    server.run_round(1)
+    loop.run_round(server, 1)
     assert any(not torch.equal(before[k], v) for k, v in c.model.state_dict().items())
     for u in seen[1]:
         c = server.clients[u.id]
@@ -77,7 +78,7 @@ def test_rounds_upload_normalised_prototypes_only_and_pad_with_the_global_ones(d
             assert u.extras["counts"][k] == int((c.y_train == k).sum())
     # every client receives the global prototypes and each client's last upload; a class a client lacks
     # is contrasted against the global prototype in its place
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     c = server.clients[1]
     assert sorted(c.client_protos) == [0, 1, 2, 3, 4]
     lacking = [k for k in server.global_protos if k not in c.client_protos[3]]
@@ -91,7 +92,7 @@ def test_rounds_upload_normalised_prototypes_only_and_pad_with_the_global_ones(d
 
 def test_evaluation_is_the_nearest_own_prototype(digits_tiny_root):
     server = make_server(digits_tiny_root)
-    server.run_round(0)
+    loop.run_round(server, 0)
     c = server.clients[2]
     m = c.eval_model()
     assert isinstance(m, NearestPrototype) and m.normalize and m.base is c.model.base

@@ -15,6 +15,8 @@ from flcore.registry import get_server_class
 from utils.data_utils import load_split
 from utils.errors import FLError
 from utils.results import read_h5
+from runtime import loop
+from runtime import client_steps
 
 SHARED = {"FedPer": "base.", "LG-FedAvg": "head."}
 LOCAL = {"FedPer": "head.", "LG-FedAvg": "base."}
@@ -34,7 +36,7 @@ def test_upload_is_exactly_the_shared_entries(algo, digits_root):
     server = make_server(digits_root, algo, "-lr", "0.1")
     client = server.clients[0]
     assert client.personal_keys == (LOCAL[algo],)
-    client.train(0)
+    client_steps.train(client, 0)
     up = client.upload()
     model = state(client.model)
     want = sorted(k for k in model if k.startswith(SHARED[algo]))
@@ -62,7 +64,7 @@ def test_aggregate_is_the_sample_weighted_mean_of_the_shared_entries(algo, digit
 def test_receive_replaces_only_the_shared_part(algo, digits_root):
     server = make_server(digits_root, algo, "-lr", "0.1")
     client = server.clients[2]
-    client.train(0)
+    client_steps.train(client, 0)
     mine = state(client.model)
     with torch.no_grad():
         for p in server.global_model.parameters():
@@ -93,11 +95,11 @@ def test_fedper_with_ala_adapts_the_body_under_the_local_head(digits_root):
     server = make_server(digits_root, "FedPer", "-ala", "--ala_max_epochs", "5", "-gr", "2", "-lr", "0.1")
     client = server.clients[0]
     assert client.ala.names and all(n.startswith("base.") for n in client.ala.names)
-    server.run_round(0)
-    server.run_round(1)
+    loop.run_round(server, 0)
+    loop.run_round(server, 1)
     head = state(client.model.head)
     server.round_idx = 2
-    server._send_models(server.clients)  # the second receipt after training: ALA runs
+    loop.send(server, server.clients)  # the second receipt after training: ALA runs
     assert client.ala.weights is not None
     assert all(torch.equal(v, state(client.model.head)[k]) for k, v in head.items())  # the head stays
     glob, got = state(server.global_model.base), state(client.model.base)

@@ -13,6 +13,7 @@ from conftest import cli
 from flcore.prototypes import NearestPrototype, aggregate_prototypes, class_prototypes, prototype_pull, representations
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
+from runtime import loop
 
 
 def make_server(root, *flags):
@@ -38,13 +39,13 @@ def test_server_aggregation_by_hand():
     assert torch.allclose(agg[0], torch.tensor([3.0, 2.0])) and torch.allclose(agg[1], torch.tensor([0.0, 2.0]))
 
 
-def test_uploads_are_the_class_means_of_the_trained_body_and_carry_no_weights(digits_tiny_root):
+def test_uploads_are_the_class_means_of_the_trained_body_and_carry_no_weights(digits_tiny_root, monkeypatch):
     server = make_server(digits_tiny_root)
     seen = []
-    receive = server._receive_models
-    server._receive_models = lambda clients: seen.append(receive(clients)) or seen[-1]
+    receive = loop.receive
+    monkeypatch.setattr(loop, "receive", lambda srv, clients: seen.append(receive(srv, clients)) or seen[-1])
     before = [{k: t.clone() for k, t in c.model.base.state_dict().items()} for c in server.clients]
-    server.run_round(0)
+    loop.run_round(server, 0)
     uploads = seen[0]
     d = server.clients[0].model.head.in_features
     for c, start in zip(server.clients, before):  # the prototypes below are of a body that has trained
@@ -76,7 +77,7 @@ def test_uploads_are_the_class_means_of_the_trained_body_and_carry_no_weights(di
     for k, p in expected.items():
         torch.testing.assert_close(server.global_protos[k], p)
     server.bytes_down = 0
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     assert server.bytes_down == len(server.clients) * len(expected) * 4 * d
     for c in server.clients:
         assert all(torch.equal(c.global_protos[k], server.global_protos[k]) for k in expected)
@@ -133,10 +134,10 @@ def test_representations_are_taken_in_eval_mode_without_grad_and_restore_the_mod
 
 def test_evaluation_uses_the_global_prototypes_after_the_first_round(digits_tiny_root):
     server = make_server(digits_tiny_root)
-    server._send_models(server.select_clients())
+    loop.send(server, server.select_clients())
     assert server.clients[0].eval_model() is server.clients[0].model  # no prototype yet: the local head
-    server.run_round(0)
-    server._send_models(server.select_clients())
+    loop.run_round(server, 0)
+    loop.send(server, server.select_clients())
     m = server.clients[0].eval_model()
     assert isinstance(m, NearestPrototype) and m.base is server.clients[0].model.base
     assert torch.equal(m.prototypes[3], server.global_protos[3])

@@ -14,6 +14,8 @@ from flcore.clients.clientbase import Upload
 from flcore.clients.clientrod import balanced_softmax_loss
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
+from runtime import loop
+from runtime import client_steps
 
 
 def make_server(root, *flags):
@@ -74,7 +76,7 @@ def test_absent_classes_rows_of_the_generic_head_stay(digits_noniid_root):
     client = make_server(digits_noniid_root, "-lr", "0.1").clients[0]
     present = torch.bincount(client.y_train, minlength=10) > 0
     before = state(client.model)
-    client.train(0)
+    client_steps.train(client, 0)
     after = state(client.model)
     for k in ("head.weight", "head.bias"):
         assert torch.equal(after[k][~present], before[k][~present]), k
@@ -85,7 +87,7 @@ def test_absent_classes_rows_of_the_generic_head_stay(digits_noniid_root):
 def test_personalized_prediction_is_generic_plus_personal_logits(digits_noniid_root):
     server = make_server(digits_noniid_root, "-lr", "0.1")
     client = server.clients[1]
-    client.train(0)
+    client_steps.train(client, 0)
     m = client.eval_model()
     x = client.x_test[:5]
     with torch.no_grad():
@@ -97,7 +99,7 @@ def test_personalized_prediction_is_generic_plus_personal_logits(digits_noniid_r
 def test_upload_and_aggregate(digits_noniid_root):
     server = make_server(digits_noniid_root, "-lr", "0.1")
     client = server.clients[0]
-    client.train(0)
+    client_steps.train(client, 0)
     up = client.upload()
     model = state(client.model)
     assert sorted(up.state) == sorted(k for k in model if k.startswith(("base.", "head.")))
@@ -116,11 +118,11 @@ def test_ala_adapts_the_received_part_under_the_personal_head(digits_noniid_root
     client = server.clients[0]
     assert client.ala.names[-2:] == ["head.weight", "head.bias"]
     assert len(client.ala.names) == 4 and client.ala.names[0].startswith("base.")
-    server.run_round(0)
-    server.run_round(1)
+    loop.run_round(server, 0)
+    loop.run_round(server, 1)
     mine = state(client.model.phead)
     server.round_idx = 2
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     assert client.ala.weights is not None
     assert all(torch.equal(v, state(client.model.phead)[k]) for k, v in mine.items())
     glob, got = state(server.global_model), state(client.model)

@@ -62,12 +62,12 @@ def nan_predict(model, x, batch_size):
 
 @pytest.mark.parametrize("where", ["outputs", "train loss"])
 def test_a_non_finite_evaluation_ends_the_run_as_diverged(where, digits_tiny_root, tmp_path, capsys, monkeypatch):
-    from flcore.clients import clientbase
+    from runtime import client_steps
 
     if where == "outputs":  # the model's outputs: accuracy would be argmax over NaN
-        monkeypatch.setattr(clientbase, "predict", nan_predict)
-    else:  # an algorithm's own train_metrics returning a non-finite loss
-        monkeypatch.setattr(clientbase.Client, "train_metrics", lambda self: (float("inf"), self.train_samples))
+        monkeypatch.setattr(client_steps, "predict", nan_predict)
+    else:  # a client's training loss evaluated as non-finite
+        monkeypatch.setattr(client_steps, "train_metrics", lambda client: (float("inf"), client.train_samples))
     assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "2", "--executor", "sequential")) == 2
     line = error_line(capsys)
     assert ("not finite" if where == "outputs" else "evaluated train loss is inf") in line, line

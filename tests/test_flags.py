@@ -17,6 +17,7 @@ from runtime.executors import SequentialExecutor
 from utils.data_utils import load_split
 from utils.results import read_h5
 from utils.selection import expected_count
+from runtime import loop
 
 FAST = ("-lbs", "20", "--train_loss_eval", "off")
 
@@ -84,8 +85,8 @@ def test_learning_rate_decays_with_the_round(digits_root):
     plain = make_server(digits_root, *FAST, "-jr", "0.4", "-lr", "0.1", "-gr", "4")
     first_round = {}
     for t, want in enumerate([0.1, 0.05, 0.025, 0.0125]):
-        server.run_round(t)
-        plain.run_round(t)
+        loop.run_round(server, t)
+        loop.run_round(plain, t)
         assert len(server.selected) == 2
         for c in server.selected:
             assert c.optimizer.param_groups[0]["lr"] == want, (t, c.id)
@@ -136,7 +137,7 @@ def test_save_folder_holds_the_final_global_model(digits_root, tmp_path):
     data = load_split("Digits", digits_root)
     server = get_server_class("FedAvg")(cfg.replace(num_classes=10), data, 0, None, SequentialExecutor())
     initial = {k: v.clone() for k, v in server.global_model.state_dict().items()}
-    server.train()
+    loop.train(server)
     final = server.global_model.state_dict()
     assert saved.keys() == final.keys()
     assert all(torch.equal(saved[k], final[k]) for k in final)
@@ -168,7 +169,7 @@ def test_bncnn_running_statistics_are_sample_weighted(digits_noniid_root, monkey
         aggregate(ups)
 
     monkeypatch.setattr(server, "aggregate", record)
-    server.run_round(0)
+    loop.run_round(server, 0)
     n = train_sizes(digits_noniid_root, 6)
     assert [u[0] for u in uploads] == list(range(6)) and [u[1] for u in uploads] == n.tolist()
     glob = server.global_model.state_dict()

@@ -12,6 +12,8 @@ from flcore.clients.clientfml import mutual_losses
 from flcore.registry import get_server_class
 from utils.aggregate import weighted_average
 from utils.data_utils import load_split
+from runtime import loop
+from runtime import client_steps
 
 
 def build(root, *flags):
@@ -56,8 +58,8 @@ def test_zero_kl_weights_are_two_independent_ce_trainings(digits_tiny_root):
     start = {"local": dict(c.local.named_parameters()), "meme": dict(server.global_model.named_parameters())}
     start = {m: {k: v.detach().clone() for k, v in s.items()} for m, s in start.items()}
     batch_state = c.batch_gen.get_state()
-    server._send_models([c])
-    c.train(0)
+    loop.send(server, [c])
+    client_steps.train(c, 0)
     gen = torch.Generator().set_state(batch_state)
     perm = torch.randperm(c.train_samples, generator=gen)
     for which, model in (("local", c.local), ("meme", c.model)):
@@ -74,9 +76,9 @@ def test_zero_kl_weights_are_two_independent_ce_trainings(digits_tiny_root):
 
 def test_meme_is_averaged_and_the_local_model_stays(digits_tiny_root):
     server = build(digits_tiny_root)
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     for c in server.clients:
-        c.train(0)
+        client_steps.train(c, 0)
     uploads = [c.upload() for c in server.clients]
     for c, u in zip(server.clients, uploads):
         assert set(u.state) == set(c.model.state_dict())
@@ -111,17 +113,17 @@ def test_client_objective_weights_each_model_by_its_own_parameter(digits_tiny_ro
 def test_both_models_follow_the_learning_rate_schedule(digits_tiny_root):
     server = build(digits_tiny_root, "-ld", "-ldg", "0.5")
     c = server.clients[0]
-    server._send_models([c])
-    c.train(3)
+    loop.send(server, [c])
+    client_steps.train(c, 3)
     assert [g["lr"] for g in c.mutual_optimizer.param_groups] == [pytest.approx(0.1 * 0.5 ** 3)]
 
 
 def test_the_local_model_trains_in_training_mode_after_an_evaluation(digits_tiny_root):
     server = build(digits_tiny_root, "-m", "BNCNN")
     c = server.clients[0]
-    server._send_models([c])
+    loop.send(server, [c])
     c.local.eval()  # as an evaluation leaves it (the local model is the one evaluated)
     stats = {k: v.clone() for k, v in c.local.state_dict().items() if "running_mean" in k}
     assert stats
-    c.train(0)
+    client_steps.train(c, 0)
     assert all(not torch.equal(c.local.state_dict()[k], v) for k, v in stats.items())  # BatchNorm statistics move

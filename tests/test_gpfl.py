@@ -13,6 +13,7 @@ from conftest import cli
 from flcore.clients.clientgpfl import CoV, angle_loss, magnitude_loss
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
+from runtime import loop
 
 
 def make_server(root, *flags):
@@ -56,7 +57,7 @@ def test_cov_by_hand():
 
 def test_conditional_inputs_and_mu_gradient(digits_noniid_root):
     server = make_server(digits_noniid_root, "-mu", "0.3")
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     emb = server.global_model.gce.weight.detach()
     c = server.clients[0]
     counts = torch.bincount(c.y_train, minlength=10).float()
@@ -76,9 +77,9 @@ def test_conditional_inputs_and_mu_gradient(digits_noniid_root):
 def test_upload_keeps_head_and_cond_p(digits_noniid_root, monkeypatch):
     server = make_server(digits_noniid_root)
     seen = []
-    receive = server._receive_models
-    monkeypatch.setattr(server, "_receive_models", lambda cs: seen.extend(receive(cs)) or seen)
-    server.run_round(0)
+    receive = loop.receive
+    monkeypatch.setattr(loop, "receive", lambda srv, cs: seen.extend(receive(srv, cs)) or seen)
+    loop.run_round(server, 0)
     assert len(seen) == 3
     for u in seen:
         assert {k.split(".")[0] for k in u.state} == {"base", "gce", "cov"}
@@ -95,7 +96,7 @@ def test_ala_runs(digits_tiny_root, tmp_path, capsys):
 
 def test_loss_terms_and_which_embeddings_each_guidance_term_trains(digits_noniid_root):
     server = make_server(digits_noniid_root, "-lam", "0.4", "-mu", "0")
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     c = server.clients[0]
     m = c.model
     with torch.no_grad():  # after local steps the trainable GCE differs from the round's frozen copy
@@ -117,5 +118,5 @@ def test_conditional_inputs_and_frozen_embeddings_hold_no_graph_to_the_received_
     server = make_server(digits_noniid_root)
     c = server.clients[0]
     assert not c.gce_frozen.requires_grad and not c.cond_g.requires_grad  # before any broadcast too
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     assert not c.gce_frozen.requires_grad and not c.cond_g.requires_grad and not c.model.cond_p.requires_grad

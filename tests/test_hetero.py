@@ -95,7 +95,7 @@ def test_the_declaration_covers_every_registered_algorithm(digits_tiny_root, tmp
     architectures; exactly those of SUPPORTED do, as they say; every other one is refused at start-up with its
     reason, before any data is read."""
     for name in ALGORITHMS:
-        support = get_server_class(name).model_support
+        support = get_server_class(name).declares.model_support
         assert isinstance(support, ModelSupport), name
         if name in SUPPORTED:
             assert not support.refusal and (support.same_shape, support.personal) == SUPPORTED[name], name
@@ -157,14 +157,14 @@ def test_each_client_trains_its_own_architecture_with_features_of_one_width(algo
 def test_a_shared_part_of_two_shapes_is_refused_at_start_up(digits_tiny_root, monkeypatch):
     """The start-up check compares the shared part over every architecture and the server's model: one
     architecture whose classifier ignores -fd stops the run with one line naming it."""
-    import flcore.servers.serverbase as serverbase
+    import flcore.building as building
 
-    build = serverbase.build_client_model
+    build = building.build_client_model
 
     def cnn3_ignores_fd(name, shape, classes, fd, *args, **kwargs):
         return build(name, shape, classes, fd + 16 if name == "CNN3" else fd, *args, **kwargs)
 
-    monkeypatch.setattr(serverbase, "build_client_model", cnn3_ignores_fd)
+    monkeypatch.setattr(building, "build_client_model", cnn3_ignores_fd)
     for algo, part in [("LG-FedAvg", "head"), ("FedProto", "features")]:
         with pytest.raises(FLError, match=f"exchanges {part} of one shape, but CNN1 gives .*48.* and CNN3 gives .*64"):
             server_for(algo, digits_tiny_root)
@@ -274,9 +274,9 @@ def test_dp_trains_each_clients_own_architecture_or_is_refused_with_one_line(alg
     """-dp with --client_models: the four algorithms that upload data statistics stop at start-up with one
     line (exit 2, nothing written); the others finish 2 rounds in which every client's DP-SGD steps reach its
     own architecture (CNN1 or CNN3; FML's and FedKD's beside the shared 4-layer CNN), with a finite epsilon."""
-    from flcore.clients.clientbase import Client
+    from utils import dp_sgd
 
-    assert bool(get_server_class(algo).dp_support.refusal) == (algo in DP_REFUSED)
+    assert bool(get_server_class(algo).declares.dp_support.refusal) == (algo in DP_REFUSED)
     flags = cli(digits_tiny_root, tmp_path, "--executor", "sequential", "-algo", algo, "-gr", "2", "-dp",
                 "--train_loss_eval", "off", *FAST, *TWO)
     if algo in DP_REFUSED:
@@ -285,14 +285,14 @@ def test_dp_trains_each_clients_own_architecture_or_is_refused_with_one_line(alg
         assert not [p for p in tmp_path.rglob("*") if p.is_file()]
         return
     stepped: dict[int, set] = {}  # client id -> {(module name, its convolutions)} of every DP-SGD step
-    backward = Client.dp_backward
+    backward = dp_sgd.dp_backward
 
     def counting(client, objective, optimizer, x, y, modules=None, noise=None):
         named = client.dp_modules() if modules is None else modules
         stepped.setdefault(client.id, set()).update((k, conv_count(m)) for k, m in named.items())
         return backward(client, objective, optimizer, x, y, modules, noise)
 
-    monkeypatch.setattr(Client, "dp_backward", counting)
+    monkeypatch.setattr(dp_sgd, "dp_backward", counting)
     assert main.main(flags) == 0
     for cid in range(5):
         assert (OWN.get(algo, "model"), own_convs(cid)) in stepped[cid], (algo, cid, stepped[cid])

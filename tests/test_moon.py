@@ -14,6 +14,9 @@ from flcore.clients.clientmoon import contrastive_loss
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
 from utils.results import read_h5
+from runtime import loop
+from runtime import client_steps
+from utils import dp_sgd
 
 
 def make_server(root, *flags):
@@ -42,17 +45,17 @@ def test_contrastive_loss_matches_a_hand_computation():
 def test_local_objective_and_the_models_it_contrasts(digits_root):
     server = make_server(digits_root, "-mu", "2.0", "-tau", "0.7")
     c0 = server.clients[0]
-    server._send_models([c0])
+    loop.send(server, [c0])
     x, y = c0.x_train[:9], c0.y_train[:9]
     # before the client has trained: no negative pair, plain cross-entropy
     assert c0.prev_model is None
     assert c0.loss(x, y).item() == pytest.approx(F.cross_entropy(c0.model(x), y).item(), rel=1e-6)
-    c0.train(0)
+    client_steps.train(c0, 0)
     trained = {k: v.clone() for k, v in c0.model.state_dict().items()}
     for k, v in c0.prev_model.state_dict().items():  # w_i^{t-1}: the model right after its training
         assert torch.equal(v, trained[k])
     server.aggregate([c.upload() for c in server.clients[:1]] + [server.clients[1].upload()])
-    server._send_models([c0])
+    loop.send(server, [c0])
     for k, v in c0.global_model.state_dict().items():  # w^t: the global model as received
         assert torch.equal(v, server.global_model.state_dict()[k])
     assert not any(p.requires_grad for p in c0.global_model.parameters())
@@ -72,7 +75,7 @@ def test_local_objective_and_the_models_it_contrasts(digits_root):
     g_want = torch.autograd.grad(want, list(c0.model.parameters()))
     for a, b in zip(g_got, g_want):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
-    c0.train(1)  # the next training replaces the previous model
+    client_steps.train(c0, 1)  # the next training replaces the previous model
     for k, v in c0.prev_model.state_dict().items():
         assert torch.equal(v, c0.model.state_dict()[k])
     assert not torch.equal(c0.prev_model.state_dict()["head.weight"], trained["head.weight"])
@@ -101,14 +104,14 @@ def test_dp_gradient_of_the_contrastive_objective_without_noise_or_clipping(digi
     clipping, DP-SGD's gradient is the plain batch gradient of MOON's objective."""
     server = make_server(digits_root, "-dp", "-dps", "0.5")
     c0 = server.clients[0]
-    server._send_models([c0])
-    c0.train(0)
+    loop.send(server, [c0])
+    client_steps.train(c0, 0)
     server.aggregate([c.upload() for c in server.clients[:2]])
-    server._send_models([c0])
+    loop.send(server, [c0])
     c0.dp.sigma, c0.dp.clip = 0.0, 1e9
     x, y = c0.x_train[:7], c0.y_train[:7]
     want = torch.autograd.grad(c0.loss(x, y), list(c0.model.parameters()))
-    c0.dp_backward(c0.loss, c0.optimizer, x, y)
+    dp_sgd.dp_backward(c0, c0.loss, c0.optimizer, x, y)
     for p, w in zip(c0.model.parameters(), want):
         torch.testing.assert_close(p.grad, w, atol=1e-6, rtol=1e-4)
     assert all(p.grad is None for p in c0.global_model.parameters())

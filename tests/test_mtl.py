@@ -14,6 +14,8 @@ from flcore.registry import get_server_class
 from utils.data_utils import load_split
 from utils.errors import FLError
 from utils.results import read_h5
+from runtime import loop
+from runtime import client_steps
 
 SEQ = ("--executor", "sequential")
 
@@ -53,10 +55,10 @@ def test_penalty_gradient_is_the_regulariser_gradient_in_its_column(kind):
 
 def test_server_couplings_and_models_stay_local(digits_tiny_root):
     server = build(digits_tiny_root)
-    server.run_round(0)
+    loop.run_round(server, 0)
     m = len(server.clients)
     own = [{k: v.clone() for k, v in c.model.state_dict().items()} for c in server.clients]
-    server._send_models(server.clients)
+    loop.send(server, server.clients)
     for c, state in zip(server.clients, own):  # the broadcast leaves every model as it was
         for k, v in c.model.state_dict().items():
             assert torch.equal(v, state[k]), k
@@ -72,8 +74,8 @@ def test_server_couplings_and_models_stay_local(digits_tiny_root):
 
 def test_one_step_adds_the_regulariser_gradient(digits_tiny_root):
     server = build(digits_tiny_root, "-lam", "0.5", "--lamda2", "0.1", "-lbs", "10000")  # one batch per round
-    server.run_round(0)
-    server._send_models(server.clients)
+    loop.run_round(server, 0)
+    loop.send(server, server.clients)
     c = server.clients[1]
     w = {k: p.detach().clone() for k, p in c.model.named_parameters()}
     wbar = {k: sum(s[k] for s in server.models) / len(server.models) for k in w}
@@ -82,7 +84,7 @@ def test_one_step_adds_the_regulariser_gradient(digits_tiny_root):
 
     ce = torch.nn.functional.cross_entropy(functional_call(c.model, wq, (c.x_train,)), c.y_train)
     g = dict(zip(wq, torch.autograd.grad(ce, list(wq.values()))))
-    c.train(1)
+    client_steps.train(c, 1)
     for k, p in c.model.named_parameters():
         want = w[k] - 0.1 * (g[k] + 2 * 0.5 * (w[k] - wbar[k]) + 2 * 0.1 * w[k])
         torch.testing.assert_close(p.detach(), want, atol=1e-5, rtol=1e-4)

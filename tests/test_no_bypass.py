@@ -11,6 +11,7 @@ from conftest import build_server, cli
 from flcore.registry import ALGORITHMS, get_server_class
 from utils.entries import SealedUpload
 from utils.errors import FLError
+from runtime import loop
 
 FLAGS = {"FedCP": ["-lam", "1"]}  # as tests/test_algorithms.py: Digits' small features need a smaller λ
 
@@ -19,7 +20,7 @@ FLAGS = {"FedCP": ["-lam", "1"]}  # as tests/test_algorithms.py: Digits' small f
 def test_under_a_robust_rule_every_algorithm_is_refused_or_reads_uploads_only_through_the_seam(
         algo, digits_tiny_root, tmp_path):
     server_cls = get_server_class(algo)
-    refusal = server_cls.averaging_refusal or server_cls.robust_refusal
+    refusal = server_cls.declares.averaging_refusal or server_cls.declares.robust_refusal
     flags = ["-algo", algo, "--aggregator", "median", *FLAGS.get(algo, [])]
     if refusal:
         with pytest.raises(FLError, match=f"^--aggregator: {algo} cannot take it: "):
@@ -34,7 +35,7 @@ def test_under_a_robust_rule_every_algorithm_is_refused_or_reads_uploads_only_th
         aggregate(uploads)
 
     server.aggregate = watched
-    server.run_round(0)  # a read outside the seam raises FLError here
+    loop.run_round(server, 0)  # a read outside the seam raises FLError here
     assert seen and all(isinstance(u, SealedUpload) for u in seen)
     assert server.averaged
 

@@ -17,6 +17,7 @@ from flcore.trainmodel.parts import layer_groups
 from utils.data_utils import load_split
 from utils.personal_aggregation import compose_by_layer, layer_of, mix_by_layer
 from utils.results import read_h5
+from runtime import client_steps
 
 
 def make_server(root, *flags, algo="PartialFed"):
@@ -152,7 +153,7 @@ def test_at_least_one_sample_is_trained_on(digits_root):
 def test_learned_choice_takes_whole_layers(digits_root):
     server = make_server(digits_root, "--strategy_percent", "0.5", "--strategy_prior", "0.5")
     client = server.clients[1]
-    client.train(0)
+    client_steps.train(client, 0)
     local, glob = state(client.model), perturbed(server.global_model, seed=2)
     server.global_model.load_state_dict(glob)
     before = client.logits.clone()
@@ -176,13 +177,13 @@ def poisoned(client, idx):
 
 def test_local_update_never_trains_on_the_held_out_slice(digits_root):
     client = make_server(digits_root, "-lr", "0.1").clients[0]
-    client.train(0)
+    client_steps.train(client, 0)
     held, trained, n = client.held_out, client.trained_on, client.train_samples
     assert len(held) == math.ceil(0.2 * n) and sorted(torch.cat([held, trained]).tolist()) == list(range(n))
     assert client.steps_per_round() == math.ceil(len(trained) / 10)  # -lbs 10, one epoch of the rest
     # The same client with its held-out samples spoiled trains to the very same model ...
     other = poisoned(make_server(digits_root, "-lr", "0.1").clients[0], held)
-    other.train(0)
+    client_steps.train(other, 0)
     assert torch.equal(other.held_out, held) and same(state(other.model), state(client.model))
     # ... and spoiling one sample it trains on changes the model.
     third = poisoned(make_server(digits_root, "-lr", "0.1").clients[0], trained[:1])
@@ -193,7 +194,7 @@ def test_local_update_never_trains_on_the_held_out_slice(digits_root):
 def learned_logits(root, spoil: str | None):
     server = make_server(root, "-lr", "0.1", "--strategy_prior", "0.5")
     client = server.clients[1]
-    client.train(0)
+    client_steps.train(client, 0)
     server.global_model.load_state_dict(perturbed(server.global_model, seed=3))
     if spoil is not None:
         poisoned(client, client.held_out if spoil == "held_out" else client.trained_on)
@@ -214,7 +215,7 @@ def test_choice_moves_to_the_better_model(better, digits_root):
     server = make_server(digits_root, "-lr", "0.1", "-ls", "3", "--strategy_prior", "0.5")
     client = server.clients[2]
     init = state(client.model)
-    client.train(0)
+    client_steps.train(client, 0)
     trained = state(client.model)
     if better == "global":
         server.global_model.load_state_dict(trained)

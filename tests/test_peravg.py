@@ -12,6 +12,8 @@ from flcore.registry import get_server_class
 from utils.data_utils import load_split
 from utils.errors import FLError
 from utils.seeding import torch_gen
+from runtime import loop
+from runtime import client_steps
 
 
 def make_server(root, *flags):
@@ -44,7 +46,7 @@ def one_meta_step(client, round_idx, bs):
     idx = torch.arange(2 * bs)
     client.batches = lambda *args, **kwargs: iter([idx])
     w0 = copy.deepcopy(client.model)
-    client.train(round_idx)
+    client_steps.train(client, round_idx)
     return w0, client.x_train[idx], client.y_train[idx]
 
 
@@ -83,7 +85,7 @@ def test_personalisation_uses_the_decayed_alpha_of_the_evaluated_round(digits_ro
     lr, gamma, t, bs, cid = 0.1, 0.5, 3, 10, 2
     server = make_server(digits_root, "-lr", str(lr), "-ld", "-ldg", str(gamma), "-lbs", str(bs))
     server.round_idx = t
-    server._send_models(server.clients if participating else [server.clients[0]])
+    loop.send(server, server.clients if participating else [server.clients[0]])
     client = server.clients[cid]
     tuned = client.eval_model()
     idx = torch.randperm(client.train_samples, generator=torch_gen(0, 0, "fine-tune", cid))[:bs]

@@ -10,6 +10,8 @@ from conftest import cli
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
 from utils.errors import FLError
+from runtime import loop
+from runtime import client_steps
 
 
 def make_server(root, *flags):
@@ -48,7 +50,7 @@ def test_each_phase_moves_only_its_parts(digits_tiny_root, monkeypatch):
     states = [snapshot(m)]
     run = c.run_epochs
     monkeypatch.setattr(c, "run_epochs", lambda *a, **k: (run(*a, **k), states.append(snapshot(m)))[0])
-    c.train(0)
+    client_steps.train(c, 0)
     assert len(states) == 3
 
     def moved(a, b, prefix):
@@ -62,10 +64,10 @@ def test_each_phase_moves_only_its_parts(digits_tiny_root, monkeypatch):
 def test_only_the_global_head_is_uploaded_and_averaged(digits_tiny_root, monkeypatch):
     server = make_server(digits_tiny_root, "-lr", "0.1")
     seen = []
-    receive = server._receive_models
-    monkeypatch.setattr(server, "_receive_models", lambda cs: seen.append(receive(cs)) or seen[-1])
+    receive = loop.receive
+    monkeypatch.setattr(loop, "receive", lambda srv, cs: seen.append(receive(srv, cs)) or seen[-1])
     start = snapshot(server.global_model)
-    server.run_round(0)
+    loop.run_round(server, 0)
     uploads = seen[0]
     assert all(set(u.state) == {"ghead.weight", "ghead.bias"} for u in uploads)
     n = sum(u.weight for u in uploads)

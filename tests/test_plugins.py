@@ -49,7 +49,7 @@ def test_each_plugin_declares_its_own_flags_and_cli_none_of_them():
 
 
 LOOP = ["flcore/servers/serverbase.py", "flcore/clients/clientbase.py", "runtime/executors.py",
-        "runtime/checkpoint.py", "main.py"]
+        "runtime/checkpoint.py", "runtime/loop.py", "runtime/client_steps.py", "main.py"]
 
 
 @pytest.mark.parametrize("module", LOOP)

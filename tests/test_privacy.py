@@ -18,6 +18,7 @@ from utils.entries import trainable_names
 from utils.errors import FLError
 from utils.results import read_h5
 from utils.seeding import torch_gen, torch_seeded
+from runtime import loop
 
 
 # ---- metrics on known images -----------------------------------------------------------------------
@@ -405,7 +406,7 @@ def test_dp_sgd_without_noise_or_clipping_is_plain_sgd(digits_root):
     client = Client(cfg, 0, data.clients[0], model)
     client.dp.sigma = 0.0
     x, y = client.x_train[:7], client.y_train[:7]
-    loss = client.dp_backward(client.loss, client.optimizer, x, y)
+    loss = dp_sgd.dp_backward(client, client.loss, client.optimizer, x, y)
     ref = dlg.model_gradient(client.model, x, y)
     for n, p in client.model.named_parameters():
         assert torch.allclose(p.grad, ref[n], atol=1e-6), n
@@ -443,10 +444,10 @@ def test_dp_sgd_privatises_the_modules_the_client_names_and_refuses_others(digit
     undeclared = TwoModules(cfg, 0, data.clients[0], model)
     x, y = undeclared.x_train[:7], undeclared.y_train[:7]
     with pytest.raises(ValueError, match="2 parameter.*outside the modules named for DP-SGD"):
-        undeclared.dp_backward(undeclared.stacked, undeclared.both, x, y)
+        dp_sgd.dp_backward(undeclared, undeclared.stacked, undeclared.both, x, y)
     client = Declared(cfg, 0, data.clients[0], model)
     client.dp.sigma = 0.0
-    client.dp_backward(client.stacked, client.both, x, y)
+    dp_sgd.dp_backward(client, client.stacked, client.both, x, y)
     params = [*client.model.parameters(), *client.extra.parameters()]
     ref = torch.autograd.grad(client.stacked(x, y), params)
     assert all(torch.allclose(p.grad, r, atol=1e-6) for p, r in zip(params, ref))
@@ -584,9 +585,9 @@ def test_update_target_of_a_round_of_several_steps(digits_tiny_root, monkeypatch
     attack = dlg.reconstruct
     monkeypatch.setattr(dlg, "reconstruct", lambda model, target, *a, **k: targets.append(target) or
                         attack(model, target, *a, **k))
-    receive = server._receive_models
-    monkeypatch.setattr(server, "_receive_models", lambda cs: uploads.extend(receive(cs)) or uploads[-len(cs):])
-    server.run_round(0)
+    receive = loop.receive
+    monkeypatch.setattr(loop, "receive", lambda srv, cs: uploads.extend(receive(srv, cs)) or uploads[-len(cs):])
+    loop.run_round(server, 0)
     assert len(targets) == 1
     n = {c.id: c.train_samples for c in server.clients}
     matches = []

@@ -16,6 +16,7 @@ import pytest
 
 import main
 from conftest import REPO, cli
+from runtime import loop
 from utils.results import read_h5
 
 STEM = "Digits_FedAvg_test_0"
@@ -121,20 +122,18 @@ def test_signal_keeps_the_rounds_done_and_says_how_to_resume(digits_tiny_root, t
 
 
 def test_a_run_stopped_by_a_signal_resumes_to_the_uninterrupted_numbers(digits_tiny_root, tmp_path, monkeypatch):
-    from flcore.servers.serverbase import Server
-
     flags = ("-gr", "3", "--checkpoint_every", "1", "--executor", "sequential")
-    train = Server._train_clients
+    train = loop.train_clients
 
     def ctrl_c_in_round_2(self, clients):  # what the signal handler does, in the middle of a round
         if self.round_idx == 2:
             raise KeyboardInterrupt
         return train(self, clients)
 
-    monkeypatch.setattr(Server, "_train_clients", ctrl_c_in_round_2)
+    monkeypatch.setattr(loop, "train_clients", ctrl_c_in_round_2)
     assert main.main(cli(digits_tiny_root, tmp_path, *flags)) == 130
     assert sidecar(tmp_path)["status"] == "interrupted"
-    monkeypatch.setattr(Server, "_train_clients", train)
+    monkeypatch.setattr(loop, "train_clients", train)
     assert main.main(cli(digits_tiny_root, tmp_path, *flags, "--resume")) == 0
     assert main.main(cli(digits_tiny_root, tmp_path / "whole", *flags)) == 0
     resumed, whole = read_h5(tmp_path / f"{STEM}.h5"), read_h5(tmp_path / "whole" / f"{STEM}.h5")
@@ -256,12 +255,10 @@ def test_a_second_run_on_the_same_result_name_is_refused(digits_tiny_root, tmp_p
 def test_out_of_gpu_memory_is_one_line(digits_tiny_root, tmp_path, capsys, monkeypatch):
     import torch
 
-    from flcore.servers.serveravg import FedAvgServer
-
-    def oom(self, round_idx):
+    def oom(server, round_idx):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(FedAvgServer, "run_round", oom)
+    monkeypatch.setattr(loop, "run_round", oom)
     assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "2", "--executor", "sequential")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "out of GPU memory" in err[0] and "--client_state cpu" in err[0], err

@@ -11,6 +11,7 @@ import main
 from cli import parse_config
 from conftest import SHARED_DATA, cli
 from utils.results import read_h5
+from runtime import loop
 
 
 def run_and_read(root, out, *extra, stem="Digits_FedAvg_test_0"):
@@ -76,7 +77,7 @@ def test_join_ratio_and_drop_rate(digits_root):
     server = FedAvgServer(cfg.replace(device="cpu", num_classes=10), load_split("Digits", digits_root))
     sizes = [len(server.select_clients()) for _ in range(50)]
     assert set(sizes) == {2}  # int(0.4 * 5)
-    kept = [len(server._active_clients(server.clients)) for _ in range(400)]
+    kept = [len(loop.active_clients(server, server.clients)) for _ in range(400)]
     assert abs(np.mean(kept) / 5 - 0.5) < 0.05  # about half of the participants train
 
 
@@ -96,7 +97,7 @@ def test_local_keeps_models_apart(digits_noniid_root, tmp_path):
     first = [p.detach() for p in starts[0][0].parameters()]
     assert all(torch.equal(p, q) for m, _ in starts[1:] for p, q in zip(first, m.parameters()))
     for t in range(2):
-        server.run_round(t)
+        loop.run_round(server, t)
     flat = [torch.cat([p.detach().flatten() for p in c.model.parameters()]) for c in server.clients]
     for i in range(len(flat)):
         for j in range(i + 1, len(flat)):

@@ -9,6 +9,8 @@ from cli import parse_config
 from conftest import cli
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
+from runtime import loop
+from runtime import client_steps
 
 
 def build(root, *flags):
@@ -30,8 +32,8 @@ def test_local_steps_and_control_variate_follow_the_paper(digits_root):
     c0.c_i = random_like(x, 2)
     c_i_old = {k: v.clone() for k, v in c0.c_i.items()}
     batch_state = c0.batch_gen.get_state()
-    server._send_models([c0])
-    c0.train(0)
+    loop.send(server, [c0])
+    client_steps.train(c0, 0)
     up = c0.upload()
 
     # Reference: K plain steps y <- y - lr (grad f(y; batch) - c_i + c) over the client's own batches.
@@ -63,9 +65,9 @@ def test_server_steps_by_the_unweighted_mean_and_spreads_dc_over_all_clients(dig
     c_before = random_like(x, 3)
     server.c = {k: v.clone() for k, v in c_before.items()}
     chosen = server.clients[:2]
-    server._send_models(chosen)
-    server._train_clients(chosen)
-    uploads = server._receive_models(chosen)
+    loop.send(server, chosen)
+    loop.train_clients(server, chosen)
+    uploads = loop.receive(server, chosen)
     assert uploads[0].weight != uploads[1].weight  # the clients' sizes differ, the mean must ignore them
     server.aggregate(uploads)
     n_clients = len(server.clients)

@@ -11,6 +11,7 @@ from conftest import cli, plugin
 from flcore.servers.serverbase import Server
 from test_executors import build
 from utils.errors import FLError
+from runtime import loop
 
 # Unequal hyper-parameters, so that a swapped pair shows.
 HYPER = ("-slr", "0.05", "--server_momentum", "0.8", "--server_beta2", "0.95", "--server_tau", "0.01")
@@ -56,7 +57,7 @@ def test_three_rounds_match_the_reference_loop(name, digits_tiny_root, monkeypat
     server = build(digits_tiny_root, "FedAvg", "--server_opt", name, *HYPER, "-m", "BNCNN", "--train_loss_eval", "off")
     seen = spy_on_averages(server, monkeypatch)
     for t in range(3):
-        server.run_round(t)
+        loop.run_round(server, t)
     after = server.global_model.state_dict()
     params = {k for k, _ in server.global_model.named_parameters()}
     assert any("running_mean" in k for k in after) and len(seen) == 3
@@ -102,7 +103,7 @@ def test_a_split_models_shared_part_is_stepped_and_the_head_left_alone(digits_ti
     server = build(digits_tiny_root, "FedRep", "--server_opt", "sgd", "-slr", "0.5", "-pls", "1")
     seen = spy_on_averages(server, monkeypatch)
     head = {k: v.clone() for k, v in server.global_model.head.state_dict().items()}
-    server.run_round(0)
+    loop.run_round(server, 0)
     before, mean = seen[0]
     for k, v in server.global_model.base.state_dict().items():  # x - 0.5 (x - mean), by hand
         assert torch.allclose(v.double(), before[k].double() - 0.5 * (before[k].double() - mean[k]), atol=1e-6), k
@@ -133,7 +134,7 @@ def test_an_aggregate_that_bypasses_average_uploads_is_caught(flags, message, di
 
     monkeypatch.setattr(Server, "aggregate", plain)
     with pytest.raises(FLError, match=message):
-        server.run_round(0)
+        loop.run_round(server, 0)
 
 
 def test_yogi_leaves_v_unchanged_where_it_equals_the_squared_pseudo_gradient():

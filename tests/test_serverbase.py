@@ -12,6 +12,10 @@ from sklearn.metrics import roc_auc_score
 import main
 from conftest import QUICK, build_server as build, cli, plugin
 from utils.results import read_h5
+from runtime import checkpoint
+from flcore import building
+from runtime import loop
+from runtime import client_steps
 
 
 # Digits' default model is PFLlib's CNN: conv1, conv2, fc1, fc, each a weight and a bias; -p counts tensors
@@ -62,8 +66,8 @@ def test_new_clients_summary_is_computed_from_their_own_test_splits(digits_tiny_
     accuracy and the sample-weighted AUC (scikit-learn's, on the flattened one-vs-rest decisions) by hand.
     The summary carries no training loss (new clients have none)."""
     server = build(digits_tiny_root, tmp_path, "-gr", "2", "-nnc", "2", "-ften", "0", clients=3, new=2)
-    server.train()
-    got = server.evaluate_new_clients()
+    loop.train(server)
+    got = loop.evaluate_new_clients(server)
     correct, n, auc = [], [], []
     with torch.no_grad():
         for d in server.data.new_clients:
@@ -89,7 +93,7 @@ def test_the_new_clients_line_is_printed_and_their_series_is_on_disk_when_the_ca
 
     recorder = RunRecorder("new", {}, tmp_path)
     server = build(digits_tiny_root, tmp_path, "-nnc", "2", "-ften", "0", clients=3, new=2, recorder=recorder)
-    got = server.evaluate_new_clients()
+    got = loop.evaluate_new_clients(server)
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("new clients")]
     assert lines == [f"new clients (2, 0 fine-tuning epoch(s)) | acc {got['test_acc']:.4f} (clients "
                      f"{got['test_acc_mean']:.4f} ± {got['test_acc_std']:.4f}, worst {got['test_acc_min']:.4f}) "
@@ -106,11 +110,11 @@ def test_an_evaluation_pools_every_clients_own_metrics_and_the_benign_ones_apart
     benign series over the clients the attack did not take; the printed line carries each of them."""
     server = build(digits_tiny_root, tmp_path, "-gr", "1", "--attack", "signflip", "--attack_frac", "0.4",
                    "--val_ratio", "0.2")
-    server.run_round(0)
+    loop.run_round(server, 0)
     capsys.readouterr()
-    tests = [c.test_metrics() for c in server.clients]
-    trains = [c.train_metrics() for c in server.clients]
-    vals = [c.val_metrics() for c in server.clients]
+    tests = [client_steps.test_metrics(c) for c in server.clients]
+    trains = [client_steps.train_metrics(c) for c in server.clients]
+    vals = [client_steps.val_metrics(c) for c in server.clients]
     bad = set(plugin(server, "Attack").malicious)
     benign = [i for i in range(len(server.clients)) if i not in bad]
     assert 0 < len(bad) < len(server.clients)
@@ -120,7 +124,7 @@ def test_an_evaluation_pools_every_clients_own_metrics_and_the_benign_ones_apart
         return (sum(tests[i][0] for i in ids) / n, sum(tests[i][2] * tests[i][1] for i in ids) / n,
                 sum(trains[i][0] for i in ids) / sum(trains[i][1] for i in ids))
 
-    got = server.evaluate()
+    got = loop.evaluate(server)
     everyone = range(len(server.clients))
     assert (got["test_acc"], got["test_auc"], got["train_loss"]) == pytest.approx(pooled(everyone), abs=1e-12)
     assert ((got["benign_test_acc"], got["benign_test_auc"], got["benign_train_loss"])
@@ -128,7 +132,7 @@ def test_an_evaluation_pools_every_clients_own_metrics_and_the_benign_ones_apart
     assert pooled(benign) != pytest.approx(pooled(everyone), abs=1e-6)  # the benign figures are their own
     assert "benign_client_test_acc" not in got
     assert got["val_acc"] == pytest.approx(sum(v[0] for v in vals) / sum(v[1] for v in vals), abs=1e-12)
-    server._record(got)
+    loop.record(server, got)
     line = capsys.readouterr().out.strip()
     assert line.startswith(f"round    0 | benign acc {got['benign_test_acc']:.4f}, all acc {got['test_acc']:.4f} ")
     assert (f" | val acc {got['val_acc']:.4f} | auc {got['test_auc']:.4f} | train loss {got['train_loss']:.4f}"
@@ -154,7 +158,7 @@ def test_the_aggregator_gets_the_flags_and_the_krum_f_the_attack_implies(flags, 
 
     monkeypatch.setattr(robust, "aggregate", recording)
     server = build(digits_tiny_root, tmp_path, "-gr", "1", *flags)
-    server.run_round(0)
+    loop.run_round(server, 0)
     cfg = server.cfg
     assert seen == [(cfg.aggregator, cfg.trim_frac, f, [c.train_samples for c in server.clients])]
     assert cfg.trim_frac != f  # so trim_frac and f swapped would show
@@ -175,11 +179,11 @@ def test_selection_drop_out_and_the_initial_model_come_from_the_runs_own_streams
         selected = server.select_clients()
         assert [c.id for c in selected] == chosen
         kept = [i for i, u in zip(chosen, drop.random(len(chosen))) if u >= 0.5]
-        assert [c.id for c in server._active_clients(selected)] == kept
+        assert [c.id for c in loop.active_clients(server, selected)] == kept
     with torch_seeded(3, 1, "model"):
         want = build_model("CNN", server.data.input_shape, server.data.num_classes, server.cfg.feature_dim,
                            server.cfg.vocab_size, config=server.data.config)
-    got = server.initial_model().state_dict()
+    got = building.initial_model(server).state_dict()
     assert all(torch.equal(v, got[k]) for k, v in want.state_dict().items())
 
 
@@ -190,7 +194,7 @@ def test_each_architecture_starts_from_its_own_seeded_draw(digits_tiny_root, tmp
     from utils.seeding import torch_seeded
 
     server = build(digits_tiny_root, tmp_path, "-algo", "Local", "--client_models", "CNN1,CNN3", "--seed", "3", run=1)
-    built = server.client_models()
+    built = building.client_models(server)
     d = server.data
     for cid, name in enumerate(["CNN1", "CNN3", "CNN1", "CNN3", "CNN1"]):
         with torch_seeded(3, 1, "client-model", name):
@@ -210,13 +214,13 @@ def test_a_saved_state_rebuilds_a_model_the_constructor_does_not_make_and_names_
     server.later = copy.deepcopy(server.global_model)  # a model the constructor does not make
     with torch.no_grad():
         next(server.later.parameters()).add_(1.0)
-    saved = server.state_dict()
+    saved = checkpoint.server_state(server)
     fresh = build(digits_tiny_root, tmp_path)
-    fresh.load_state_dict(saved)
+    checkpoint.load_server_state(fresh, saved)
     assert all(torch.equal(v, fresh.later.state_dict()[k]) for k, v in server.later.state_dict().items())
     assert fresh.later is not fresh.global_model
     with pytest.raises(StateError, match=r"^server\.global_model: a Module in this run, a int in the saved state"):
-        build(digits_tiny_root, tmp_path).load_state_dict({**saved, "global_model": 3})
+        checkpoint.load_server_state(build(digits_tiny_root, tmp_path), {**saved, "global_model": 3})
 
 
 def test_a_server_fresh_from_its_constructor_is_at_round_0_having_moved_and_averaged_nothing(digits_tiny_root,
@@ -233,7 +237,7 @@ def test_clients_that_join_late_get_architectures_too(digits_tiny_root, tmp_path
     server = build(digits_tiny_root, tmp_path, "-algo", "Local", "--client_models", "CNN1,CNN3", "-nnc", "2",
                    "-ften", "0", clients=3, new=2)
     assert server.client_model_names == ["CNN1", "CNN3", "CNN1", "CNN3", "CNN1"]
-    assert len(server.evaluate_new_clients()["client_test_acc"]) == 2
+    assert len(loop.evaluate_new_clients(server)["client_test_acc"]) == 2
 
 
 def test_checkpoints_are_taken_every_ce_rounds_and_after_the_last(digits_tiny_root, tmp_path, monkeypatch):
@@ -242,7 +246,7 @@ def test_checkpoints_are_taken_every_ce_rounds_and_after_the_last(digits_tiny_ro
                    "-eg", "7")
     saved = []
     monkeypatch.setattr(server.checkpoints, "save", lambda s, t: saved.append((s is server, t)))
-    server.train()
+    loop.train(server)
     assert saved == [(True, 2), (True, 5), (True, 6)]
 
 
@@ -261,9 +265,9 @@ def test_auto_break_stops_once_the_best_accuracy_is_more_than_tc_evaluations_old
     from types import SimpleNamespace
 
     server = build(digits_tiny_root, tmp_path, *flags)
-    assert server._should_stop() is False  # no recorder (a run without result files): never
+    assert loop.should_stop(server) is False  # no recorder (a run without result files): never
     server.recorder = SimpleNamespace(series={"rs_test_acc": acc})
-    assert server._should_stop() is stop
+    assert loop.should_stop(server) is stop
 
 
 def test_a_run_of_one_client_reports_what_ala_adapts(digits_tiny_root, tmp_path, capsys):

@@ -8,7 +8,7 @@ import ast
 import inspect
 import sys
 
-from flcore.registry import ALGORITHMS, get_server_class
+from flcore.registry import ALGORITHMS, get_server_class, pfllib_flag_defaults
 
 
 def owners() -> dict[str, str]:
@@ -16,7 +16,7 @@ def owners() -> dict[str, str]:
     owned = {}
     for name in ALGORITHMS:
         server = get_server_class(name)
-        for cls in (server, server.client_class):
+        for cls in (server, server.declares.client_class):
             assert owned.setdefault(cls.__module__, name) == name, f"{cls.__module__} holds two algorithms"
     return owned
 
@@ -44,7 +44,7 @@ def cross_algorithm_uses(owned: dict[str, str], source=module_source) -> list[st
             if other is None or other == algo:
                 continue
             server = get_server_class(other)
-            whole = {server.__name__, server.client_class.__name__}
+            whole = {server.__name__, server.declares.client_class.__name__}
             bad += [f"{module}:{line} ({algo}) takes {n} from {imported} ({other})" for n in names if n not in whole]
     return bad
 
@@ -59,9 +59,9 @@ def test_the_check_reports_a_family_base_taken_from_an_algorithm_file():
     """FedRep's client taking the model-splitting base from FedPer's file, or a prototype helper from
     FedProto's, is reported; FedProx-C taking FedProx's whole client is not."""
     owned = owners()
-    fedrep = get_server_class("FedRep").client_class.__module__
-    fedper = get_server_class("FedPer").client_class.__module__
-    fedproto = get_server_class("FedProto").client_class.__module__
+    fedrep = get_server_class("FedRep").declares.client_class.__module__
+    fedper = get_server_class("FedPer").declares.client_class.__module__
+    fedproto = get_server_class("FedProto").declares.client_class.__module__
     altered = module_source(fedrep).replace("from flcore.clients.partsharing import PartSharingClient",
                                             f"from {fedper} import PartSharingClient\nimport {fedproto}")
     assert altered != module_source(fedrep)
@@ -84,9 +84,9 @@ def test_each_algorithm_declares_pfllib_defaults_only_for_its_own_flags():
         parser = argparse.ArgumentParser()
         server.add_args(parser.add_argument_group())
         own = vars(parser.parse_args([]))
-        assert set(server.pfllib_flag_defaults()) <= set(own), name
+        assert set(pfllib_flag_defaults(server)) <= set(own), name
     # FedProx-C has both parents' (FedProx's -mu, fine-tuned evaluation's -fte)
-    assert get_server_class("FedProx-C").pfllib_flag_defaults() == {"mu": 0.0, "fine_tuning_epochs": 10}
+    assert pfllib_flag_defaults(get_server_class("FedProx-C")) == {"mu": 0.0, "fine_tuning_epochs": 10}
 
 
 HELP_IMPORTS = """
@@ -135,10 +135,12 @@ def algorithm_level_modules() -> list[str]:
 
 
 def base_private_members() -> set[str]:
+    """The bases' private members, and the loop's steps they used to carry (now runtime/loop.py's)."""
     from flcore.clients.clientbase import Client
-    from flcore.servers.serverbase import Server
+    from flcore.servers.serverbase import MOVED, Server
 
-    return {n for cls in (Server, Client) for n in vars(cls) if n.startswith("_") and not n.startswith("__")}
+    private = {n for cls in (Server, Client) for n in vars(cls) if n.startswith("_") and not n.startswith("__")}
+    return private | {n for n in MOVED if n.startswith("_")}
 
 
 def reaches_into_the_loop(source: str, private: set[str]) -> list[str]:
@@ -186,15 +188,15 @@ def test_algorithms_override_only_the_hooks_the_readme_lists():
     from flcore.servers.serverbase import Server
 
     hooks = readme_hooks()
-    assert {"broadcast", "aggregate", "receive", "local_update", "pfllib_defaults"} <= hooks
+    assert {"broadcast", "aggregate", "receive", "local_update", "declares"} <= hooks
     assert hooks <= set(vars(Server)) | set(vars(Client)), hooks - set(vars(Server)) - set(vars(Client))
     outside = set()
     for name in ALGORITHMS:
         server = get_server_class(name)
-        for cls, base in ((server, Server), (server.client_class, Client)):
+        for cls, base in ((server, Server), (server.declares.client_class, Client)):
             for c in cls.__mro__[:cls.__mro__.index(base)]:
-                outside |= {f"{c.__name__}.{m}" for m in vars(c)
-                            if m in vars(base) and not m.startswith("__") and m not in hooks}
+                outside |= {f"{c.__name__}.{m}" for m in vars(c)  # (_own_declares: set by the base, utils/declares.py)
+                            if m in vars(base) and not m.startswith("__") and m not in hooks and m != "_own_declares"}
     assert outside == set()
 
 

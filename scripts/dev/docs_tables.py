@@ -47,7 +47,7 @@ def algorithm_row(name: str, server_cls) -> str:
     row = vars(server_cls).get("table_row") or {}
     doc = (server_cls.__module__ and sys.modules[server_cls.__module__].__doc__ or "").strip().splitlines()
     paper = row.get("paper") or (doc[1].strip() if len(doc) > 1 else "—")
-    family = row.get("family") or ("pFL" if server_cls.personalized else "traditional FL")
+    family = row.get("family") or ("pFL" if server_cls.declares.personalized else "traditional FL")
     flags = row.get("flags") or ", ".join(f"`{f}` {show(d)}" for f, d in own_flags(server_cls)) or "—"
     ala = row.get("ala") or "—"
     cells = [name, paper, family, flags, ala]
@@ -99,7 +99,7 @@ def batched_table() -> tuple[Path, str, str]:
     from flcore.registry import ALGORITHMS, get_server_class
     from runtime.batched import TABLE_HEADER, batch_table
 
-    table = batch_table({n: get_server_class(n).client_class for n in ALGORITHMS})
+    table = batch_table({n: get_server_class(n).declares.client_class for n in ALGORITHMS})
     return REPO / "docs" / "performance.md", TABLE_HEADER, table
 
 

@@ -29,6 +29,7 @@ def features_spread(base: torch.nn.Module, x: torch.Tensor) -> float:
 def diagnose(argv: list[str], rounds: int) -> list[dict]:
     import cli
     from flcore.registry import get_server_class
+    from runtime import loop
     from runtime.executors import SequentialExecutor
     from utils.data_utils import load_split
 
@@ -41,8 +42,8 @@ def diagnose(argv: list[str], rounds: int) -> list[dict]:
     rows = [{"round": 0, "spread": features_spread(server.global_model.base.eval(), probe)}]
     server.global_model.base.train()
     for t in range(rounds):
-        server.run_round(t)
-        summary = server.evaluate()
+        loop.run_round(server, t)
+        summary = loop.evaluate(server)
         majority, out_norm = [], []
         for c in server.clients:
             c.model.eval()

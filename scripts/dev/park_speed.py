@@ -19,6 +19,7 @@ if __name__ == "__main__":  # run as a file: _paths.py puts the repository's cod
 
 from flcore.registry import get_server_class  # noqa: E402
 from cli import parse_config  # noqa: E402
+from runtime import loop  # noqa: E402
 from utils.data_utils import DATASET_ROOT, load_split  # noqa: E402
 
 
@@ -31,9 +32,9 @@ def measure(dataset: str, root: str, algo: str, repeat: int) -> tuple[dict, int]
         data = load_split(cfg.dataset, cfg.dataset_root)
         cfg = cfg.replace(num_classes=data.num_classes, num_clients=len(data.clients))
         server = get_server_class(algo)(cfg, data, 0, None)
-        server.run_round(0)  # models, optimizers and extras as training leaves them
-        store, client = server.executor.host.store, server.clients[0]
-        client.id  # live (a kept attribute: no unpark)
+        loop.run_round(server, 0)  # models, optimizers and extras as training leaves them
+        host = server.executor.host
+        store, client = host.store, host.clients[0]  # the client itself (the server holds a handle)
         if "parked_in" in vars(client):
             store.unpark(client)
         best = {"park": [float("inf")] * 2, "unpark": [float("inf")] * 2}

@@ -71,11 +71,11 @@ SPLITS = {"FMNIST_pat_s1200": "pat", "FMNIST_dir0.1_s1200": "dir",
 
 def traditional(name: str) -> bool:
     """Whether an entry belongs to the traditional-FL group of the figures: its algorithm is evaluated on
-    the global model (its server declares ``personalized = False``); every other algorithm is personalised."""
+    the global model (its server declares ``personalized=False``); every other algorithm is personalised."""
     from flcore.registry import ALGORITHMS, get_server_class
 
     algo = name.split("+")[0]
-    return algo in ALGORITHMS and not get_server_class(algo).personalized
+    return algo in ALGORITHMS and not get_server_class(algo).declares.personalized
 
 FLAT_PT, FLAT_TAIL, FLAT_TOP = 0.5, 0.2, 5  # the flatness criterion: see flatness()
 

@@ -177,6 +177,7 @@ def memory_run(args, split: str, clients: int, group: int = 0, executor: str = "
     import cli
     import torch
     from flcore.servers.serveravg import FedAvgServer
+    from runtime import loop
     from utils.data_utils import ClientData, FederatedData
 
     train, test = (5000, 1000) if args.small else (50000, 10000)
@@ -199,8 +200,8 @@ def memory_run(args, split: str, clients: int, group: int = 0, executor: str = "
         base = torch.cuda.memory_allocated(device)
     start = time.perf_counter()
     server = FedAvgServer(cfg, data, 0, None)
-    server.run_round(0)
-    server.evaluate()
+    loop.run_round(server, 0)
+    loop.evaluate(server)
     out = {"clients": clients, "batch_clients": group, "executor": executor, "train_samples": per_train * clients,
            "round_s": time.perf_counter() - start}
     if device.type == "cuda":
@@ -208,7 +209,7 @@ def memory_run(args, split: str, clients: int, group: int = 0, executor: str = "
         out.update(peak_allocated_mb=torch.cuda.max_memory_allocated(device) / 2**20,
                    peak_reserved_mb=torch.cuda.max_memory_reserved(device) / 2**20,
                    data_mb=base / 2**20)
-    server.close()
+    loop.close(server)
     del server, data, datas
     return out
 

@@ -116,7 +116,7 @@ def split_markdown(split: str, entries: dict, quick: dict, one_model: dict) -> s
         runs = entries[n]["runs"]
         cpu = sum(r["cpu_s"] or 0.0 for r in runs)
         one = shared.get(n, ("-", "-"))
-        shares = get_server_class(n).model_support.shares
+        shares = get_server_class(n).declares.model_support.shares
         lines.append(f"| {n} | {' | '.join(cells[n])} | {one[0]} | {one[1]} | {shares} | {report.mb_cell(runs)} | "
                      f"{cpu / len(runs):.0f} | {len(runs)} |")
     seeds = sorted({len(entries[n]["runs"]) for n in names})

@@ -40,6 +40,7 @@ import main  # noqa: E402
 from flcore.registry import get_server_class  # noqa: E402
 from flcore.trainmodel.models import build_model  # noqa: E402
 from runtime.choose import make_executor  # noqa: E402
+from runtime import loop  # noqa: E402
 from utils.amp import autocast  # noqa: E402
 
 PHASES = ("send", "evaluate", "train", "aggregate")
@@ -99,7 +100,7 @@ def sync(device: torch.device) -> None:
 
 def instrumented(server_cls: type, cfg, train_flops: float, reference=None) -> type:
     """``server_cls`` with each phase of a round timed and one line printed per round (the round loop
-    itself is the library's: ``Server.run_round`` calls ``after_round`` last in every round). With
+    itself is the library's: ``runtime.loop.run_round`` calls ``after_round`` last in every round). With
     ``reference`` (a function returning samples per second), the reference is measured again after every
     round, outside the round's time, so that each round is compared with the machine as it was then."""
 
@@ -112,27 +113,8 @@ def instrumented(server_cls: type, cfg, train_flops: float, reference=None) -> t
             self.bench_log[phase] = self.bench_log.get(phase, 0.0) + time.perf_counter() - start
             return out
 
-        def _send_models(self, participants):
-            return self.timed("send", super()._send_models, participants)
-
-        def evaluate(self):
-            return self.timed("evaluate", super().evaluate)
-
-        def _train_clients(self, clients):
-            self.bench_log["samples"] = sum(c.train_samples for c in clients) * cfg.local_epochs
-            return self.timed("train", super()._train_clients, clients)
-
-        def _receive_models(self, clients):
-            return self.timed("aggregate", super()._receive_models, clients)
-
         def aggregate(self, uploads):
             return self.timed("aggregate", super().aggregate, uploads)
-
-        def _record(self, summary):
-            super()._record(summary)
-            loss = summary["train_loss"]  # NaN under --train_loss_eval off: kept as None, so curves compare equal
-            self.bench_curve.append({"round": self.round_idx, "acc": summary["test_acc"],
-                                     "loss": None if loss != loss else loss})
 
         def after_round(self):
             super().after_round()
@@ -151,7 +133,33 @@ def instrumented(server_cls: type, cfg, train_flops: float, reference=None) -> t
                   + f" | train {r['samples'] / r['train']:7.0f} samples/s = "
                   f"{r['samples'] * train_flops / r['train'] / 1e9:5.1f} GFLOP/s{ref} | load {r['load']:.2f}", flush=True)
 
+    time_loop_steps(cfg)
     return Timed
+
+
+def time_loop_steps(cfg) -> None:
+    """The loop's own steps (runtime/loop.py: sending, evaluating, training, receiving) timed for a
+    ``Timed`` server (``instrumented``), and each recorded evaluation added to its curve."""
+    if getattr(loop, "bench_timed", False):
+        return
+    send, evaluate, train_clients, receive, record = loop.send, loop.evaluate, loop.train_clients, loop.receive, loop.record
+
+    def timed_train(server, clients):
+        server.bench_log["samples"] = sum(c.train_samples for c in clients) * cfg.local_epochs
+        return server.timed("train", train_clients, server, clients)
+
+    def curve(server, summary):
+        record(server, summary)
+        loss = summary["train_loss"]  # NaN under --train_loss_eval off: kept as None, so curves compare equal
+        server.bench_curve.append({"round": server.round_idx, "acc": summary["test_acc"],
+                                   "loss": None if loss != loss else loss})
+
+    loop.send = lambda server, participants: server.timed("send", send, server, participants)
+    loop.evaluate = lambda server: server.timed("evaluate", evaluate, server)
+    loop.train_clients = timed_train
+    loop.receive = lambda server, clients: server.timed("aggregate", receive, server, clients)
+    loop.record = curve
+    loop.bench_timed = True
 
 
 def peak_rss_mb(pid: int | str = "self") -> float:
@@ -177,7 +185,7 @@ def run_one(cfg, data, model, x, y, train_flops: float, ref_seconds: float, ref_
                                                                                             executor=executor)
         server.bench_log, server.bench_rounds, server.bench_curve = {}, [], []
         server.bench_clock = time.perf_counter()
-        server.train()
+        loop.train(server)
         final = time.perf_counter() - server.bench_clock
         workers = [peak_rss_mb(p.pid) for p in getattr(executor, "procs", [])]
     finally:

@@ -71,6 +71,13 @@ def canonical_name(name: str) -> str:
     return folded.get(name.lower(), name)
 
 
+def pfllib_flag_defaults(server_class) -> dict:
+    """PFLlib's defaults of the flags an algorithm adds (``declares.pfllib_defaults``, gathered over its
+    server's bases: FedProx-C's are FedProx's and fine-tuning's), marked by the start-up print where a run
+    differs."""
+    return dict(server_class.declares.pfllib_defaults)
+
+
 def get_server_class(name: str):
     if name not in ALGORITHMS:
         raise KeyError(f"unknown algorithm '{name}'; choose one of: {', '.join(ALGORITHMS)}")

@@ -65,8 +65,8 @@ class Attack(Plugin):
 
     @classmethod
     def check(cls, cfg, server_cls, given):
-        if poisons(cfg, "upload") and server_cls.averaging_refusal:
-            raise FLError(f"--attack: {cfg.algorithm} cannot take it: {server_cls.averaging_refusal}")
+        if poisons(cfg, "upload") and server_cls.declares.averaging_refusal:
+            raise FLError(f"--attack: {cfg.algorithm} cannot take it: {server_cls.declares.averaging_refusal}")
         checks = [
             (cfg.attack is not None or (cfg.attack_frac is None and cfg.attack_scale is None),
              "--attack_frac and --attack_scale need --attack"),
@@ -156,7 +156,26 @@ class Attack(Plugin):
         benign = summarize(tests[ok, 0], tests[ok, 1], tests[ok, 2], trains[ok, 0], trains[ok, 1])
         out = {f"benign_{k}": v for k, v in benign.items() if k != "client_test_acc"}
         if self.kind == "backdoor":
-            hits, n = np.array(server.call_clients([c for c, b in zip(server.clients, ok) if b], "backdoor_metrics"),
+            hits, n = np.array(server.call_clients([c for c, b in zip(server.clients, ok) if b], backdoor_metrics),
                                dtype=np.float64).reshape(-1, 2).sum(0)
             out["backdoor_asr"] = float(hits / n) if n else float("nan")
         return out
+
+
+def backdoor_metrics(client) -> tuple[int, int]:
+    """``--attack backdoor``: (hits, eligible) of the trigger on ``client``'s test split: its test images whose
+    label is not the target, and how many of them its personalised model (``eval_model``) classifies as the
+    target once stamped (utils/backdoor.py). Run where the client lives."""
+    import torch
+
+    from utils.amp import autocast
+    from utils.backdoor import success_counts
+    from utils.metrics import predict
+
+    cfg, model = client.cfg, client.eval_model()
+    was_training = model.training
+    with torch.no_grad(), autocast(cfg, client.device):
+        counts = success_counts(lambda x: predict(model, x, cfg.eval_batch_size), client.x_test, client.y_test,
+                                cfg.backdoor_target, cfg.trigger_size, client.white)
+    model.train(was_training)
+    return counts

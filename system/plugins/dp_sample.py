@@ -66,7 +66,7 @@ class SampleDP(Plugin):
 
     @classmethod
     def setup_client(cls, cfg, client) -> None:
-        """The client's DP-SGD noise stream and accountant (``client.dp``), read by its ``dp_backward``."""
+        """The client's DP-SGD noise stream and accountant (``client.dp``), read by ``dp_backward``."""
         if cfg.privacy:
             from utils.dp_sgd import DPSGD
 
@@ -89,9 +89,15 @@ class SampleDP(Plugin):
         import numpy as np
 
         cfg, clients = server.cfg, server.clients
-        eps = np.array([c.dp_epsilon(cfg.dp_delta) for c in clients])
+        eps = np.array(server.call_clients(clients, dp_epsilon, cfg.dp_delta))
         bare = [c.id for c, e in zip(clients, eps) if c.id in self.trained and not e > 0]
         if bare:
             raise FLError(f"-dp: client {bare[0]} trained but its DP accountant is empty: {cfg.algorithm}'s "
                           f"training bypassed DP-SGD, so the run is not private (a bug: refuse -dp in its check_config)")
         return {"dp_epsilon_max": float(eps.max()), "dp_epsilon_mean": float(eps.mean()), "dp_client_epsilon": eps}
+
+
+def dp_epsilon(client, delta: float) -> float:
+    """Epsilon (at ``delta``) of ``client``'s DP-SGD steps so far; 0.0 without ``-dp`` or before it trains.
+    Run where the client lives (``server.call_clients(clients, dp_epsilon, delta)``)."""
+    return 0.0 if client.dp is None else client.dp.epsilon(delta)

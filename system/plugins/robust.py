@@ -54,10 +54,10 @@ class RobustAggregation(Plugin):
 
     @classmethod
     def check(cls, cfg, server_cls, given):
-        if cfg.aggregator != "mean" and server_cls.averaging_refusal:
-            raise FLError(f"--aggregator: {cfg.algorithm} cannot take it: {server_cls.averaging_refusal}")
-        if cfg.aggregator != "mean" and server_cls.robust_refusal:
-            raise FLError(f"--aggregator: {cfg.algorithm} cannot take it: {server_cls.robust_refusal}")
+        if cfg.aggregator != "mean" and server_cls.declares.averaging_refusal:
+            raise FLError(f"--aggregator: {cfg.algorithm} cannot take it: {server_cls.declares.averaging_refusal}")
+        if cfg.aggregator != "mean" and server_cls.declares.robust_refusal:
+            raise FLError(f"--aggregator: {cfg.algorithm} cannot take it: {server_cls.declares.robust_refusal}")
         takes_f = ", ".join(F_RULES[:-1]) + f" or {F_RULES[-1]}" if len(F_RULES) > 1 else F_RULES[0]
         checks = [
             (cfg.krum_f is None or cfg.aggregator in F_RULES, f"--krum_f needs --aggregator {takes_f}"),

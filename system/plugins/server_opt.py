@@ -33,13 +33,13 @@ class ServerOpt(Plugin):
 
     @classmethod
     def check(cls, cfg, server_cls, given):
-        if cfg.server_opt != "off" and server_cls.averaging_refusal:
-            raise FLError(f"--server_opt: {cfg.algorithm} cannot take it: {server_cls.averaging_refusal}")
+        if cfg.server_opt != "off" and server_cls.declares.averaging_refusal:
+            raise FLError(f"--server_opt: {cfg.algorithm} cannot take it: {server_cls.declares.averaging_refusal}")
         lr = cfg.server_learning_rate
         if cfg.server_opt != "off":
             lr = OPTIMIZERS[cfg.server_opt]["lr"] if lr is None else lr
-        elif server_cls.slr_default is not None:
-            lr = server_cls.slr_default if lr is None else lr
+        elif server_cls.declares.slr_default is not None:
+            lr = server_cls.declares.slr_default if lr is None else lr
         elif lr is not None:
             shown = "-slr" if "-slr" in given else "--server_learning_rate"
             print(f"warning: -algo {cfg.algorithm} does not use {shown} without --server_opt; ignored", file=sys.stderr)

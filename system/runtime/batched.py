@@ -31,16 +31,17 @@ from runtime.stacked import TrainPhase, plan_phase, predict_many, signature
 from runtime.stacked_ala import ALAEpoch, ala_key
 from utils.batching import set_session
 from utils.errors import FLError
+from utils.declares import declared_by
 
 # The client hooks that shape local training: a class that declares ``batch_state`` vouches for these as
 # they are at its level; a subclass that overrides one has not (``batch_refusal``).
-TRAINING_HOOKS = ("loss", "after_backward", "local_update", "train", "run_epochs", "make_optimizer",
+TRAINING_HOOKS = ("loss", "after_backward", "local_update", "run_epochs", "make_optimizer",
                   "batched_step", "dp_modules")
 
 
 def _root(cls: type) -> type:
     """The client base class: the first to declare ``batch_state`` (runtime/ never imports flcore/)."""
-    return [k for k in cls.__mro__ if "batch_state" in vars(k)][-1]
+    return [k for k in cls.__mro__ if declared_by(k, "batch_state") is k][-1]
 
 
 def overridden(cls: type, hooks=TRAINING_HOOKS) -> list[str]:
@@ -49,10 +50,10 @@ def overridden(cls: type, hooks=TRAINING_HOOKS) -> list[str]:
 
 
 def batch_refusal(cls: type) -> str:
-    """Why clients of ``cls`` cannot train batched; "" when they can (``batch_state`` declared at a class
+    """Why clients of ``cls`` cannot train batched; "" when they can (``declares.batch_state`` set at a class
     whose training hooks no subclass changes, and ``after_backward`` matched by a ``batched_step``)."""
-    owner = next(k for k in cls.__mro__ if "batch_state" in vars(k))
-    if cls.batch_state is None:
+    owner = declared_by(cls, "batch_state")
+    if cls.declares.batch_state is None:
         hooks = overridden(cls)
         return ("its local update is not declared batchable (batch_state)"
                 + (f"; it overrides {', '.join(hooks)}" if hooks else ""))

@@ -3,7 +3,7 @@ recovered with exactly the numbers of an undisturbed run.
 
 ``--checkpoint_every N`` writes ``<results>/<stem>.ckpt`` after every N-th round and after the last one,
 atomically (tmp + rename). It holds the server's state, the result recorder's series and every client's
-state, each as its ``state_dict`` gives it (runtime/state.py: tensors and plain values; the config and
+state, each as ``server_state`` and ``client_state`` give it (runtime/state.py: tensors and plain values; the config and
 the data are rebuilt from the flags and the split). It is read with ``torch.load(weights_only=True)``,
 which builds tensors and plain values only, so a checkpoint from someone else cannot run code; one that
 was crafted, damaged or made for another run is refused with one line (docs/security.md).
@@ -13,6 +13,7 @@ extend a run) may change.
 """
 from __future__ import annotations
 
+import copy
 import os
 import pickle
 from pathlib import Path
@@ -40,15 +41,74 @@ def identity(server) -> dict:
             "dataset": server.data.name, "split": server.data.config_hash}
 
 
+# The server's attributes a checkpoint leaves out (its ``declares.checkpoint_skip`` adds to them), those
+# whose saved value must be this run's, and those built from the flags (None in a fresh server: None saved).
+SERVER_SKIP = ("checkpoints", "new_clients")
+SERVER_FIXED = ("run",)
+SERVER_BUILT = ("client_model_names",)
+
+
+def server_links(server) -> dict:
+    """Objects a server's saved state refers to rather than holds (wherever they occur in its attributes):
+    they are rebuilt from the flags and the split, or live elsewhere."""
+    return {"cfg": server.cfg, "data": server.data, "recorder": server.recorder, "executor": server.executor,
+            **{f"client:{c.id}": c for c in server.clients}}
+
+
+def server_state(server) -> dict:
+    """The server's state as tensors and plain values (runtime/state.py): every attribute but
+    ``SERVER_SKIP`` and its ``checkpoint_skip`` (global model, streams, an algorithm's own state such as
+    stored client models)."""
+    links = {id(v): k for k, v in server_links(server).items() if v is not None}
+    return state.encode_attrs(server, links, (*SERVER_SKIP, *server.declares.checkpoint_skip), "server")
+
+
+def load_server_state(server, saved: dict) -> None:
+    """Put a ``server_state`` back onto the server, as built by its constructor. A module the constructor
+    does not build (made during the run) is rebuilt as a copy of the global model, into which the saved
+    entries are loaded strictly."""
+    state.decode_attrs(server, saved, server_links(server), server.device, "server",
+                       lambda name: copy.deepcopy(server.global_model), SERVER_FIXED, SERVER_BUILT)
+
+
+# A client's attributes whose saved value must be this client's (whose state it is), and those its
+# constructor builds from the flags (None in a fresh client: None saved).
+CLIENT_FIXED = ("id", "run")
+CLIENT_BUILT = ("white", "scaler", "ala", "dp", "x_val", "y_val")
+
+
+def client_links(client) -> dict:
+    """Objects a client's saved state refers to rather than holds: the config and the data, rebuilt from the
+    flags and the split."""
+    return {"cfg": client.cfg, "x_train": client.x_train, "y_train": client.y_train, "x_test": client.x_test,
+            "y_test": client.y_test,
+            **({} if client.x_val is None else {"x_val": client.x_val, "y_val": client.y_val})}
+
+
+def client_state(client, skip=()) -> dict:
+    """The client's state as tensors and plain values (runtime/state.py): every attribute but its
+    ``declares.checkpoint_skip`` and ``skip`` (model, optimizer, streams, ALA, an algorithm's extras). Run
+    where the client lives (``executor.map(clients, client_state)``); parking keeps the same."""
+    links = {id(v): k for k, v in client_links(client).items()}
+    return state.encode_attrs(client, links, (*client.declares.checkpoint_skip, *skip), f"client {client.id}")
+
+
+def load_client_state(client, saved: dict) -> None:
+    """Put a ``client_state`` back onto the client, as built by its constructor; a module the constructor
+    does not build comes from the client's ``new_module`` hook."""
+    state.decode_attrs(client, saved, client_links(client), client.device, f"client {client.id}",
+                       client.new_module, CLIENT_FIXED, CLIENT_BUILT)
+
+
 def snapshot(server, round_idx: int, with_clients: bool = True) -> dict:
     """The state after ``round_idx`` (-1: before round 0; clients then rebuild from the factory), as
     tensors and plain values."""
     rec = server.recorder
     return {"format": FORMAT, "round": round_idx, "identity": identity(server),
             "config": state.encode(server.cfg.to_dict(), {}, "config"),
-            "split": server.data.config_hash, "server": server.state_dict(),
+            "split": server.data.config_hash, "server": server_state(server),
             "recorder": state.encode(rec.state_dict(), {}, "recorder") if rec is not None else None,
-            "clients": server.executor.map(server.clients, "state_dict") if with_clients else None}
+            "clients": server.executor.map(server.clients, client_state) if with_clients else None}
 
 
 def checkpoint_file(recorder) -> Path:
@@ -235,8 +295,8 @@ def restore(server, ckpt: dict, source) -> int:
     first round still to run. A state that does not fit the run is refused with one line."""
     try:
         if ckpt["clients"] is not None:
-            server.executor.call_each("load_state_dict", [(c, (s,)) for c, s in zip(server.clients, ckpt["clients"])])
-        server.load_state_dict(ckpt["server"])
+            server.executor.call_each(load_client_state, [(c, (s,)) for c, s in zip(server.clients, ckpt["clients"])])
+        load_server_state(server, ckpt["server"])
         if server.recorder is not None and ckpt["recorder"] is not None:
             server.recorder.load_state_dict(state.decode(ckpt["recorder"], None, {}, "cpu", "recorder"))
     except state.StateError as e:

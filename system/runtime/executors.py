@@ -1,7 +1,8 @@
 """Executors: where clients live, and how the server's calls reach them. One contract for all.
 
-The server reaches its clients only by method calls by name (``receive``, ``train``, ``upload``,
-``test_metrics``, ``train_metrics`` and any method an algorithm adds):
+The server reaches its clients only by calls: of a method by name (``receive``, ``upload`` and any method an
+algorithm adds) or of an engine function of the client (``fn(client, ...)``: local training, evaluation,
+checkpoints), run where the client lives:
 
     start(factory, datas) -> clients    the run's clients, built where they will live
     map(clients, method, *args)         [c.method(*args) for c in clients], in order
@@ -43,7 +44,7 @@ from utils.seeding import torch_seeded
 
 
 class WorkerLost(RuntimeError):
-    """A worker process died; the server recovers from its last checkpoint (``Server.train``)."""
+    """A worker process died; the run recovers from its last checkpoint (``runtime.loop.train``)."""
 
 
 # ---- moving values across the wire -----------------------------------------------------------------
@@ -84,6 +85,16 @@ def balance(sizes: list[int], parts: int) -> list[list[int]]:
         groups[g].append(k)
         load[g] += sizes[k]
     return [sorted(g) for g in groups if g]
+
+
+def call(client, method, args=(), kwargs=None):
+    """``client.method(*args, **kwargs)``; ``method`` is a method's name, or an engine function of the client
+    (``fn(client, *args, **kwargs)``, a module-level function, so it crosses to a worker by name): how the
+    engine runs its own steps where the client lives (evaluation, checkpoints: runtime/evaluation.py,
+    runtime/checkpoint.py) without their being client methods."""
+    if callable(method):
+        return method(client, *args, **(kwargs or {}))
+    return getattr(client, method)(*args, **(kwargs or {}))
 
 
 # ---- building and hosting clients anywhere ---------------------------------------------------------
@@ -166,15 +177,17 @@ class ClientHost:
         or refuse a client left with one)."""
         return self.factory(c.id, self.datas[c.id], self.device)
 
-    def run(self, cid: int, method: str, args=(), kwargs=None):
+    def run(self, cid: int, method, args=(), kwargs=None):
         c = self.clients[cid]
         if self.store is None:
-            return getattr(c, method)(*args, **(kwargs or {}))
-        if "parked_in" in vars(c):  # back before the call (a method may also replace attributes wholesale)
-            self.store.unpark(c)
+            return call(c, method, args, kwargs)
+        # pinned first: bringing it back parks the least recently used unpinned clients beyond the capacity,
+        # which would otherwise be this one when every other live client is in a call (a batched session)
         self.store.pinned.add(cid)
         try:
-            return getattr(c, method)(*args, **(kwargs or {}))
+            if "parked_in" in vars(c):  # back before the call (a method may also replace attributes wholesale)
+                self.store.unpark(c)
+            return call(c, method, args, kwargs)
         finally:
             self.store.pinned.discard(cid)
             if "parked_in" not in vars(c):

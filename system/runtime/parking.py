@@ -2,7 +2,7 @@
 with all clients. Every executor parks the clients of each process it runs clients in
 (``executors.ClientHost``): this one for ``sequential``, each worker for ``fork`` and ``ray``.
 
-A client is "parked" when it has not been used for a while: its ``state_dict`` (runtime/state.py:
+A client is "parked" when it has not been used for a while: its state (``checkpoint.client_state``, runtime/state.py:
 tensors and plain values, so models, optimizers, generators, ALA weights and any algorithm's extras are
 included without code of their own) of every attribute except its identity, its data and its timing
 (``KEEP``) is kept on the CPU (``cpu``) or in one file (``disk``), and the live objects are dropped; in
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from runtime import state
+from runtime import checkpoint, state
 from utils.errors import FLError
 from utils import fileio
 from utils.results import save_files
@@ -93,12 +93,12 @@ class ClientStore:
         self.loads = self.stores = 0
 
     def _kept(self, c) -> frozenset:
-        return KEEP | set(c.checkpoint_skip)
+        return KEEP | set(c.declares.checkpoint_skip)
 
     def park(self, c) -> None:
         """Keep the state of everything but ``KEEP`` (and what the client's checkpoints skip) and drop it."""
         keep = self._kept(c)
-        saved = c.state_dict(skip=keep)
+        saved = checkpoint.client_state(c, keep)
         if self.pool is not None:
             ids: list[int] = []
             saved = state.map_tensors(saved, lambda t: self._pool_one(t, ids))
@@ -163,7 +163,7 @@ class ClientStore:
         del vars(c)["parked_in"]
         keep = self._kept(c)
         vars(c).update({k: v for k, v in vars(self.rebuild(c)).items() if k not in keep})
-        c.load_state_dict(saved)
+        checkpoint.load_client_state(c, saved)
         self.loads += 1
         self.touch(c)
 

@@ -222,7 +222,7 @@ def plan_phase(client, epochs: int, batch_size: int | None, optimizer, objective
                 trained[names[id(p)]] = float(g["lr"])
     batches = list(client.batches(epochs, batch_size, generator))
     bs = batch_size or client.cfg.batch_size
-    state = tuple(client.batch_state or ())
+    state = tuple(client.declares.batch_state or ())
     key = ("train", type(client), objective_identity(objective), signature(wrapper), tuple(sorted(trained)), state,
            bs, tuple(client.x_train.shape[1:]), client.x_train.dtype)
     return PhasePlan(client, wrapper, trained, batches, key)
@@ -261,7 +261,7 @@ class TrainPhase:
         entries = [dict(p.wrapper.named_parameters()) | dict(p.wrapper.named_buffers()) for p in order]
         self.train = {n: torch.stack([e[n].detach() for e in entries]) for n in self.names}
         self.const = {n: torch.stack([e[n].detach() for e in entries]) for n in entries[0] if n not in self.train}
-        attrs = tuple(rep.client.batch_state or ())
+        attrs = tuple(rep.client.declares.batch_state or ())
         self.state = {a: stack_tree([getattr(p.client, a) for p in order]) for a in attrs}
         self.lr = {n: torch.tensor([p.trained[n] for p in order], device=device,
                                    dtype=self.train[n].dtype).view(-1, *[1] * (self.train[n].dim() - 1))

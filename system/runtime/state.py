@@ -183,12 +183,13 @@ class _Decoder:
         except (KeyError, TypeError) as e:  # a node with a field missing or of the wrong kind
             raise StateError(f"{where}: damaged {kind} entry ({first_line(e)})") from None
 
-    def attrs(self, obj, saved: dict, where: str, new_module: Callable[[str], nn.Module] | None = None) -> None:
+    def attrs(self, obj, saved: dict, where: str, new_module: Callable[[str], nn.Module] | None = None,
+              fixed=None, built=None) -> None:
         if not isinstance(saved, dict):
             raise StateError(f"{where}: expected the attributes of a {type(obj).__name__}, found "
                              f"{type(saved).__name__}")
-        fixed = getattr(type(obj), "checkpoint_fixed", ())
-        built = getattr(type(obj), "checkpoint_built", ())
+        fixed = getattr(type(obj), "checkpoint_fixed", ()) if fixed is None else fixed
+        built = getattr(type(obj), "checkpoint_built", ()) if built is None else built
         for k, v in saved.items():
             if not isinstance(k, str) or not k.isidentifier() or k.startswith("__"):
                 raise StateError(f"{where}: attribute name {str(k)[:40]!r} is not an attribute name")
@@ -253,10 +254,13 @@ def decode(saved, live, links: dict, device, where: str):
 
 
 def decode_attrs(obj, saved: dict, links: dict, device, where: str | None = None,
-                 new_module: Callable[[str], nn.Module] | None = None) -> None:
+                 new_module: Callable[[str], nn.Module] | None = None, fixed=None, built=None) -> None:
     """Set the attributes ``encode_attrs`` saved on the live ``obj``. ``new_module(name)`` builds a module
-    for attribute ``name`` that ``obj`` does not hold yet."""
-    _Decoder(links, device).attrs(obj, saved, where or type(obj).__name__, new_module)
+    for attribute ``name`` that ``obj`` does not hold yet. ``fixed``: attributes whose saved value must equal
+    the live one (whose state it is); ``built``: attributes the constructor builds from the flags, so a saved
+    value where the live one is None is refused (by default the class's ``checkpoint_fixed`` and
+    ``checkpoint_built``)."""
+    _Decoder(links, device).attrs(obj, saved, where or type(obj).__name__, new_module, fixed, built)
 
 
 def _item(live, i):

@@ -179,3 +179,15 @@ class DPSGD:
 
     def epsilon(self, delta: float) -> float:
         return epsilon(self.history, delta)
+
+
+def dp_backward(client, objective, optimizer, x, y, modules: dict | None = None, noise=None):
+    """``-dp``: set ``.grad`` of every parameter ``optimizer`` trains to the DP-SGD release of the gradient of
+    ``objective(x, y)`` on this batch of ``client``'s, counted by its accountant (at the rate of a batch of
+    its ``train_count``); returns the batch's mean loss. ``modules`` hold those parameters (default the
+    client's ``dp_modules``; a fine-tuned copy names itself); ``noise`` is the stream the noise comes from
+    (default the training stream; fine-tuning has its own, so evaluating never shifts training's noise). The
+    base loop's every step goes through here under ``-dp`` (the client's ``dp`` is set up by the DP-SGD
+    plug-in, plugins/dp_sample.py); a step rule of an algorithm's own calls it (pFedMe, Per-FedAvg)."""
+    return client.dp.backward(client.dp_modules() if modules is None else modules, objective, optimizer, x, y,
+                              client.train_count(), noise)

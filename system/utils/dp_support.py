@@ -41,7 +41,7 @@ class DPSupport:
 
 def check_support(cfg, server_cls) -> None:
     """Refuse ``-dp`` (any level) or ``--dp_level client`` where the algorithm's ``dp_support`` says why."""
-    support = server_cls.dp_support
+    support = server_cls.declares.dp_support
     if cfg.privacy and support.refusal:
         raise FLError(f"-dp: {cfg.algorithm} is refused: {support.refusal}; drop -dp")
     if client_level(cfg) and support.client_refusal:
@@ -56,8 +56,8 @@ def uncovered_steps(cfg, cls) -> list[str]:
     step is covered (the clipped update bounds a client's whole contribution): nothing is listed."""
     if client_level(cfg):
         return []
-    steps = [cls.dp_support.uncovered] if cls.dp_support.uncovered else []
-    client_ala = getattr(cls.client_class, "use_ala", False)
+    steps = [cls.declares.dp_support.uncovered] if cls.declares.dp_support.uncovered else []
+    client_ala = cls.declares.client_class.declares.use_ala
     if (cfg.ala or client_ala) and ALA_UNCOVERED not in steps:
         steps.append(ALA_UNCOVERED)
     return steps
@@ -69,8 +69,8 @@ def coverage_table(servers: dict) -> str:
     ``-ala`` (any algorithm)."""
     rows = ["| algorithm | `-dp` (DP-SGD) | `-dp --dp_level client` (DP-FedAvg) |", "|---|---|---|"]
     for name, cls in servers.items():
-        s = cls.dp_support
-        uncovered = s.uncovered or (ALA_UNCOVERED if getattr(cls.client_class, "use_ala", False) else "")
+        s = cls.declares.dp_support
+        uncovered = s.uncovered or (ALA_UNCOVERED if cls.declares.client_class.declares.use_ala else "")
         if not (s.refusal or s.client_refusal or uncovered):
             continue
         sample = f"refused: {s.refusal}" if s.refusal else (

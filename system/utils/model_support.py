@@ -39,7 +39,7 @@ class ModelSupport:
 
 def check_model_support(cfg, server_cls) -> None:
     """Refuse ``--client_models`` where the algorithm's ``model_support`` says why."""
-    refusal = server_cls.model_support.refusal
+    refusal = server_cls.declares.model_support.refusal
     if getattr(cfg, "client_models", None) and refusal:
         raise FLError(f"--client_models: {cfg.algorithm} is refused: {refusal}; give every client -m instead "
                       f"(README: Clients with different models lists the algorithms that take it)")
@@ -61,7 +61,7 @@ def support_table(servers: dict) -> str:
     class, in registry order): what each shares and where a client's own architecture goes."""
     rows = ["| algorithm | what crosses the wire | a client's own architecture is |", "|---|---|---|"]
     for name, cls in servers.items():
-        s = cls.model_support
+        s = cls.declares.model_support
         if not s.refusal:
             where = "its personal model beside the shared `-m` model" if s.personal else "its model"
             rows.append(f"| {name} | {s.shares} | {where} |")

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from flcore.clients.clientbase import Client
+from flcore.clients.clientbase import Client, ClientDeclares
 
 
 class MixingWeight(nn.Module):
@@ -26,7 +26,9 @@ def mixture(v: dict, w: dict, alpha: torch.Tensor) -> dict:
 
 
 class APFLClient(Client):
-    batch_state = ()  # --executor batched: its loss reads its modules only; after_backward as batched_step
+    declares = ClientDeclares(
+        batch_state=(),  # --executor batched: its loss reads its modules only; after_backward as batched_step
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -7,7 +7,7 @@ import copy
 import torch
 from torch import nn
 
-from flcore.clients.clientbase import Upload, copy_state
+from flcore.clients.clientbase import ClientDeclares, Upload, copy_state
 from flcore.clients.partsharing import PartSharingClient
 from flcore.prototypes import class_means, representations
 
@@ -29,7 +29,9 @@ def fisher_trace(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batches) ->
 
 class FedASClient(PartSharingClient):
     shared = ("base",)
-    personal_keys = ("head.",)
+    declares = ClientDeclares(
+        personal_keys=("head.",),
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

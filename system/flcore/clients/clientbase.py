@@ -1,13 +1,20 @@
-"""Client: one participant's data, model, optimizer, local training and evaluation.
+"""Client: one participant's data, model, optimizer and local training: what an algorithm overrides or calls.
 
 Subclasses override small hooks, never the loop: ``receive`` / ``initialize_local`` (what arrives from
 the server, and local initialisation: ALA lives here), ``loss`` (extra terms such as FedProx's proximal
 term), ``after_backward`` (gradient corrections), ``local_update`` (a round's training procedure, built
 from ``run_epochs``), ``steps_per_round`` (when that procedure takes another number of steps),
-``upload`` (what crosses the wire: an ``Upload``) and ``eval_model`` (which model is evaluated).
+``upload`` (what crosses the wire: an ``Upload``) and ``eval_model`` (which model is evaluated); what the
+client is, in one declaration (``declares``, utils/declares.py).
 
-The server reaches a client only through method calls (runtime/executors.py), so a client may live in
-this process or in a worker process; its state has one home, the client object.
+The engine's own steps on a client are not its members: a round's training, the evaluations and a late
+join are runtime/client_steps.py, its checkpointed state runtime/checkpoint.py, DP-SGD's step
+``utils.dp_sgd.dp_backward`` and its epsilon plugins/dp_sample.py, the backdoor's figure
+plugins/attack.py. A subclass that still defines one of those stops at import with one line (``MOVED``).
+
+The server reaches a client only through calls (runtime/executors.py), so a client may live in this
+process or in a worker process; its state has one home, the client object. A client parked off the
+device (``--client_state``) is brought back by the executor before any use, never implicitly.
 """
 from __future__ import annotations
 
@@ -21,11 +28,12 @@ from torch import nn
 
 import plugins
 from flcore.trainmodel.parts import HEAD, ala_names, batch_dependent, head_of
-from runtime import state
 from runtime.stacked import sgd_step
 from utils.amp import autocast, make_scaler
 from utils.batching import batch_bounds, batches_of, has_batch_norm, session
 from utils.data_utils import ClientData, local_split
+from utils import dp_sgd
+from utils.declares import ClientDeclares, moved_to_declares, settle
 from utils.errors import Diverged
 from utils.metrics import auc_ovr, predict
 from utils.seeding import torch_gen
@@ -44,17 +52,45 @@ class Upload:
     extras: dict = dataclasses.field(default_factory=dict)
 
 
+# What a Client subclass may no longer define, and where that responsibility lives now (one line each).
+MOVED = {
+    "train": "a round's local training is runtime.client_steps.train(client, round); override local_update",
+    "test_metrics": "evaluation is runtime.client_steps.test_metrics(client); which model is evaluated: eval_model",
+    "train_metrics": "runtime.client_steps.train_metrics(client) evaluates eval_model on the training split",
+    "val_metrics": "runtime.client_steps.val_metrics(client) evaluates eval_model on the validation split",
+    "join_late": "-nnc is runtime.client_steps.join_late(client, payload, epochs); override new_client_model",
+    "check_finite": "runtime.client_steps.check_finite(client, logits, split)",
+    "train_loss_sample": "runtime.client_steps.train_loss_sample(client)",
+    "backdoor_metrics": "the backdoor attack's figure is plugins.attack.backdoor_metrics(client)",
+    "dp_epsilon": "-dp's epsilon is plugins.dp_sample.dp_epsilon(client, delta)",
+    "dp_backward": "-dp's step is utils.dp_sgd.dp_backward(client, objective, optimizer, x, y); name the modules in "
+                   "dp_modules",
+    "state_dict": "a client's state is runtime.checkpoint.client_state(client); leave attributes out with "
+                  "declares.checkpoint_skip, rebuild a module with new_module",
+    "load_state_dict": "runtime.checkpoint.load_client_state(client, saved) restores a client",
+    "checkpoint_links": "runtime.checkpoint.client_links(client)",
+    "checkpoint_fixed": "runtime.checkpoint.CLIENT_FIXED",
+    "checkpoint_built": "runtime.checkpoint.CLIENT_BUILT",
+}
+
+
 class Client:
-    use_ala = False  # FedALA sets this; any other algorithm gets ALA with -ala
-    # Entries of ``self.model``'s state (name prefixes) that are this client's own and never cross the
-    # wire: FedRep's head ("head."), all of Local's model (""). Every algorithm's uploads are checked
-    # against them (tests/test_executors.py).
-    personal_keys: tuple[str, ...] = ()
-    # --executor batched (runtime/batched.py): None, this algorithm's local update is not declared
-    # batchable; else the attributes besides the ``dp_modules`` that its ``loss`` (and its phases' objectives)
-    # read and that differ between clients (FedProx's anchor), stacked per client. A subclass that overrides a
-    # training hook below the declaring class is refused (``runtime.batched.batch_refusal``).
-    batch_state: tuple[str, ...] | None = None
+    # What the algorithm's client keeps to itself and how it may train (utils/declares.py documents every
+    # field); a subclass names only the fields it changes.
+    declares = ClientDeclares(
+        personal_keys=(),
+        use_ala=False,
+        batch_state=None,
+        checkpoint_skip=(),
+    )
+
+    def __init_subclass__(cls, **kwargs):
+        """Settle the subclass's ``declares`` (utils/declares.py). A subclass written for the members this class
+        used to carry (an engine step, ``MOVED``; a declaration attribute, now a field of ``declares``) stops
+        here, at import, with one line naming where that responsibility lives now."""
+        super().__init_subclass__(**kwargs)
+        settle(cls, ClientDeclares, {**moved_to_declares(ClientDeclares),
+                                     **{k: f"no longer a Client member; {v}" for k, v in MOVED.items()}})
 
     def __init__(self, cfg, cid: int, data: ClientData, model: nn.Module, run: int = 0):
         self.cfg, self.id, self.run = cfg, cid, run
@@ -77,21 +113,28 @@ class Client:
         self.scaler = make_scaler(cfg, self.device)  # --amp fp16 only
         self.loss_sample: torch.Tensor | None = None  # --train_loss_eval sampled (train_loss_sample)
         self.ala = None
-        if cfg.ala or self.use_ala:
+        if cfg.ala or self.declares.use_ala:
             from utils.ALA import ALA
 
             # The classifier's inputs can be computed once per round unless a layer mixes a batch's samples.
             head = None if batch_dependent(self.model) else HEAD
             self.ala = ALA.from_config(cfg, cid, run, ala_names(self.model, cfg.layer_idx, cfg.ala_layers), head)
         self.train_time: list[float] = []  # seconds of each local training, one entry per round trained
+        # the model entries (name prefixes) that never cross the wire: the declared ones, unless this client's
+        # own model decides them (FedBN's BatchNorm layers)
+        self.personal_keys = self.declares.personal_keys
         self.dp = None  # -dp: this client's DP-SGD noise stream and accountant history (plugins/dp_sample.py)
         plugins.setup_client(cfg, self)  # what the plug-ins keep on a client (DP-SGD's accountant)
 
     # ---- hooks -------------------------------------------------------------------------------------
     def make_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer of ``self.model``'s local training, built once by the constructor: SGD at ``-lr``
+        (``runtime.client_steps.train`` sets each round's rate into its groups)."""
         return torch.optim.SGD(self.model.parameters(), lr=self.cfg.local_learning_rate)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The objective of one batch: cross-entropy of ``self.model``; an algorithm adds its terms (FedProx's
+        proximal term)."""
         return self.loss_fn(self.model(x), y)
 
     def after_backward(self) -> None:
@@ -159,21 +202,6 @@ class Client:
         """How many samples one epoch of local training passes over."""
         return self.train_samples
 
-    def dp_epsilon(self, delta: float) -> float:
-        """Epsilon (at ``delta``) of this client's DP-SGD steps so far; 0.0 without ``-dp`` or before it
-        trains. A method, so the server reaches it through any executor."""
-        return 0.0 if self.dp is None else self.dp.epsilon(delta)
-
-    def dp_backward(self, objective, optimizer, x: torch.Tensor, y: torch.Tensor,
-                    modules: dict[str, nn.Module] | None = None, noise: torch.Generator | None = None) -> torch.Tensor:
-        """``-dp``: set ``.grad`` of every parameter ``optimizer`` trains to the DP-SGD release of the gradient
-        of ``objective(x, y)`` on this batch, counted by this client's accountant (at the rate of a batch of
-        ``train_count``); returns the batch's mean loss. ``modules`` hold those parameters (default
-        ``dp_modules``; a fine-tuned copy names itself); ``noise`` is the stream the noise comes from (default
-        the training stream; fine-tuning has its own, so evaluating never shifts training's noise)."""
-        return self.dp.backward(self.dp_modules() if modules is None else modules, objective, optimizer, x, y,
-                                self.train_count(), noise)
-
     def eval_model(self) -> nn.Module:
         """The client's personalised model, the one evaluated on its own test split."""
         return self.model
@@ -185,27 +213,6 @@ class Client:
         return self.eval_model()
 
     # ---- state (checkpoints and parking: runtime/state.py) ------------------------------------------
-    checkpoint_skip = ()  # attributes a checkpoint leaves out (state an algorithm rebuilds by itself)
-    checkpoint_fixed = ("id", "run")  # who the state belongs to: a saved state must hold the same values
-    # built from the flags by the constructor: where the fresh client holds None, a saved state holds None too
-    checkpoint_built = ("white", "scaler", "ala", "dp", "x_val", "y_val")
-
-    def checkpoint_links(self) -> dict:
-        """Objects a saved state refers to rather than holds: the config and the data, rebuilt from the
-        flags and the split."""
-        return {"cfg": self.cfg, "x_train": self.x_train, "y_train": self.y_train, "x_test": self.x_test,
-                "y_test": self.y_test, **({} if self.x_val is None else {"x_val": self.x_val, "y_val": self.y_val})}
-
-    def state_dict(self, skip=()) -> dict:
-        """This client's state as tensors and plain values (runtime/state.py): by default every attribute
-        but ``checkpoint_skip`` and ``skip`` (model, optimizer, streams, ALA, an algorithm's extras)."""
-        links = {id(v): k for k, v in self.checkpoint_links().items()}
-        return state.encode_attrs(self, links, (*self.checkpoint_skip, *skip), f"client {self.id}")
-
-    def load_state_dict(self, saved: dict) -> None:
-        """Put a ``state_dict`` back onto this client, as built by its constructor."""
-        state.decode_attrs(self, saved, self.checkpoint_links(), self.device, f"client {self.id}", self.new_module)
-
     def new_module(self, name: str) -> nn.Module:
         """A module for attribute ``name`` of a saved state that the constructor does not build (a copy
         made later, such as a fine-tuned or a previous model): by default a copy of ``self.model``, into
@@ -230,16 +237,6 @@ class Client:
         for _ in range(epochs):
             perm = torch.randperm(self.train_samples if pool is None else len(pool), generator=gen).to(self.device)
             yield from batches_of(perm if pool is None else pool[perm], bs, self.merge_single)
-
-    def train(self, round_idx: int = 0) -> None:
-        start = time.perf_counter()
-        if self.ala is not None:
-            self.ala.features = None  # training changes the lower layers they came from
-        self.model.train()
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.learning_rate(round_idx)
-        self.local_update(round_idx)
-        self.train_time.append(time.perf_counter() - start)
 
     def local_update(self, round_idx: int) -> None:
         """The local training procedure of one round (timed by ``train``): ``-ls`` epochs of SGD on
@@ -289,7 +286,7 @@ class Client:
                 self.scaler.scale(loss).backward()
                 self.scaler.unscale_(optimizer)  # after_backward sees true gradients
         else:  # -dp: clipped, noised per-sample gradients of the same objective
-            loss = self.dp_backward(objective, optimizer, x, y)
+            loss = dp_sgd.dp_backward(self, objective, optimizer, x, y)
         if own:
             self.after_backward()
         if self.scaler is None:
@@ -299,100 +296,9 @@ class Client:
             self.scaler.update()
         return loss
 
-    # ---- evaluation --------------------------------------------------------------------------------
-    @torch.no_grad()
-    def test_metrics(self, model: nn.Module | None = None) -> tuple[int, int, float]:
-        """(correct, samples, AUC) of the personalised model (or ``model``) on this client's test split."""
-        model = self.eval_model() if model is None else model
-        was_training = model.training
-        with autocast(self.cfg, self.device):
-            logits = predict(model, self.x_test, self.cfg.eval_batch_size)
-        model.train(was_training)
-        self.check_finite(logits, "test")
-        correct = int((logits.argmax(1) == self.y_test).sum())
-        auc = auc_ovr(torch.softmax(logits.float(), 1).cpu().numpy(), self.y_test.cpu().numpy(), self.num_classes)
-        return correct, self.test_samples, auc
 
-    @torch.no_grad()
-    def backdoor_metrics(self) -> tuple[int, int]:
-        """``--attack backdoor``: (hits, eligible) of the trigger on this client's test split: its test
-        images whose label is not the target, and how many of them the personalised model classifies as the
-        target once stamped (utils/backdoor.py)."""
-        from utils.backdoor import success_counts
 
-        model = self.eval_model()
-        was_training = model.training
-        with autocast(self.cfg, self.device):
-            counts = success_counts(lambda x: predict(model, x, self.cfg.eval_batch_size), self.x_test, self.y_test,
-                                    self.cfg.backdoor_target, self.cfg.trigger_size, self.white)
-        model.train(was_training)
-        return counts
-
-    @torch.no_grad()
-    def val_metrics(self) -> tuple[int, int]:
-        """(correct, samples) of the personalised model on the validation split (``--val_ratio``)."""
-        model = self.eval_model()
-        was_training = model.training
-        with autocast(self.cfg, self.device):
-            logits = predict(model, self.x_val, self.cfg.eval_batch_size)
-        model.train(was_training)
-        return int((logits.argmax(1) == self.y_val).sum()), len(self.y_val)
-
-    def join_late(self, payload, epochs: int) -> tuple[int, int, float]:
-        """-nnc: this client took no part in training. It receives ``payload`` (None: nothing), fine-tunes
-        ``new_client_model`` ``epochs`` epochs of plain SGD (cross-entropy, -lr, batch -lbs) on its
-        training data, batches drawn from its own "new-client" stream, and returns its ``test_metrics``
-        on that model."""
-        if payload is not None:
-            self.receive(payload, True)
-        model = self.new_client_model()
-        if epochs:
-            model.train()
-            opt = torch.optim.SGD(model.parameters(), lr=self.cfg.local_learning_rate)
-            self.run_epochs(epochs, optimizer=opt, objective=lambda x, y: self.loss_fn(model(x), y),
-                            generator=torch_gen(self.cfg.seed, self.run, "new-client", self.id))
-        return self.test_metrics(model)
-
-    @torch.no_grad()
-    def check_finite(self, logits: torch.Tensor, split: str) -> None:
-        """An evaluation of a model whose outputs are NaN or +inf ends the run as diverged (its accuracy would be
-        argmax over NaN, a number that means nothing); -inf is a masked class (FedGC's logits of the classes a
-        client does not own), not a divergence."""
-        if bool(torch.isnan(logits).any() or torch.isposinf(logits).any()):
-            raise Diverged(f"client {self.id}: the evaluated model's outputs on its {split} split are not finite; "
-                           f"lower -lr (now {self.cfg.local_learning_rate}) or check the model and the data")
-
-    def train_metrics(self) -> tuple[float, int]:
-        """(summed cross-entropy, samples) of the personalised model over its whole training split, or
-        with ``--train_loss_eval sampled`` its mean over this client's fixed loss sample times its
-        sample count (an unbiased estimate of the sum; see ``train_loss_sample``)."""
-        model = self.eval_model()
-        was_training = model.training
-        idx = self.train_loss_sample() if self.cfg.train_loss_eval == "sampled" else None
-        x, y = (self.x_train, self.y_train) if idx is None else (self.x_train[idx], self.y_train[idx])
-        feats = self.ala.features_for(model) if self.ala is not None else None
-        if feats is not None:  # this round's ALA already ran these lower layers on every training sample
-            logits = predict(head_of(model), feats if idx is None else feats[idx], self.cfg.eval_batch_size)
-        else:
-            with autocast(self.cfg, self.device):
-                logits = predict(model, x, self.cfg.eval_batch_size)
-        model.train(was_training)
-        self.check_finite(logits, "training")
-        loss = nn.functional.cross_entropy(logits.float(), y, reduction="sum")
-        if idx is not None:
-            loss = loss * (self.train_samples / len(y))
-        return float(loss), self.train_samples
-
-    def train_loss_sample(self) -> torch.Tensor:
-        """``--train_loss_eval sampled``: ``--train_loss_fraction`` of this client's training samples (at
-        least one), drawn once per run from its own (seed, run, "train-loss", id) stream and kept, so every
-        evaluation and every algorithm with the same seed measures the same samples."""
-        if self.loss_sample is None:
-            k = max(1, math.ceil(self.cfg.train_loss_fraction * self.train_samples))
-            gen = torch_gen(self.cfg.seed, self.run, "train-loss", self.id)
-            self.loss_sample = torch.randperm(self.train_samples, generator=gen)[:k].sort().values.to(self.device)
-        return self.loss_sample
-
+Client._own_declares = Client.declares
 
 def copy_state(target: nn.Module, source: nn.Module, buffers: bool = True) -> None:
     """Overwrite ``target``'s parameters and (unless ``buffers`` is False: BatchNorm statistics stay the

@@ -7,7 +7,7 @@ import copy
 import torch
 from torch import nn
 
-from flcore.clients.clientbase import Client, Upload
+from flcore.clients.clientbase import Client, ClientDeclares, Upload
 
 
 def bn_prefixes(model: nn.Module) -> tuple[str, ...]:
@@ -26,9 +26,11 @@ def copy_shared(target: nn.Module, source: nn.Module, personal: tuple[str, ...])
 
 
 class FedBNClient(Client):
-    # Per instance (set in __init__ from the model's BatchNorm modules): every entry of every BatchNorm
-    # layer, weight, bias, running mean / var and num_batches_tracked alike.
-    personal_keys: tuple[str, ...] = ()
+    declares = ClientDeclares(
+        # Per instance (set in __init__ from the model's BatchNorm modules): every entry of every BatchNorm
+        # layer, weight, bias, running mean / var and num_batches_tracked alike.
+        personal_keys=(),
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

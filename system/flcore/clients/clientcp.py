@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from flcore.clients.clientbase import Upload, copy_state
+from flcore.clients.clientbase import ClientDeclares, Upload, copy_state
 from flcore.clients.partsharing import PartSharingClient
 from flcore.trainmodel.parts import frozen
 from utils.seeding import torch_gen
@@ -64,7 +64,9 @@ class FedCPClient(PartSharingClient):
     """Receives the global extractor, CPN and global head; trains extractor, CPN and personal head with the
     global head frozen; uploads extractor, CPN and personal head (the server's next global head)."""
     shared = ("base", "cpn", "head")
-    personal_keys = ("context",)
+    declares = ClientDeclares(
+        personal_keys=("context",),
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

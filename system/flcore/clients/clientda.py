@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from flcore.clients.partsharing import PartSharingClient
+from flcore.clients.clientbase import ClientDeclares
 from flcore.trainmodel.parts import frozen
 
 
@@ -35,7 +36,9 @@ class DAModel(nn.Module):
 
 class PFLDAClient(PartSharingClient):
     shared = ("ghead",)
-    personal_keys = ("base.", "head.")
+    declares = ClientDeclares(
+        personal_keys=("base.", "head."),
+    )
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The personal head's objective: CE(h_i(φ_i(x)), y) + λ ||h_i − h_g||₂."""

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from flcore.clients.partsharing import PartSharingClient
+from flcore.clients.clientbase import ClientDeclares
 from utils.errors import FLError
 from utils.seeding import torch_gen
 
@@ -43,7 +44,9 @@ class DBEModel(nn.Module):
 
 class FedDBEClient(PartSharingClient):
     shared = ("base", "head")
-    personal_keys = ("prbm",)
+    declares = ClientDeclares(
+        personal_keys=("prbm",),
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

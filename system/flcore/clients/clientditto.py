@@ -6,13 +6,15 @@ import copy
 
 import torch
 
-from flcore.clients.clientbase import Client
+from flcore.clients.clientbase import Client, ClientDeclares
 from utils.metrics import predict
 from utils.proximal import anchor_of, proximal_term
 
 
 class DittoClient(Client):
-    batch_state = ("anchor",)  # --executor batched: stacked per client for its loss (runtime/batched.py)
+    declares = ClientDeclares(
+        batch_state=("anchor",),  # --executor batched: stacked per client for its loss (runtime/batched.py)
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

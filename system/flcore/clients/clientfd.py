@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from flcore.clients.clientbase import Client, Upload
+from flcore.clients.clientbase import Client, ClientDeclares, Upload
 
 
 def label_means(sums: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -22,7 +22,9 @@ def distillation(logits: torch.Tensor, y: torch.Tensor, teacher: torch.Tensor, h
 
 
 class FDClient(Client):
-    personal_keys = ("",)  # the whole model stays on the client: only logits cross the wire
+    declares = ClientDeclares(
+        personal_keys=("",),  # the whole model stays on the client: only logits cross the wire
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

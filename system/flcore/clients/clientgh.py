@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from flcore.clients.clientbase import Upload
+from flcore.clients.clientbase import ClientDeclares, Upload
 from flcore.clients.partsharing import PartSharingClient
 from flcore.prototypes import class_means, representations
 
@@ -13,7 +13,9 @@ class FedGHClient(PartSharingClient):
     # The header arrives from the server (ALA, with -ala, adapts it under the client's own body); nothing of
     # the model is ever uploaded, body or trained header.
     shared = ("head",)
-    personal_keys = ("",)
+    declares = ClientDeclares(
+        personal_keys=("",),
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

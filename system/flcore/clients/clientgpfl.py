@@ -9,6 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from flcore.clients.partsharing import PartSharingClient
+from flcore.clients.clientbase import ClientDeclares
 
 
 class CoV(nn.Module):
@@ -54,7 +55,9 @@ def magnitude_loss(f: torch.Tensor, emb: torch.Tensor, y: torch.Tensor) -> torch
 class GPFLClient(PartSharingClient):
     """Receives the global extractor, GCE and CoV; keeps its head and p_i; uploads extractor, GCE and CoV."""
     shared = ("base", "gce", "cov")
-    personal_keys = ("head.", "cond_p")
+    declares = ClientDeclares(
+        personal_keys=("head.", "cond_p"),
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -1,11 +1,13 @@
 """Local client: plain local SGD on its own model (see servers/serverlocal.py)."""
-from flcore.clients.clientbase import Client, Upload
+from flcore.clients.clientbase import Client, ClientDeclares, Upload
 
 
 class LocalClient(Client):
-    personal_keys = ("",)  # the whole model
-    # --executor batched: its loss reads its modules only (runtime/batched.py)
-    batch_state = ()
+    declares = ClientDeclares(
+        personal_keys=("",),  # the whole model
+        # --executor batched: its loss reads its modules only (runtime/batched.py)
+        batch_state=(),
+    )
 
     def upload(self) -> Upload:
         """Nothing crosses the wire."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from flcore.clients.clientbase import Upload
+from flcore.clients.clientbase import ClientDeclares, Upload
 from flcore.clients.partsharing import PartSharingClient
 from flcore.prototypes import class_prototypes, pulled_loss, representations
 from flcore.trainmodel.parts import frozen
@@ -33,7 +33,9 @@ def feature_statistics(features: torch.Tensor, labels: torch.Tensor, num_classes
 
 class FedPACClient(PartSharingClient):
     shared = ("base",)  # received from the server (plain copy, or ALA under this client's head)
-    personal_keys = ()  # the head is uploaded too: the server combines heads across clients
+    declares = ClientDeclares(
+        personal_keys=(),  # the head is uploaded too: the server combines heads across clients
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

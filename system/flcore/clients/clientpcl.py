@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from flcore.clients.clientbase import Client, Upload
+from flcore.clients.clientbase import Client, ClientDeclares, Upload
 from flcore.prototypes import NearestPrototype, class_prototypes, prototype_table, representations
 
 
@@ -34,7 +34,9 @@ def pcl_loss(z: torch.Tensor, y: torch.Tensor, global_table: torch.Tensor, globa
 
 
 class FedPCLClient(Client):
-    personal_keys = ("",)  # no weight ever leaves the client: only prototypes cross the wire
+    declares = ClientDeclares(
+        personal_keys=("",),  # no weight ever leaves the client: only prototypes cross the wire
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -7,6 +7,7 @@ from torch.func import functional_call
 
 from flcore.clients.clientbase import Client
 from flcore.clients.finetune import FineTunedEval
+from utils import dp_sgd
 
 
 def halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,12 +61,12 @@ class PerFedAvgClient(FineTunedEval, Client):
         (x1, x2), (y1, y2) = halves(x), halves(y)
         start = [p.detach().clone() for p in params]
         self.optimizer.zero_grad(set_to_none=True)
-        self.dp_backward(self.loss, self.optimizer, x1, y1)
+        dp_sgd.dp_backward(self, self.loss, self.optimizer, x1, y1)
         with torch.no_grad():
             for p in params:
                 p.sub_(self.alpha * p.grad)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.dp_backward(self.loss, self.optimizer, x2, y2)
+        loss = dp_sgd.dp_backward(self, self.loss, self.optimizer, x2, y2)
         with torch.no_grad():
             for p, w in zip(params, start):
                 p.copy_(w)

@@ -6,6 +6,7 @@ import copy
 import torch
 
 from flcore.clients.clientbase import Client, copy_state
+from utils import dp_sgd
 
 
 class PFedMeClient(Client):
@@ -48,7 +49,7 @@ class PFedMeClient(Client):
                 loss = self.loss_fn(self.theta(x), y)
                 loss.backward()
             else:  # -dp: each inner step is one DP-SGD release of ∇f(θ; batch), counted by the accountant
-                loss = self.dp_backward(self.theta_loss, self.theta_optimizer, x, y)
+                loss = dp_sgd.dp_backward(self, self.theta_loss, self.theta_optimizer, x, y)
             with torch.no_grad():  # the proximal term's gradient reads no data: added after the release
                 for t, v in zip(theta, w):
                     t.grad.add_(t - v, alpha=lam)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from flcore.clients.clientbase import Client, Upload
+from flcore.clients.clientbase import Client, ClientDeclares, Upload
 from flcore.prototypes import NearestPrototype, class_prototypes, prototype_table, pulled_loss, representations
 
 
 class FedProtoClient(Client):
-    personal_keys = ("",)  # no weight ever leaves the client: only prototypes cross the wire
+    declares = ClientDeclares(
+        personal_keys=("",),  # no weight ever leaves the client: only prototypes cross the wire
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

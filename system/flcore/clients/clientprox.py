@@ -1,10 +1,12 @@
 """FedProx client: the FedAvg client plus the proximal term in its loss (see servers/serverprox.py)."""
-from flcore.clients.clientbase import Client
+from flcore.clients.clientbase import Client, ClientDeclares
 from utils.proximal import anchor_of, proximal_term
 
 
 class FedProxClient(Client):
-    batch_state = ("anchor",)  # --executor batched: stacked per client for its loss (runtime/batched.py)
+    declares = ClientDeclares(
+        batch_state=("anchor",),  # --executor batched: stacked per client for its loss (runtime/batched.py)
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

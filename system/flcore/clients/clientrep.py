@@ -3,16 +3,18 @@ Receiving the body (plain copy, or ALA on the body under the client's own head) 
 family's (``PartSharingClient``, clients/clientper.py)."""
 from __future__ import annotations
 
-from flcore.clients.clientbase import Upload
+from flcore.clients.clientbase import ClientDeclares, Upload
 from flcore.clients.partsharing import PartSharingClient
 from flcore.trainmodel.parts import frozen
 
 
 class FedRepClient(PartSharingClient):
     shared = ("base",)
-    personal_keys = ("head.",)
-    # --executor batched: its loss reads its modules only (runtime/batched.py)
-    batch_state = ()
+    declares = ClientDeclares(
+        personal_keys=("head.",),
+        # --executor batched: its loss reads its modules only (runtime/batched.py)
+        batch_state=(),
+    )
 
     def local_update(self, round_idx: int) -> None:
         with frozen(self.model.base):

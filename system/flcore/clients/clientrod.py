@@ -9,6 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from flcore.clients.partsharing import PartSharingClient
+from flcore.clients.clientbase import ClientDeclares
 
 
 def balanced_softmax_loss(logits: torch.Tensor, y: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
@@ -34,7 +35,9 @@ class RoDModel(nn.Module):
 
 class FedRoDClient(PartSharingClient):
     shared = ("base", "head")
-    personal_keys = ("phead.",)
+    declares = ClientDeclares(
+        personal_keys=("phead.",),
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -7,6 +7,7 @@ import copy
 import torch
 from torch import nn
 
+from utils import dp_sgd
 from utils.seeding import torch_gen
 
 
@@ -56,7 +57,7 @@ class FineTunedEval:
         the module it privatises and the noise comes from the fine-tune stream."""
         def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             optimizer.zero_grad(set_to_none=True)
-            loss = self.dp_backward(objective, optimizer, x, y, modules={"tuned": model}, noise=self.tune_noise)
+            loss = dp_sgd.dp_backward(self, objective, optimizer, x, y, modules={"tuned": model}, noise=self.tune_noise)
             optimizer.step()
             return loss
         return step

@@ -1,5 +1,6 @@
 """The server side of fine-tuned evaluation (clients/finetune.py): the ``-fte`` flag and a payload that carries
 the round being opened."""
+from flcore.servers.serverbase import Declares
 from utils.errors import FLError
 
 
@@ -8,7 +9,9 @@ class FineTunedEvalServer:
     evaluated on a fine-tuned copy: the ``-fte`` flag (default ``fte_default``) and a payload that carries
     the round, whose (``-ld``-decayed) rate the fine-tune uses."""
     fte_default = 1
-    pfllib_defaults = {"fine_tuning_epochs": 10}
+    declares = Declares(
+        pfllib_defaults={"fine_tuning_epochs": 10},
+    )
     fte_help = "epochs each client fine-tunes its copy of the global model before evaluation (the FedALA paper names no value; 1 here)"
 
     @classmethod

@@ -4,7 +4,7 @@ client and come back by name, averaged weighted by sample count. FedPer, FedRep,
 FedCP, GPFL, FedDBE, FedGC, FedGH, FedAS and PFL-DA build on it."""
 from torch import nn
 
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from flcore.trainmodel.parts import split_head
 
 
@@ -12,7 +12,9 @@ class PartSharingServer(Server):
     """A split model (``base.*``, ``head.*``); only the shared parts (the client class's ``shared``) go down,
     and the uploads carry only the shared entries, by name."""
 
-    checkpoint_skip = Server.checkpoint_skip + ("shared_part",)  # a view of the global model, rebuilt every broadcast
+    declares = Declares(
+        checkpoint_skip=("shared_part",),  # a view of the global model, rebuilt every broadcast
+    )
 
     def build_model(self, name=None):
         return split_head(super().build_model(name))
@@ -20,7 +22,7 @@ class PartSharingServer(Server):
     def prepare_broadcast(self, participants) -> None:
         # The shared parts of the global model, the one payload every client receives (and what is counted):
         # the server's copy of a personal part is never sent.
-        self.shared_part = nn.ModuleDict({name: getattr(self.global_model, name) for name in self.client_class.shared})
+        self.shared_part = nn.ModuleDict({name: getattr(self.global_model, name) for name in self.declares.client_class.shared})
 
     def broadcast(self, client):
         return self.shared_part

@@ -12,6 +12,7 @@ Flags (the common server-optimizer flags, with this algorithm's defaults): ``-sl
 """
 from flcore.clients.clientadagrad import FedAdagradClient
 from flcore.servers.serveravg import FedAvgServer
+from flcore.servers.serverbase import Declares
 
 
 class FedAdagradServer(FedAvgServer):
@@ -21,7 +22,9 @@ class FedAdagradServer(FedAvgServer):
         family="traditional FL, server Adagrad on the pseudo-gradient (FedAvg + `--server_opt adagrad`)",
         flags="`-slr` η 0.1, `--server_momentum` β1 0.9, `--server_tau` τ 0.001",
         ala="yes: the local model")
-    client_class = FedAdagradClient
+    declares = Declares(
+        client_class=FedAdagradClient,
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -13,6 +13,7 @@ changed.
 """
 from flcore.clients.clientadam import FedAdamClient
 from flcore.servers.serveravg import FedAvgServer
+from flcore.servers.serverbase import Declares
 
 
 class FedAdamServer(FedAvgServer):
@@ -22,7 +23,9 @@ class FedAdamServer(FedAvgServer):
         family="traditional FL, server Adam on the pseudo-gradient (FedAvg + `--server_opt adam`)",
         flags="`-slr` η 0.01, `--server_momentum` β1 0.9, `--server_beta2` β2 0.99, `--server_tau` τ 0.001",
         ala="yes: the local model")
-    client_class = FedAdamClient
+    declares = Declares(
+        client_class=FedAdamClient,
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

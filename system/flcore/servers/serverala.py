@@ -15,7 +15,7 @@ identical when ``-jr 1``), samples D_i^s as an unseeded contiguous window and ha
 no cap on the start phase (see utils/ALA.py for the full list).
 """
 from flcore.clients.clientala import FedALAClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.dp_support import ALA_UNCOVERED, DPSupport
 
 
@@ -27,7 +27,9 @@ class FedALAServer(Server):
         flags=("`-et` η 1.0, `-s` 80, `-p` 2 tensors (the classifier: the paper's p = 1; or `--ala_layers` 1), "
                "`--ala_threshold` 0.1, `--ala_window` 10, `--ala_max_epochs` 100"),
         ala="built in")
-    client_class = FedALAClient
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        uncovered=ALA_UNCOVERED,
+    declares = Declares(
+        client_class=FedALAClient,
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            uncovered=ALA_UNCOVERED,
+        ),
     )

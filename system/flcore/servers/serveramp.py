@@ -51,7 +51,7 @@ import sys
 import torch
 
 from flcore.clients.clientamp import FedAMPClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.dp_support import DPSupport
 from utils.errors import FLError
 from utils.personal_aggregation import amp_attention, attentive_message, flat, pairwise_sq_dists
@@ -90,14 +90,16 @@ class FedAMPServer(Server):
         flags=("`--amp_kernel` heur, `--xi_ii` 0.8, `-sg` σ 1000 (heur) / 0.1 (euclid), `-alk` α_k 0.005, `-lam` "
                "λ 5e-5"),
         ala="yes: the training model, from w_i and the cloud model u_i; w_i is evaluated")
-    client_class = FedAMPClient
-    averaging_refusal = "each client's cloud model is its own attention-weighted mix, not one average"
-    pfllib_defaults = {"alphaK": 1.0, "lamda": 1.0, "sigma": 1.0}
-    # -nnc is refused (serverbase.py): why
-    new_client_refusal = ("its cloud model u_i mixes the stored models by the attention of client i's own model, "
-                          "which a client that never trained does not have")
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        client_refusal="each client receives its own attention-weighted model, not one mean of updates",
+    declares = Declares(
+        client_class=FedAMPClient,
+        averaging_refusal="each client's cloud model is its own attention-weighted mix, not one average",
+        pfllib_defaults={"alphaK": 1.0, "lamda": 1.0, "sigma": 1.0},
+        # -nnc is refused (serverbase.py): why
+        new_client_refusal="its cloud model u_i mixes the stored models by the attention of client i's own model, "
+                              "which a client that never trained does not have",
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            client_refusal="each client receives its own attention-weighted model, not one mean of updates",
+        ),
     )
 
     @classmethod

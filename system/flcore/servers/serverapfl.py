@@ -36,7 +36,7 @@ import argparse
 import numpy as np
 
 from flcore.clients.clientapfl import APFLClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.errors import FLError
 
 
@@ -48,8 +48,10 @@ class APFLServer(Server):
                 "− w, ∇f(v̄)⟩, projected to [0, 1])"),
         flags="`-al` α 0.5 (official code), `--adapt_alpha` on",
         ala="yes: the local copy w of the global model; v and α untouched")
-    client_class = APFLClient
-    pfllib_defaults = {"alpha": 1.0}
+    declares = Declares(
+        client_class=APFLClient,
+        pfllib_defaults={"alpha": 1.0},
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -48,7 +48,7 @@ rounds at -lr 0.005 0.845 (best 0.938; PFLlib's scaling 0.854; Local 0.840, FedA
 import torch
 
 from flcore.clients.clientapple import APPLEClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.dp_support import DPSupport
 from utils.errors import FLError
 
@@ -61,14 +61,16 @@ class APPLEServer(Server):
         flags=("`-dlr` 0.001, `-mu` 0.1, `-L` 0.1, `--lambda_schedule` cosine, `--core_lr_scale` 2, "
                "`--sgd_momentum` 0.9 (the official code's core optimiser)"),
         ala="no: no global model is received (`-ala` is rejected)")
-    client_class = APPLEClient
-    averaging_refusal = "its server keeps every client's core model; none is averaged"
-    pfllib_defaults = {"dr_learning_rate": 0.0, "mu": 0.0, "L": 1.0}
-    # -nnc is refused (serverbase.py): why
-    new_client_refusal = ("a personal model mixes the trained clients' core models by the client's own learnt "
-                          "weights, one per trained client, and its own core is one of them")
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        refusal="its relationship vector p is trained on client data outside the DP path",
+    declares = Declares(
+        client_class=APPLEClient,
+        averaging_refusal="its server keeps every client's core model; none is averaged",
+        pfllib_defaults={"dr_learning_rate": 0.0, "mu": 0.0, "L": 1.0},
+        # -nnc is refused (serverbase.py): why
+        new_client_refusal="a personal model mixes the trained clients' core models by the client's own learnt "
+                              "weights, one per trained client, and its own core is one of them",
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            refusal="its relationship vector p is trained on client data outside the DP path",
+        ),
     )
 
     @classmethod

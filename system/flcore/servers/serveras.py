@@ -41,6 +41,7 @@ clients (FedAvg 0.90), 0.95 on 6 clients with 2 classes each (FedAvg 0.62).
 
 from flcore.clients.clientas import FedASClient
 from flcore.servers.partsharing import PartSharingServer
+from flcore.servers.serverbase import Declares
 from utils.dp_support import DPSupport
 from utils.errors import FLError
 
@@ -55,12 +56,14 @@ class FedASServer(PartSharingServer):
         flags="`--align_lr` 0.01, `--align_epochs` 1, `--align_batch_size` 16",
         ala="yes: the aligned body, under the local head")
     """The family's weighted average of the uploaded bodies, the weight being each one's Fisher trace."""
-    client_class = FedASClient
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        refusal=("its parameter alignment and the Fisher trace sent as aggregation weight use client data outside "
-                 "the DP mechanism"),
+    declares = Declares(
+        client_class=FedASClient,
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            refusal=("its parameter alignment and the Fisher trace sent as aggregation weight use client data outside "
+                     "the DP mechanism"),
+        ),
+        checkpoint_skip=("receivers",),  # rebuilt by every broadcast
     )
-    checkpoint_skip = PartSharingServer.checkpoint_skip + ("receivers",)  # rebuilt by every broadcast
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -8,7 +8,7 @@ sample-weighted mean of their models, Θ ← Σ_i (n_i / Σ_j n_j) Θ_i, over ev
 Everything is the base classes' behaviour; this pair only names it.
 """
 from flcore.clients.clientavg import FedAvgClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 
 
 class FedAvgServer(Server):
@@ -18,5 +18,7 @@ class FedAvgServer(Server):
         family="traditional FL",
         flags="—",
         ala="yes: `FedAvg -ala` is FedALA, number for number")
-    client_class = FedAvgClient
-    personalized = False
+    declares = Declares(
+        client_class=FedAvgClient,
+        personalized=False,
+    )

@@ -15,7 +15,7 @@ Flags: ``-fte`` fine-tuning epochs = 1 (PFLlib's ``-fte`` name, which it uses fo
 """
 from flcore.clients.clientavgc import FedAvgCClient
 from flcore.servers.finetune import FineTunedEvalServer
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 
 
 class FedAvgCServer(FineTunedEvalServer, Server):
@@ -26,4 +26,6 @@ class FedAvgCServer(FineTunedEvalServer, Server):
         family="traditional FL + local fine-tuning",
         flags="`-fte` 1",
         ala="yes: the local model; the fine-tuned copy starts from it")
-    client_class = FedAvgCClient
+    declares = Declares(
+        client_class=FedAvgCClient,
+    )

@@ -13,6 +13,7 @@ changed.
 """
 from flcore.clients.clientavgm import FedAvgMClient
 from flcore.servers.serveravg import FedAvgServer
+from flcore.servers.serverbase import Declares
 
 
 class FedAvgMServer(FedAvgServer):
@@ -22,7 +23,9 @@ class FedAvgMServer(FedAvgServer):
         family="traditional FL, server momentum on the pseudo-gradient (FedAvg + `--server_opt avgm`)",
         flags="`-slr` η 1.0, `--server_momentum` β 0.9",
         ala="yes: the local model")
-    client_class = FedAvgMClient
+    declares = Declares(
+        client_class=FedAvgMClient,
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -26,6 +26,7 @@ evaluated accuracy leaves the client. Epsilon therefore grows with every evaluat
 from flcore.clients.clientbabu import FedBABUClient
 from flcore.servers.finetune import FineTunedEvalServer
 from flcore.servers.partsharing import PartSharingServer
+from flcore.servers.serverbase import Declares
 
 
 class FedBABUServer(FineTunedEvalServer, PartSharingServer):
@@ -36,7 +37,9 @@ class FedBABUServer(FineTunedEvalServer, PartSharingServer):
                 "copy of the whole model (own batch stream; DP-SGD and counted with `-dp`)"),
         flags="`-fte` 5 (paper, official code; PFLlib 10)",
         ala="yes: the body, under the common head; the fine-tune starts from it")
-    client_class = FedBABUClient
+    declares = Declares(
+        client_class=FedBABUClient,
+    )
     fte_default = 5
     fte_help = ("epochs each client fine-tunes its copy of the model before evaluation (FedBABU paper: 5; PFLlib: 10); "
                 "the head is trained only by this fine-tune")

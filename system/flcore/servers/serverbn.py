@@ -25,7 +25,7 @@ global model (its ``-p`` top layers blended), the BatchNorm layers staying the c
 Flags: none of its own (PFLlib: none).
 """
 from flcore.clients.clientbn import FedBNClient, bn_prefixes
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from flcore.trainmodel.models import build_model, resolve
 from utils.dp_support import DPSupport
 from utils.errors import FLError
@@ -39,9 +39,11 @@ class FedBNServer(Server):
                 "`downsample.1` included); a model without BatchNorm is refused; `-dp` refused"),
         flags="— (`-m auto` = BNCNN)",
         ala="yes: the shared entries, under the client's own BatchNorm layers")
-    client_class = FedBNClient
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        refusal="its BatchNorm layers have no per-sample gradients",
+    declares = Declares(
+        client_class=FedBNClient,
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            refusal="its BatchNorm layers have no per-sample gradients",
+        ),
     )
 
     def build_model(self):

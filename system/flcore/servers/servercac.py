@@ -31,7 +31,7 @@ threshold falls to 0 and marks all of them critical); the rest is PFLlib's and t
 import torch
 
 from flcore.clients.clientcac import FedCACClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.dp_support import DPSupport
 from utils.errors import FLError
 
@@ -64,12 +64,14 @@ class FedCACServer(Server):
                 "collaborators by mask overlap ≥ mean + (t+1)/β·(max − mean)"),
         flags="`-tau` 0.5, `-bt` β 100 (official CIFAR-10 config)",
         ala="refused")
-    client_class = FedCACClient
-    averaging_refusal = "each client starts from its own mean over its collaborators' critical parameters"
-    pfllib_defaults = {"tau": 1.0, "beta": 0.0}
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        client_refusal=("its clients also upload their critical-parameter masks, and each client receives its own "
-                        "composed model"),
+    declares = Declares(
+        client_class=FedCACClient,
+        averaging_refusal="each client starts from its own mean over its collaborators' critical parameters",
+        pfllib_defaults={"tau": 1.0, "beta": 0.0},
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            client_refusal=("its clients also upload their critical-parameter masks, and each client receives its own "
+                            "composed model"),
+        ),
     )
 
     @classmethod

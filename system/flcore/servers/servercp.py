@@ -35,6 +35,7 @@ from torch import nn
 
 from flcore.clients.clientcp import CPModel, FedCPClient
 from flcore.servers.partsharing import PartSharingServer
+from flcore.servers.serverbase import Declares
 from utils.dp_support import DPSupport
 from utils.errors import FLError
 
@@ -49,10 +50,12 @@ class FedCPServer(PartSharingServer):
                 "the global head but never overwritten; `-dp` refused"),
         flags="`-lam` λ 5.0",
         ala="yes")
-    client_class = FedCPClient
-    pfllib_defaults = {"lamda": 1.0}
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        refusal="its MMD term couples the samples of a batch, so per-sample gradients are undefined",
+    declares = Declares(
+        client_class=FedCPClient,
+        pfllib_defaults={"lamda": 1.0},
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            refusal="its MMD term couples the samples of a batch, so per-sample gradients are undefined",
+        ),
     )
 
     @classmethod

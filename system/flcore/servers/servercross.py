@@ -52,7 +52,7 @@ import copy
 import torch
 
 from flcore.clients.clientcross import FedCrossClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.aggregate import weighted_average
 from utils.dp_support import DPSupport
 from utils.errors import FLError
@@ -99,13 +99,15 @@ class FedCrossServer(Server):
         flags=("`-ca` α 0.99, `-cmss` 1 (0 in order, 1 lowest, 2 highest cosine similarity), `-fsb` 0 (rounds of "
                "FedAvg first)"),
         ala="yes: ALA blends the client's last trained model with its middleware model")
-    client_class = FedCrossClient
-    averaging_refusal = "its middleware models are pairwise mixes, not one average"
-    pfllib_defaults = {"first_stage_bound": 0, "fedcross_alpha": 0.99, "collaborative_model_select_strategy": 1}
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        client_refusal="each client receives a different middleware model, not one mean of updates",
+    declares = Declares(
+        client_class=FedCrossClient,
+        averaging_refusal="its middleware models are pairwise mixes, not one average",
+        pfllib_defaults={"first_stage_bound": 0, "fedcross_alpha": 0.99, "collaborative_model_select_strategy": 1},
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            client_refusal="each client receives a different middleware model, not one mean of updates",
+        ),
+        personalized=False,
     )
-    personalized = False
 
     @classmethod
     def add_args(cls, parser) -> None:

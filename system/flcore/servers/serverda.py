@@ -25,6 +25,7 @@ gradient and λ has no effect there (``-lam 0`` here reproduces PFLlib's updates
 """
 from flcore.clients.clientda import DAModel, PFLDAClient
 from flcore.servers.partsharing import PartSharingServer
+from flcore.servers.serverbase import Declares
 from utils.errors import FLError
 
 
@@ -36,8 +37,10 @@ class PFLDAServer(PartSharingServer):
                 "global head on CE(h_g(φ_i(x))); only the global head is averaged"),
         flags="`-lam` 1.0",
         ala="refused")
-    client_class = PFLDAClient
-    pfllib_defaults = {"lamda": 1.0}
+    declares = Declares(
+        client_class=PFLDAClient,
+        pfllib_defaults={"lamda": 1.0},
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -36,6 +36,7 @@ import torch
 
 from flcore.clients.clientdbe import DBEModel, FedDBEClient
 from flcore.servers.partsharing import PartSharingServer
+from flcore.servers.serverbase import Declares
 from utils.comm import payload_bytes
 from utils.dp_support import DPSupport
 from utils.errors import FLError
@@ -50,13 +51,15 @@ class FedDBEServer(PartSharingServer):
                 "once after an initialisation period; `-dp` refused"),
         flags="`-mo` μ 1.0, `-klw` κ 50",
         ala="yes")
-    client_class = FedDBEClient
-    pfllib_defaults = {"momentum": 0.1, "kl_weight": 0.0}
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        refusal=("its mean regularisation uses each batch's mean feature and a running mean across batches, so "
-                 "per-sample gradients are undefined"),
+    declares = Declares(
+        client_class=FedDBEClient,
+        pfllib_defaults={"momentum": 0.1, "kl_weight": 0.0},
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            refusal=("its mean regularisation uses each batch's mean feature and a running mean across batches, so "
+                     "per-sample gradients are undefined"),
+        ),
+        checkpoint_skip=("payload",),
     )
-    checkpoint_skip = PartSharingServer.checkpoint_skip + ("payload",)
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -21,7 +21,7 @@ little validation data to choose; PFLlib's default 0 would cut v loose from the 
 import numpy as np
 
 from flcore.clients.clientditto import DittoClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.errors import FLError
 
 
@@ -32,8 +32,10 @@ class DittoServer(Server):
         family="pFL, regularised personal model",
         flags="`-mu` λ 1, `-pls` 1",
         ala="yes: the local copy w of the global model; the personal model v is untouched")
-    client_class = DittoClient
-    pfllib_defaults = {"mu": 0.0, "plocal_epochs": 1}
+    declares = Declares(
+        client_class=DittoClient,
+        pfllib_defaults={"mu": 0.0, "plocal_epochs": 1},
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 
 from flcore.clients.clientdyn import FedDynClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.aggregate import weighted_average
 from utils.errors import FLError
 
@@ -63,10 +63,12 @@ class FedDynServer(Server):
                 "paper); client state ∇L_k updated after training; server state h, θ = mean − h/α"),
         flags="`-al` α 0.01 (official example; the paper's grid {0.1, 0.01, 0.001})",
         ala="yes: the local model; the regulariser's anchor stays the received global model")
-    client_class = FedDynClient
-    averaging_refusal = "its server corrects the mean by its own state h"
-    pfllib_defaults = {"alpha": 1.0}
-    personalized = False
+    declares = Declares(
+        client_class=FedDynClient,
+        averaging_refusal="its server corrects the mean by its own state h",
+        pfllib_defaults={"alpha": 1.0},
+        personalized=False,
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 
 from flcore.clients.clientfd import FDClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.dp_support import DPSupport
 from utils.errors import FLError
 from utils.model_support import ModelSupport
@@ -53,18 +53,20 @@ class FDServer(Server):
                 "`-dp` refused"),
         flags="`-lam` λ 1",
         ala="refused: no global model")
-    client_class = FDClient
-    averaging_refusal = "its clients upload per-label logits, no model"
-    pfllib_defaults = {"lamda": 1.0}
-    # -nnc is refused (serverbase.py): why
-    new_client_refusal = ("the server sends per-label logits, no model: a new client's model would be its random "
-                          "initialisation")
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        refusal="it uploads per-label mean logits computed from the private data, with no noise",
+    declares = Declares(
+        client_class=FDClient,
+        averaging_refusal="its clients upload per-label logits, no model",
+        pfllib_defaults={"lamda": 1.0},
+        # -nnc is refused (serverbase.py): why
+        new_client_refusal="the server sends per-label logits, no model: a new client's model would be its random "
+                              "initialisation",
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            refusal="it uploads per-label mean logits computed from the private data, with no noise",
+        ),
+        model_support=ModelSupport(  # --client_models: every client's model is its own architecture
+            refusal="", shares="per-label mean logits, up and down (C x C numbers at most)", same_shape="logits"),
     )
 
-    model_support = ModelSupport(  # --client_models: every client's model is its own architecture
-        refusal="", shares="per-label mean logits, up and down (C x C numbers at most)", same_shape="logits")
 
     @classmethod
     def add_args(cls, parser) -> None:

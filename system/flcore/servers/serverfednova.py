@@ -37,7 +37,7 @@ computations and a reference loop (tests/test_fednova.py) and on the benchmark's
 import dataclasses
 
 from flcore.clients.clientfednova import FedNovaClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.dp_support import DPSupport
 from utils.errors import FLError
 
@@ -51,14 +51,16 @@ class FedNovaServer(Server):
                "`--aggregator` and `--dp_level client` refused",
         flags="`-rho` ρ 0, `-mu` μ 0 (the paper's vanilla FedNova)",
         ala="yes: the local model; its ALA shift is part of the normalised update")
-    client_class = FedNovaClient
-    personalized = False
-    dp_support = DPSupport(  # -dp: what it refuses (docs/privacy.md)
-        client_refusal="its server normalises each client's update by that client's own ‖a_i‖₁, which the "
-                       "release's one mean update no longer carries",
+    declares = Declares(
+        client_class=FedNovaClient,
+        personalized=False,
+        dp_support=DPSupport(  # -dp: what it refuses (docs/privacy.md)
+            client_refusal="its server normalises each client's update by that client's own ‖a_i‖₁, which the "
+                           "release's one mean update no longer carries",
+        ),
+        # --aggregator: τ_eff, the mean of the uploaded ‖a_i‖₁, rescales every update outside the rule
+        robust_refusal="its server rescales every update by the mean of the uploaded ‖a_i‖₁, outside the rule",
     )
-    # --aggregator: τ_eff, the mean of the uploaded ‖a_i‖₁, rescales every update outside the rule
-    robust_refusal = "its server rescales every update by the mean of the uploaded ‖a_i‖₁, outside the rule"
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -29,7 +29,7 @@ one seed: 6 clients with 2 classes each, 5 rounds: 0.882 (best 0.989; FedAvg 0.6
 with ``-al 1 -bt 1`` 0.836 after 5.
 """
 from flcore.clients.clientfml import FMLClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.errors import FLError
 from utils.model_support import ModelSupport
 
@@ -42,10 +42,12 @@ class FMLServer(Server):
                 "β CE + (1−β) KL(p_local‖p_meme), targets detached; the meme model is FedAvg-averaged"),
         flags="`-al` α 0.5, `-bt` β 0.5",
         ala="yes: the meme model")
-    client_class = FMLClient
-    model_support = ModelSupport(  # --client_models: the paper's heterogeneous local models
-        refusal="", shares="the meme model (-m on every client), averaged", same_shape="logits", personal=True)
-    pfllib_defaults = {"alpha": 1.0, "beta": 0.0}
+    declares = Declares(
+        client_class=FMLClient,
+        model_support=ModelSupport(  # --client_models: the paper's heterogeneous local models
+            refusal="", shares="the meme model (-m on every client), averaged", same_shape="logits", personal=True),
+        pfllib_defaults={"alpha": 1.0, "beta": 0.0},
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -28,7 +28,7 @@ normalising them (their scale drifts with the losses and the model distances) an
 20 % of the training file (here: a random 20 % from the client's own stream).
 """
 from flcore.clients.clientfomo import FedFomoClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.dp_support import DPSupport
 from utils.errors import FLError
 
@@ -40,17 +40,19 @@ class FedFomoServer(Server):
         family="pFL, first-order weighting of downloaded client models",
         flags="`-M` 5, `--val_ratio` 0.2, `--epsilon` 0.3, `--epsilon_decay` 0.05",
         ala="yes: the client's model, from its FedFomo aggregate")
-    client_class = FedFomoClient
-    averaging_refusal = "each client weighs its neighbours' models itself; the server averages none"
-    pfllib_defaults = {"M": 5}
-    # -nnc is refused (serverbase.py): why
-    new_client_refusal = ("a client builds its model from the neighbours its own affinities choose, which a client "
-                          "that never trained does not have")
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        client_refusal=("each client builds its own weighted model from the models it downloads, not one mean of "
-                        "updates"),
-        uncovered=("FedFomo's scoring of the neighbours' models on the validation split (--val_ratio of the "
-                   "training data, never passed through DP-SGD)"),
+    declares = Declares(
+        client_class=FedFomoClient,
+        averaging_refusal="each client weighs its neighbours' models itself; the server averages none",
+        pfllib_defaults={"M": 5},
+        # -nnc is refused (serverbase.py): why
+        new_client_refusal="a client builds its model from the neighbours its own affinities choose, which a client "
+                              "that never trained does not have",
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            client_refusal=("each client builds its own weighted model from the models it downloads, not one mean of "
+                            "updates"),
+            uncovered=("FedFomo's scoring of the neighbours' models on the validation split (--val_ratio of the "
+                       "training data, never passed through DP-SGD)"),
+        ),
     )
 
     @classmethod

@@ -37,6 +37,7 @@ from torch import nn
 
 from flcore.clients.clientgc import FedGCClient, GCModel
 from flcore.servers.partsharing import PartSharingServer
+from flcore.servers.serverbase import Declares
 from utils.dp_support import DPSupport
 from utils.errors import FLError
 
@@ -73,13 +74,15 @@ class FedGCServer(PartSharingServer):
                 "whose negatives are the other clients' embeddings of classes they do not hold; `-dp` refused"),
         flags="`-lam` λ 1.0",
         ala="yes: the body")
-    client_class = FedGCClient
-    pfllib_defaults = {"lamda": 1.0}
-    # --aggregator: the embeddings regulariser reads every client's uploaded class embeddings, outside the rule
-    robust_refusal = "its server's embeddings regulariser reads every uploaded class embedding, outside the rule"
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        refusal=("each client uploads the class embeddings of exactly the labels in its data, which reveals its "
-                 "label set"),
+    declares = Declares(
+        client_class=FedGCClient,
+        pfllib_defaults={"lamda": 1.0},
+        # --aggregator: the embeddings regulariser reads every client's uploaded class embeddings, outside the rule
+        robust_refusal="its server's embeddings regulariser reads every uploaded class embedding, outside the rule",
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            refusal=("each client uploads the class embeddings of exactly the labels in its data, which reveals its "
+                     "label set"),
+        ),
     )
 
     @classmethod

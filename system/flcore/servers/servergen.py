@@ -55,7 +55,7 @@ import torch
 from torch.nn import functional as F
 
 from flcore.clients.clientgen import FedGenClient, Generator
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from flcore.trainmodel.parts import split_head
 from utils.dp_support import DPSupport
 from utils.errors import FLError
@@ -90,13 +90,15 @@ class FedGenServer(Server):
         flags=("`-nd` 32, `-glr` 3e-4, `-hd` 256, `-se` 50, `-lf` off, `--generative_alpha` 10, "
                "`--diversity_weight` 1, `--gen_batch_size` 32 (official code)"),
         ala="yes (not with `-lf`): the local model")
-    client_class = FedGenClient
-    pfllib_defaults = {"noise_dim": 512, "generator_learning_rate": 0.005, "hidden_dim": 512, "server_epochs": 1000}
-    personalized = False
-    # --aggregator: the generator is trained on every uploaded head and label count, outside the rule
-    robust_refusal = "its server trains the generator on every uploaded head and label count, outside the rule"
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        refusal="it uploads each client's label counts",
+    declares = Declares(
+        client_class=FedGenClient,
+        pfllib_defaults={"noise_dim": 512, "generator_learning_rate": 0.005, "hidden_dim": 512, "server_epochs": 1000},
+        personalized=False,
+        # --aggregator: the generator is trained on every uploaded head and label count, outside the rule
+        robust_refusal="its server trains the generator on every uploaded head and label count, outside the rule",
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            refusal="it uploads each client's label counts",
+        ),
     )
 
     @classmethod

@@ -41,6 +41,7 @@ from torch import nn
 
 from flcore.clients.clientgh import FedGHClient
 from flcore.servers.partsharing import PartSharingServer
+from flcore.servers.serverbase import Declares
 from utils.dp_support import DPSupport
 from utils.model_support import ModelSupport
 
@@ -65,15 +66,17 @@ class FedGHServer(PartSharingServer):
                 "entry uploaded); `-dp` refused"),
         flags="`-slr` 1.0",
         ala="yes: the header, adapted under the local body")
-    client_class = FedGHClient
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        refusal=("it uploads per-class mean representations of client data, not model steps or updates that -dp "
-                 "privatises"),
+    declares = Declares(
+        client_class=FedGHClient,
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            refusal=("it uploads per-class mean representations of client data, not model steps or updates that -dp "
+                     "privatises"),
+        ),
+        slr_default=1.0,  # -slr: η_θ, the server's SGD rate on the global header (PFLlib: 1)
+        averaging_refusal="its server trains a header on uploaded class means; no model is averaged",
+        model_support=ModelSupport(  # --client_models: the paper's heterogeneous feature extractors
+            refusal="", shares="class-mean representations (-fd wide) up, the global header down", same_shape="head"),
     )
-    slr_default = 1.0  # -slr: η_θ, the server's SGD rate on the global header (PFLlib: 1)
-    averaging_refusal = "its server trains a header on uploaded class means; no model is averaged"
-    model_support = ModelSupport(  # --client_models: the paper's heterogeneous feature extractors
-        refusal="", shares="class-mean representations (-fd wide) up, the global header down", same_shape="head")
 
     def aggregate(self, uploads) -> None:
         """The header's SGD steps on every uploaded (class mean, label) pair."""

@@ -36,6 +36,7 @@ from torch import nn
 
 from flcore.clients.clientgpfl import GPFLClient, GPFLModel
 from flcore.servers.partsharing import PartSharingServer
+from flcore.servers.serverbase import Declares
 from utils.dp_support import DPSupport
 from utils.errors import FLError
 
@@ -48,11 +49,13 @@ class GPFLServer(PartSharingServer):
                 "personal head; CE + angle-level + λ magnitude-level guidance + μ/2 L2 on CoV and GCE"),
         flags="`-lam` λ 0.01, `-mu` μ 0.1",
         ala="yes")
-    client_class = GPFLClient
-    pfllib_defaults = {"lamda": 1.0, "mu": 0.0}
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        uncovered=("GPFL's personalized conditional input, the category embeddings weighted by the client's label "
-                   "distribution (a statistic of all its data)"),
+    declares = Declares(
+        client_class=GPFLClient,
+        pfllib_defaults={"lamda": 1.0, "mu": 0.0},
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            uncovered=("GPFL's personalized conditional input, the category embeddings weighted by the client's label "
+                       "distribution (a statistic of all its data)"),
+        ),
     )
 
     @classmethod

@@ -45,7 +45,7 @@ seed: 5 IID clients 0.856 (FedAvg 0.896), 6 clients with 2 classes each 0.982 (F
 round 0.84-1.15 MB and down 0.64-0.89 MB for 5 clients (FedAvg: 3.78 MB each way).
 """
 from flcore.clients.clientkd import FedKDClient, apply_update, compress_state, decompress, energy_threshold
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.aggregate import weighted_average
 from utils.dp_support import DPSupport
 from utils.errors import FLError
@@ -61,18 +61,20 @@ class FedKDServer(Server):
                 "1) / R"),
         flags="`-mlr` = -lr, `-Ts` 0.95, `-Te` 0.98",
         ala="yes: the mentee")
-    client_class = FedKDClient
-    averaging_refusal = "its server averages compressed updates of a mentee, not models"
-    # -nnc is refused (serverbase.py): why
-    new_client_refusal = ("the server sends updates that each client applies to the global mentee it rebuilt from "
-                          "every download since round 0")
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        client_refusal="its clients upload SVD factors of the update, not the model entries the release clips",
+    declares = Declares(
+        client_class=FedKDClient,
+        averaging_refusal="its server averages compressed updates of a mentee, not models",
+        # -nnc is refused (serverbase.py): why
+        new_client_refusal="the server sends updates that each client applies to the global mentee it rebuilt from "
+                              "every download since round 0",
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            client_refusal="its clients upload SVD factors of the update, not the model entries the release clips",
+        ),
+        model_support=ModelSupport(  # --client_models: the paper's large personal mentor beside a shared mentee
+            refusal="", shares="the mentee's update (-m on every client), SVD-compressed", same_shape="logits",
+            personal=True),
     )
 
-    model_support = ModelSupport(  # --client_models: the paper's large personal mentor beside a shared mentee
-        refusal="", shares="the mentee's update (-m on every client), SVD-compressed", same_shape="logits",
-        personal=True)
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -36,7 +36,7 @@ split of 5 clients, whose near-equal counts (19-32 per class) make the calibrati
 from __future__ import annotations
 
 from flcore.clients.clientlc import FedLCClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.dp_support import DPSupport
 from utils.errors import FLError
 
@@ -50,12 +50,14 @@ class FedLCServer(Server):
                 "warning)"),
         flags="`-tau` τ 1",
         ala="yes: the local model")
-    client_class = FedLCClient
-    pfllib_defaults = {"tau": 1.0}
-    personalized = False
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        uncovered=("FedLC's calibration, which reads the client's label counts (a statistic of all its data) in "
-                   "every sample's loss"),
+    declares = Declares(
+        client_class=FedLCClient,
+        pfllib_defaults={"tau": 1.0},
+        personalized=False,
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            uncovered=("FedLC's calibration, which reads the client's label counts (a statistic of all its data) in "
+                       "every sample's loss"),
+        ),
     )
 
     @classmethod

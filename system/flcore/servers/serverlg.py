@@ -20,6 +20,7 @@ client's base is its own architecture under the shared head (-fd x C). No flags 
 """
 from flcore.clients.clientlg import LGFedAvgClient
 from flcore.servers.partsharing import PartSharingServer
+from flcore.servers.serverbase import Declares
 from utils.model_support import ModelSupport
 
 
@@ -30,6 +31,8 @@ class LGFedAvgServer(PartSharingServer):
         family="pFL, local base + shared head (only `head.*` is averaged)",
         flags="—",
         ala="yes: the head (at most its 2 tensors / 1 layer), adapted under the local base")
-    client_class = LGFedAvgClient
-    model_support = ModelSupport(  # --client_models: every client's base is its own architecture
-        refusal="", shares="the classifier head (-fd x C), averaged", same_shape="head")
+    declares = Declares(
+        client_class=LGFedAvgClient,
+        model_support=ModelSupport(  # --client_models: every client's base is its own architecture
+            refusal="", shares="the classifier head (-fd x C), averaged", same_shape="head"),
+    )

@@ -6,7 +6,7 @@ never sends nor averages anything (with ``--client_models`` each client trains i
 flags of its own. ``-ala`` is rejected (there is no global model).
 """
 from flcore.clients.clientlocal import LocalClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.dp_support import DPSupport
 from utils.errors import FLError
 from utils.model_support import ModelSupport
@@ -19,13 +19,15 @@ class LocalServer(Server):
         family="baseline",
         flags="—",
         ala="no: no global model")
-    client_class = LocalClient
-    averaging_refusal = "nothing is aggregated"
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        client_refusal="its clients upload no model update",
+    declares = Declares(
+        client_class=LocalClient,
+        averaging_refusal="nothing is aggregated",
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            client_refusal="its clients upload no model update",
+        ),
+        model_support=ModelSupport(refusal="", shares="nothing"),  # --client_models: each client its own architecture
     )
 
-    model_support = ModelSupport(refusal="", shares="nothing")  # --client_models: each client its own architecture
 
     @classmethod
     def check_config(cls, cfg) -> None:

@@ -30,7 +30,7 @@ formula, ``-mu 0`` = FedAvg bit for bit. Scale: 5 rounds of the 5-client IID Dig
 0.84 (FedAvg 0.90); the paper's CIFAR results are not reproduced here.
 """
 from flcore.clients.clientmoon import MOONClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from flcore.trainmodel.parts import split_head
 from utils.errors import FLError
 
@@ -44,9 +44,11 @@ class MOONServer(Server):
                 "head, as PFLlib"),
         flags="`-mu` μ 5, `-tau` τ 0.5",
         ala="yes: the local model; the positive stays the received global model")
-    client_class = MOONClient
-    pfllib_defaults = {"mu": 0.0, "tau": 1.0}
-    personalized = False
+    declares = Declares(
+        client_class=MOONClient,
+        pfllib_defaults={"mu": 0.0, "tau": 1.0},
+        personalized=False,
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

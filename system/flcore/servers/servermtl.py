@@ -42,7 +42,7 @@ import sys
 import torch
 
 from flcore.clients.clientmtl import FedMTLClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.aggregate import weighted_average
 from utils.dp_support import DPSupport
 from utils.errors import FLError
@@ -56,16 +56,18 @@ class FedMTLServer(Server):
                 "MOCHA solver, Ω fixed)"),
         flags="`-lam` λ1 0.01, `--lamda2` λ2 0 (`-itk` accepted, no effect)",
         ala="no: no global model (`-ala` rejected)")
-    client_class = FedMTLClient
-    averaging_refusal = "its server keeps every client's model for the task-relationship term"
-    pfllib_defaults = {"lamda": 1.0, "itk": 4000}
-    # -nnc is refused (serverbase.py): why
-    new_client_refusal = ("the coupling of client t is row t of the relationship matrix Omega, learnt only over the "
-                          "trained clients")
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        client_refusal="each client keeps and receives its own model, not one mean of updates",
+    declares = Declares(
+        client_class=FedMTLClient,
+        averaging_refusal="its server keeps every client's model for the task-relationship term",
+        pfllib_defaults={"lamda": 1.0, "itk": 4000},
+        # -nnc is refused (serverbase.py): why
+        new_client_refusal="the coupling of client t is row t of the relationship matrix Omega, learnt only over the "
+                              "trained clients",
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            client_refusal="each client keeps and receives its own model, not one mean of updates",
+        ),
+        checkpoint_skip=("couplings",),
     )
-    checkpoint_skip = Server.checkpoint_skip + ("couplings",)
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -30,7 +30,7 @@ classes each.
 from __future__ import annotations
 
 from flcore.clients.clientntd import FedNTDClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.errors import FLError
 
 
@@ -42,9 +42,11 @@ class FedNTDServer(Server):
                 "of the received global model"),
         flags="`-bt` β 1, `-tau` τ 1",
         ala="yes: the local model; the teacher stays the received global model")
-    client_class = FedNTDClient
-    pfllib_defaults = {"beta": 0.0, "tau": 1.0}
-    personalized = False
+    declares = Declares(
+        client_class=FedNTDClient,
+        pfllib_defaults={"beta": 0.0, "tau": 1.0},
+        personalized=False,
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -53,7 +53,7 @@ from torch import nn
 
 from flcore.clients.clientpac import FedPACClient
 from flcore.prototypes import aggregate_prototypes
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from flcore.trainmodel.parts import split_head
 from utils.aggregate import weighted_average
 from utils.dp_support import DPSupport
@@ -86,15 +86,18 @@ class FedPACServer(Server):
                 "exactly solved QP (scipy NNLS on the factored problem); `-dp` refused"),
         flags="`-lam` λ 1.0, `-pls` 1 head epoch",
         ala="yes: the body, under the client's new head")
-    client_class = FedPACClient
-    pfllib_defaults = {"lamda": 1.0, "plocal_epochs": 1}
-    # --aggregator: the heads each client gets are mixed from the uploaded heads, and the global prototypes
-    # from the uploaded centroids, outside the rule (tests/test_no_bypass.py)
-    robust_refusal = ("each client's head is combined from the uploaded heads, and the global prototypes from the "
-                      "uploaded centroids, outside the rule")
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        refusal=("it uploads class centroids and feature statistics (means of the private training "
-                 "representations), neither noised nor accounted"),
+    declares = Declares(
+        client_class=FedPACClient,
+        pfllib_defaults={"lamda": 1.0, "plocal_epochs": 1},
+        # --aggregator: the heads each client gets are mixed from the uploaded heads, and the global prototypes
+        # from the uploaded centroids, outside the rule (tests/test_no_bypass.py)
+        robust_refusal="each client's head is combined from the uploaded heads, and the global prototypes from the "
+                          "uploaded centroids, outside the rule",
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            refusal=("it uploads class centroids and feature statistics (means of the private training "
+                     "representations), neither noised nor accounted"),
+        ),
+        checkpoint_skip=("body",),  # a view of the global model, rebuilt every broadcast
     )
 
     @classmethod
@@ -119,7 +122,6 @@ class FedPACServer(Server):
     def build_model(self):
         return split_head(super().build_model())
 
-    checkpoint_skip = Server.checkpoint_skip + ("body",)  # a view of the global model, rebuilt every broadcast
 
     def prepare_broadcast(self, participants) -> None:
         self.body = nn.ModuleDict({"base": self.global_model.base})

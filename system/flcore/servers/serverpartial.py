@@ -68,7 +68,7 @@ batch-order noise of that size, not the strategy.
 import numpy as np
 
 from flcore.clients.clientpartial import PartialFedClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.dp_support import DPSupport
 from utils.errors import FLError
 
@@ -82,10 +82,12 @@ class PartialFedServer(Server):
         flags=("`--tau` 5, `--tau_decay` 0.965, `--strategy_lr` 50, `--strategy_percent` 0.2, `--strategy_prior` "
                "0.9"),
         ala="yes: the local model, from the partially initialised model")
-    client_class = PartialFedClient
-    pfllib_defaults = {"tau": 1.0}
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        uncovered="PartialFed's strategy step (per-layer choice learned on the held-out slice without noise)",
+    declares = Declares(
+        client_class=PartialFedClient,
+        pfllib_defaults={"tau": 1.0},
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            uncovered="PartialFed's strategy step (per-layer choice learned on the held-out slice without noise)",
+        ),
     )
 
     @classmethod

@@ -38,7 +38,7 @@ from torch import nn
 
 from flcore.clients.clientpcl import FedPCLClient
 from flcore.prototypes import aggregate_prototypes, refuse_ala
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from flcore.trainmodel.parts import split_head
 from utils.dp_support import DPSupport
 from utils.errors import FLError
@@ -53,20 +53,22 @@ class FedPCLServer(Server):
                 "prototypes), without pre-trained backbones; nearest own prototype at evaluation; `-dp` refused"),
         flags="`-tau` τ 0.07",
         ala="refused: no global model")
-    client_class = FedPCLClient
-    averaging_refusal = "its clients upload class prototypes, no model"
-    pfllib_defaults = {"tau": 1.0}
-    # -nnc is refused (serverbase.py): why
-    new_client_refusal = ("the server sends prototypes, no model: a new client's encoder would be its random "
-                          "initialisation")
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        refusal=("it uploads per-class means of the private training representations (prototypes), neither noised "
-                 "nor accounted"),
+    declares = Declares(
+        client_class=FedPCLClient,
+        averaging_refusal="its clients upload class prototypes, no model",
+        pfllib_defaults={"tau": 1.0},
+        # -nnc is refused (serverbase.py): why
+        new_client_refusal="the server sends prototypes, no model: a new client's encoder would be its random "
+                              "initialisation",
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            refusal=("it uploads per-class means of the private training representations (prototypes), neither noised "
+                     "nor accounted"),
+        ),
+        model_support=ModelSupport(  # --client_models: every client's encoder is its own architecture
+            refusal="", shares="class prototypes (-fd wide) up, the global and every client's prototypes down",
+            same_shape="features"),
     )
 
-    model_support = ModelSupport(  # --client_models: every client's encoder is its own architecture
-        refusal="", shares="class prototypes (-fd wide) up, the global and every client's prototypes down",
-        same_shape="features")
 
     @classmethod
     def add_args(cls, parser) -> None:

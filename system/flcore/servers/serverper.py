@@ -16,6 +16,7 @@ training is DP-SGD (the base training loop). No flags of its own.
 """
 from flcore.clients.clientper import FedPerClient
 from flcore.servers.partsharing import PartSharingServer
+from flcore.servers.serverbase import Declares
 
 
 class FedPerServer(PartSharingServer):
@@ -25,4 +26,6 @@ class FedPerServer(PartSharingServer):
         family="pFL, shared base + local head (the whole model trains locally; only `base.*` is averaged)",
         flags="—",
         ala="yes: the base, its top adapted under the local head")
-    client_class = FedPerClient
+    declares = Declares(
+        client_class=FedPerClient,
+    )

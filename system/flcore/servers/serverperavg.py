@@ -37,7 +37,7 @@ same way (one α step on a training batch, since February 2023). Where it differ
 import sys
 
 from flcore.clients.clientperavg import PerFedAvgClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.errors import FLError
 
 
@@ -48,8 +48,10 @@ class PerFedAvgServer(Server):
         family="pFL, meta-learning (first-order MAML)",
         flags="`-bt` β (default = `-lr`, PFLlib's effective β; α = `-lr`)",
         ala="yes: the meta-model w")
-    client_class = PerFedAvgClient
-    pfllib_defaults = {"beta": 0.0}
+    declares = Declares(
+        client_class=PerFedAvgClient,
+        pfllib_defaults={"beta": 0.0},
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

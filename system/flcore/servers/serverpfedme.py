@@ -31,7 +31,7 @@ model, which is set to w after training and to the received global model at ever
 evaluates is the global model (until a client first trains, a separate copy of the initial model).
 """
 from flcore.clients.clientpfedme import PFedMeClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.aggregate import weighted_average
 from utils.errors import FLError
 from utils.personal_aggregation import lerp_state
@@ -44,9 +44,11 @@ class PFedMeServer(Server):
         family="pFL, Moreau-envelope regularisation (personal θ_i, local w)",
         flags="`-lam` λ 15, `-K` 5, `-lrp` 0.09, `-bt` β 1",
         ala="yes: the local copy w; θ_i restarts from it")
-    client_class = PFedMeClient
-    averaging_refusal = "its server steps the mean by its own β"
-    pfllib_defaults = {"lamda": 1.0, "K": 5, "p_learning_rate": 0.01, "beta": 0.0}
+    declares = Declares(
+        client_class=PFedMeClient,
+        averaging_refusal="its server steps the mean by its own β",
+        pfllib_defaults={"lamda": 1.0, "K": 5, "p_learning_rate": 0.01, "beta": 0.0},
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -27,7 +27,7 @@ each round started from (1 - μ_t) w + μ_t (its last trained model), was evalua
 was trained with the MMD towards the received global model's features.
 """
 from flcore.clients.clientphp import FedPHPClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.errors import FLError
 
 
@@ -39,8 +39,10 @@ class FedPHPServer(Server):
         family="pFL, inherited private model + distillation",
         flags="`-mu` 0.9, `-lam` 0.05, `--kd_temperature` 4",
         ala="yes: the local copy of the global model (the private model inherits it after training)")
-    client_class = FedPHPClient
-    pfllib_defaults = {"mu": 0.0, "lamda": 1.0}
+    declares = Declares(
+        client_class=FedPHPClient,
+        pfllib_defaults={"mu": 0.0, "lamda": 1.0},
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

@@ -36,7 +36,7 @@ import torch
 
 from flcore.clients.clientproto import FedProtoClient
 from flcore.prototypes import aggregate_prototypes, refuse_ala
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from flcore.trainmodel.parts import split_head
 from utils.dp_support import DPSupport
 from utils.errors import FLError
@@ -51,19 +51,21 @@ class FedProtoServer(Server):
                 "global prototype at evaluation (the local head before any exists); `-dp` refused"),
         flags="`-lam` λ 1.0",
         ala="refused: no global model")
-    client_class = FedProtoClient
-    averaging_refusal = "its clients upload class prototypes, no model"
-    pfllib_defaults = {"lamda": 1.0}
-    # -nnc is refused (serverbase.py): why
-    new_client_refusal = ("the server sends class prototypes, no model: a new client's encoder would be its random "
-                          "initialisation")
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        refusal=("it uploads per-class means of the private training representations (prototypes), neither noised "
-                 "nor accounted"),
+    declares = Declares(
+        client_class=FedProtoClient,
+        averaging_refusal="its clients upload class prototypes, no model",
+        pfllib_defaults={"lamda": 1.0},
+        # -nnc is refused (serverbase.py): why
+        new_client_refusal="the server sends class prototypes, no model: a new client's encoder would be its random "
+                              "initialisation",
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            refusal=("it uploads per-class means of the private training representations (prototypes), neither noised "
+                     "nor accounted"),
+        ),
+        model_support=ModelSupport(  # --client_models: the paper's heterogeneous setting
+            refusal="", shares="class prototypes (-fd wide) up, their weighted means down", same_shape="features"),
     )
 
-    model_support = ModelSupport(  # --client_models: the paper's heterogeneous setting
-        refusal="", shares="class prototypes (-fd wide) up, their weighted means down", same_shape="features")
 
     @classmethod
     def add_args(cls, parser) -> None:

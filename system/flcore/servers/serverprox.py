@@ -17,7 +17,7 @@ The paper's partial-work (variable local epochs for stragglers) part is not mode
 ``-ls`` epochs.
 """
 from flcore.clients.clientprox import FedProxClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.errors import FLError
 
 
@@ -28,9 +28,11 @@ class FedProxServer(Server):
         family="traditional FL, proximal local objective",
         flags="`-mu` 0.01",
         ala="yes: the local model; the proximal anchor stays the global model")
-    client_class = FedProxClient
-    pfllib_defaults = {"mu": 0.0}
-    personalized = False
+    declares = Declares(
+        client_class=FedProxClient,
+        pfllib_defaults={"mu": 0.0},
+        personalized=False,
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

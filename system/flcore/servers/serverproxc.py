@@ -10,6 +10,7 @@ fine-tuned ``-fte`` epochs). Flags: ``-mu`` = 0.01 and ``-fte`` = 1, as for FedP
 """
 from flcore.clients.clientproxc import FedProxCClient
 from flcore.servers.finetune import FineTunedEvalServer
+from flcore.servers.serverbase import Declares
 from flcore.servers.serverprox import FedProxServer
 
 
@@ -21,5 +22,7 @@ class FedProxCServer(FineTunedEvalServer, FedProxServer):
         flags="`-mu` 0.01, `-fte` 1",
         ala="yes: as FedProx; the fine-tuned copy starts from the local model")
     """Flags and checks of both parents (cooperative ``super()`` in ``add_args``/``check_config``)."""
-    client_class = FedProxCClient
-    personalized = True  # FedProx's training, evaluated after local fine-tuning
+    declares = Declares(
+        client_class=FedProxCClient,
+        personalized=True,  # FedProx's training, evaluated after local fine-tuning
+    )

@@ -22,6 +22,7 @@ same split (``--local_ep 11 --local_rep_ep 1``).
 """
 from flcore.clients.clientrep import FedRepClient
 from flcore.servers.partsharing import PartSharingServer
+from flcore.servers.serverbase import Declares
 from utils.errors import FLError
 
 
@@ -32,8 +33,10 @@ class FedRepServer(PartSharingServer):
         family="pFL, shared body + local head",
         flags="`-pls` 10 head epochs (`-ls` body epochs)",
         ala="yes: the body, its top `-p` body layers adapted under the local head")
-    client_class = FedRepClient
-    pfllib_defaults = {"plocal_epochs": 1}
+    declares = Declares(
+        client_class=FedRepClient,
+        pfllib_defaults={"plocal_epochs": 1},
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:

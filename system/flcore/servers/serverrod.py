@@ -25,6 +25,7 @@ head's balanced softmax are not privatised (``dp_support.uncovered``: a warning 
 """
 from flcore.clients.clientrod import FedRoDClient, RoDModel
 from flcore.servers.partsharing import PartSharingServer
+from flcore.servers.serverbase import Declares
 from utils.dp_support import DPSupport
 
 
@@ -37,10 +38,12 @@ class FedRoDServer(PartSharingServer):
                 "predicts with the sum"),
         flags="—",
         ala="yes: body + generic head, adapted under the personal head")
-    client_class = FedRoDClient
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        uncovered=("FedRoD's balanced-softmax loss, which reads the client's label counts (a statistic of all its "
-                   "data) in every sample's loss"),
+    declares = Declares(
+        client_class=FedRoDClient,
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            uncovered=("FedRoD's balanced-softmax loss, which reads the client's label counts (a statistic of all its "
+                       "data) in every sample's loss"),
+        ),
     )
 
     def build_model(self):

@@ -14,7 +14,7 @@ start of the local steps.
 import torch
 
 from flcore.clients.clientscaffold import SCAFFOLDClient
-from flcore.servers.serverbase import Server
+from flcore.servers.serverbase import Declares, Server
 from utils.aggregate import weighted_average
 from utils.dp_support import DPSupport
 from utils.personal_aggregation import lerp_state
@@ -27,14 +27,16 @@ class SCAFFOLDServer(Server):
         family="traditional FL, control variates",
         flags="`-slr` η_g 1.0",
         ala="yes: the local model; the x of c_i's update is the ALA-initialised start")
-    client_class = SCAFFOLDClient
-    dp_support = DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
-        client_refusal=("its clients also upload control-variate updates, which the clipped model update does not "
-                        "bound"),
+    declares = Declares(
+        client_class=SCAFFOLDClient,
+        dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
+            client_refusal=("its clients also upload control-variate updates, which the clipped model update does not "
+                            "bound"),
+        ),
+        personalized=False,
+        slr_default=1.0,  # -slr: the global step size η_g (SCAFFOLD paper and PFLlib: 1)
+        averaging_refusal="its server steps the mean by its own -slr and control variates",
     )
-    personalized = False
-    slr_default = 1.0  # -slr: the global step size η_g (SCAFFOLD paper and PFLlib: 1)
-    averaging_refusal = "its server steps the mean by its own -slr and control variates"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -13,6 +13,7 @@ changed.
 """
 from flcore.clients.clientyogi import FedYogiClient
 from flcore.servers.serveravg import FedAvgServer
+from flcore.servers.serverbase import Declares
 
 
 class FedYogiServer(FedAvgServer):
@@ -22,7 +23,9 @@ class FedYogiServer(FedAvgServer):
         family="traditional FL, server Yogi on the pseudo-gradient (FedAvg + `--server_opt yogi`)",
         flags="`-slr` η 0.01, `--server_momentum` β1 0.9, `--server_beta2` β2 0.99, `--server_tau` τ 0.001",
         ala="yes: the local model")
-    client_class = FedYogiClient
+    declares = Declares(
+        client_class=FedYogiClient,
+    )
 
     @classmethod
     def add_args(cls, parser) -> None:
