@@ -136,7 +136,7 @@ def test_payload_tensors_own_their_storage_and_hold_no_graph(algo, digits_tiny_r
         for t in tensors_in(server.broadcast(c)):
             assert t.untyped_storage().nbytes() == t.nelement() * t.element_size(), (algo, c.id, t.shape)
             assert not t.requires_grad, (algo, c.id, t.shape)
-    uploads, aggregate = [], server._aggregate
+    uploads, aggregate = [], loop.aggregate
     monkeypatch.setattr(loop, "aggregate", lambda srv, ups: (uploads.extend(ups), aggregate(srv, ups)))
     loop.run_round(server, 1)
     assert uploads, algo

@@ -33,10 +33,11 @@ def test_the_docs_tables_are_the_ones_the_declarations_make(capsys):
 def test_a_class_without_a_declared_row_gets_one_from_its_docstring_and_flags():
     """A new algorithm's row needs no hand edit: its docstring's second line is the paper, ``personalized``
     the family, and its own flags with their defaults the flags cell."""
+    from flcore.servers.serverbase import Declares
     from flcore.servers.serverprox import FedProxServer
 
     class NewServer(FedProxServer):
-        personalized = True
+        declares = Declares(personalized=True)
 
     NewServer.__module__ = FedProxServer.__module__  # as if defined in a server file with that docstring
 

@@ -250,14 +250,19 @@ def test_epsilon_without_subsampling_matches_a_hand_computation():
 
 @pytest.mark.optional_deps("opacus")
 def test_a_declared_refusal_is_one_line_at_start_up(monkeypatch):
+    import dataclasses
+
     from utils.dp_support import DPSupport
 
     fedavg = get_server_class("FedAvg")
-    monkeypatch.setattr(fedavg, "dp_support", DPSupport(client_refusal="it aggregates per client"))
+    declared = fedavg.declares
+    monkeypatch.setattr(fedavg, "declares", dataclasses.replace(declared, dp_support=DPSupport(
+        client_refusal="it aggregates per client")))
     with pytest.raises(FLError, match="^--dp_level client: FedAvg is refused: it aggregates per client; use"):
         parse_config(["-algo", "FedAvg", "-dp", "--dp_level", "client"])
     parse_config(["-algo", "FedAvg", "-dp"])  # sample-level DP is not affected
-    monkeypatch.setattr(fedavg, "dp_support", DPSupport(refusal="it uploads its data"))  # every level
+    monkeypatch.setattr(fedavg, "declares", dataclasses.replace(declared, dp_support=DPSupport(
+        refusal="it uploads its data")))  # every level
     for level in ("sample", "client"):
         with pytest.raises(FLError, match="^-dp: FedAvg is refused: it uploads its data; drop -dp$"):
             parse_config(["-algo", "FedAvg", "-dp", "--dp_level", level])
@@ -312,8 +317,9 @@ class Counted:
         monkeypatch.setattr(dp_client.ClientLevelDP, "release", counting)
         data = load_split("Digits", root, int(NC))
         self.server = get_server_class(algo)(self.cfg.replace(num_classes=10), data)
-        record = self.server._record
-        self.server._record = lambda s: (self.records.append((s, len(self.releases))), record(s))
+        record, mine = loop.record, self.server
+        monkeypatch.setattr(loop, "record", lambda server, s: (
+            server is mine and self.records.append((s, len(self.releases))), record(server, s)))
 
     def global_params(self) -> torch.Tensor:
         return torch.cat([p.detach().flatten().double() for p in self.server.global_model.parameters()])
