@@ -115,17 +115,17 @@ def find_dir(root, marker):
 
 
 def download(url, dest):
-    """Fetch ``url`` to ``dest`` (through a temporary name); raises DatasetError when offline."""
+    """Fetch ``url`` to ``dest`` through the I/O layer (a temporary file created exclusively in the download
+    folder, a real folder inside ``--out``, then renamed into place); raises DatasetError when offline."""
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".part")
     try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as f:
-            shutil.copyfileobj(response, f)
+        folder = fileio.Folder(dest.parent.parent, what="--out").sub(dest.parent.name, what="download folder")
+        with urllib.request.urlopen(url, timeout=60) as response:
+            folder.replace([(dest.name, lambda f: shutil.copyfileobj(response, f))])
     except (urllib.error.URLError, OSError) as err:
-        tmp.unlink(missing_ok=True)
         raise DatasetError(f"could not download {url} ({getattr(err, 'reason', err)})") from None
-    tmp.replace(dest)
+    except fileio.FileIOError as err:
+        raise DatasetError(f"could not download {url} ({err})") from None
     return dest
 
 

@@ -119,10 +119,18 @@ def resolve_source(spec, source, raw_dir):
     return path, name
 
 
+def download_folder(raw_dir):
+    """The folder another package downloads into: ``<root>/<out>/rawdata``, made and checked by the I/O layer
+    (every component a real folder, no symlink on the way inside the split)."""
+    raw_dir = Path(raw_dir)
+    du.split_folder(raw_dir.parent).sub(raw_dir.name, what="download folder")
+    return raw_dir
+
+
 def fetch_torchvision(spec, raw_dir, make):
     """Download into raw_dir through ``make(root)`` (a torchvision dataset built with download=True)."""
     try:
-        make(str(raw_dir))
+        make(str(download_folder(raw_dir)))
     except (OSError, RuntimeError, ValueError):
         raise offline_error(spec, raw_dir) from None
 
@@ -134,7 +142,7 @@ def fetch_wilds(spec, raw_dir):
     except ImportError:
         raise offline_error(spec, raw_dir) from None
     try:
-        wilds.get_dataset(dataset=spec.name.lower(), root_dir=str(raw_dir), download=True)
+        wilds.get_dataset(dataset=spec.name.lower(), root_dir=str(download_folder(raw_dir)), download=True)
     except (OSError, RuntimeError, ValueError):
         raise offline_error(spec, raw_dir) from None
 
