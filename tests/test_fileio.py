@@ -339,11 +339,11 @@ NOT_YET = {
     "dataset/utils/dataset_utils.py": 1,  # rmtree of the download folder a failed torchvision fetch made
     "system/runtime/parking.py": 1,  # mkdtemp: the parked-client folder (exclusive, mode 0700)
     "system/runtime/executors.py": 1,  # rmtree of that folder when the run ends
-    "scripts/dev/docs_tables.py": 4, "scripts/dev/dp_coverage.py": 2, "scripts/dev/park_speed.py": 1,
+    "scripts/dev/park_speed.py": 1,
     "scripts/dev/split_load_cost.py": 1, "scripts/experiments/benchmark_report.py": 8,
-    "scripts/experiments/fedala_report.py": 5, "scripts/experiments/gpu_batched.py": 6,
+    "scripts/experiments/fedala_report.py": 4, "scripts/experiments/gpu_batched.py": 6,
     "scripts/experiments/gpu_cells.py": 1, "scripts/experiments/hetero_report.py": 6,
-    "scripts/experiments/privacy_experiments.py": 3, "scripts/experiments/privacy_table.py": 1,
+    "scripts/experiments/privacy_experiments.py": 2,
     "scripts/experiments/robustness_report.py": 13, "scripts/run/benchmark.py": 2, "scripts/run/curves.py": 5,
 }
 

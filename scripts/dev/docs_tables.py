@@ -120,14 +120,16 @@ def bounds_table() -> str:
 def write_bounds(check: bool) -> bool:
     """Whether docs/security.md's numeric-flags table (between its markers) is current; rewrite it unless
     ``check``."""
-    text = SECURITY_DOC.read_text()
+    from utils import fileio
+
+    text = fileio.read_text(SECURITY_DOC, "doc")
     start = text.index(BOUNDS_START) + len(BOUNDS_START)
     end = text.index(BOUNDS_END, start)
     new = bounds_table()
     if text[start:end] == new:
         return True
     if not check:
-        SECURITY_DOC.write_text(text[:start] + new + text[end:])
+        fileio.replace_file(SECURITY_DOC, (text[:start] + new + text[end:]).encode())
     return False
 
 
@@ -145,13 +147,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="only compare; exit 1 when a table differs")
     args = p.parse_args(argv)
+    from utils import fileio
+
     stale = []
     for path, header, table in tables():
-        before, old, after = split_at_table(path.read_text(), header)
+        before, old, after = split_at_table(fileio.read_text(path, "doc"), header)
         if old != table:
             stale.append(path.relative_to(REPO))
             if not args.check:
-                path.write_text(before + table + after)
+                fileio.replace_file(path, (before + table + after).encode())
     if not write_bounds(args.check):
         stale.append(SECURITY_DOC.relative_to(REPO))
     if args.check and stale:

@@ -34,7 +34,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="only compare; exit 1 when the table differs")
     args = p.parse_args(argv)
-    before, table, after = split_doc(DOC.read_text())
+    from utils import fileio
+
+    before, table, after = split_doc(fileio.read_text(DOC, "doc"))
     new = expected_table()
     if args.check:
         if table != new:
@@ -42,7 +44,7 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 1
         return 0
-    DOC.write_text(before + new + after)
+    fileio.replace_file(DOC, (before + new + after).encode())
     return 0
 
 

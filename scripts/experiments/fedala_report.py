@@ -14,7 +14,6 @@ and ``-s`` variants), ``baselines`` (every method of the FedALA paper's comparis
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -38,6 +37,7 @@ def load_sweep(config: Path) -> tuple[dict, Path]:
     results folder. ``label``: the algorithm, "+ALA" with -ala; ``variant``: the grid point's other flags
     (``--ala_layers=2``; "" for none)."""
     from scripts.run import sweep
+    from utils import fileio
     from utils.results import read_h5
 
     spec = sweep.load_config_file(config)
@@ -53,7 +53,7 @@ def load_sweep(config: Path) -> tuple[dict, Path]:
         if sweep.is_complete(job):
             series = read_h5(job.h5)
             entry.append({"acc": series["rs_test_acc"], "round": series["rs_round"], "time": series["rs_round_time"],
-                          "meta": json.loads(job.h5.with_suffix(".json").read_text())})
+                          "meta": fileio.read_json(job.h5.with_suffix(".json"), "sidecar")})
     return runs, out
 
 

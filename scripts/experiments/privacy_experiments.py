@@ -16,7 +16,6 @@ and its series are read by ``utils.results.read_h5``.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,6 +44,7 @@ def runs(config: Path = CONFIG) -> list[tuple[str, str, str, object]]:
 def cmd_report(args) -> None:
     """Markdown rows per attacked round: scores, the grey-guess floor, accuracy, epsilon, wall time."""
     from scripts.run import sweep
+    from utils import fileio
     from utils.results import read_h5
 
     print("| split | algorithm | attack / target | round | PSNR dB (max) | grey guess dB | SSIM (guess) | labels "
@@ -54,7 +54,7 @@ def cmd_report(args) -> None:
         if not sweep.is_complete(job):
             continue
         h = read_h5(job.h5)
-        meta = json.loads(job.h5.with_suffix(".json").read_text())
+        meta = fileio.read_json(job.h5.with_suffix(".json"), "sidecar")
         eps = f"{h['rs_dp_epsilon_max'][-1]:.2f}" if "rs_dp_epsilon_max" in h else "-"
         for i, r in enumerate(h["rs_dlg_round"].astype(int)):
             gp, gs = h["rs_dlg_psnr_guess"][i], h["rs_dlg_ssim_guess"][i]

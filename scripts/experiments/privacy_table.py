@@ -19,7 +19,6 @@ says so, and its series are read by ``utils.results.read_h5``.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,6 +40,7 @@ def setting(point: dict) -> tuple[tuple, str]:
 
 def table(config: Path = CONFIG) -> str:
     from scripts.run import sweep
+    from utils import fileio
     from utils.results import read_h5
 
     spec = sweep.load_config_file(config)
@@ -55,7 +55,7 @@ def table(config: Path = CONFIG) -> str:
         if not sweep.is_complete(job):
             continue
         h = read_h5(job.h5)
-        meta = json.loads(job.h5.with_suffix(".json").read_text())
+        meta = fileio.read_json(job.h5.with_suffix(".json"), "sidecar")
         psnr, ssim = h["rs_dlg_psnr"], h["rs_dlg_ssim"]
         eps = f"{h['rs_dp_epsilon_max'][-1]:.3g}" if "rs_dp_epsilon_max" in h else "—"
         rows.append(f"| {setting(job.grid_point)[1]} | {job.grid_point['-algo']} | {ATTACKS[job.grid_point['-dlga']]} | "

@@ -497,6 +497,13 @@ def write_bytes(folder: Folder, name: str, data: bytes) -> None:
     folder.replace([(name, lambda f: f.write(data))])
 
 
+def replace_file(path, data: bytes, what: str = "folder") -> None:
+    """Replace the file ``path`` (in an existing folder) with ``data``: a temporary file created exclusively
+    beside it, renamed into place (``Folder.replace``)."""
+    path = Path(path)
+    write_bytes(Folder(path.parent, create=False, what=what), path.name, data)
+
+
 def json_bytes(value, indent: int | None = 1) -> bytes:
     return json.dumps(value, indent=indent).encode()
 
