@@ -107,7 +107,7 @@ def refused(argv) -> list[str]:
     return err.getvalue().strip().splitlines()
 
 
-@budget(150)
+@budget(80)
 @given(data=st.data())
 def test_a_value_outside_a_flags_range_is_one_line_and_exit_2(data):
     algo, a = data.draw(st.sampled_from(EVERY), label="flag")
@@ -119,7 +119,7 @@ def test_a_value_outside_a_flags_range_is_one_line_and_exit_2(data):
     assert len(lines) == 1 and a.option_strings[0] in lines[0] and says in lines[0], lines
 
 
-@budget(100)
+@budget(40)
 @given(data=st.data())
 def test_a_value_inside_a_common_flags_range_passes_every_check(data):
     a = data.draw(st.sampled_from(sorted(COMMON.values(), key=lambda a: a.dest)), label="flag")
