@@ -84,8 +84,8 @@ def test_first_round_training_is_fedavgs_on_the_whole_model(algo, digits_root):
     ref = make_server(digits_root, "FedAvg", "-lr", "0.1")
     a, b = ours.clients[1], ref.clients[1]
     start = state(a.model)
-    a.train(0)
-    b.train(0)
+    client_steps.train(a, 0)
+    client_steps.train(b, 0)
     got, want = list(state(a.model).values()), list(state(b.model).values())
     assert len(got) == len(want) and all(torch.equal(x, y) for x, y in zip(got, want))
     assert all(not torch.equal(v, start[k]) for k, v in state(a.model).items())  # every part moved

@@ -187,7 +187,7 @@ def test_local_update_never_trains_on_the_held_out_slice(digits_root):
     assert torch.equal(other.held_out, held) and same(state(other.model), state(client.model))
     # ... and spoiling one sample it trains on changes the model.
     third = poisoned(make_server(digits_root, "-lr", "0.1").clients[0], trained[:1])
-    third.train(0)
+    client_steps.train(third, 0)
     assert not same(state(third.model), state(client.model))
 
 

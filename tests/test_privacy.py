@@ -216,9 +216,11 @@ def test_dp_figures_are_each_clients_epsilon_and_a_trained_client_without_one_is
 
     cfg = parse_config([]).replace(privacy=True, dp_level="sample", dp_delta=1e-5)
     eps = {1: 0.5, 2: 0.0, 3: 2.5, 5: 0.0}
-    clients = [SimpleNamespace(id=cid, dp_epsilon=lambda delta, cid=cid: eps[cid] if delta == 1e-5 else -1.0)
-               for cid in eps]
-    server = SimpleNamespace(cfg=cfg, clients=clients)
+    # a client's accountant, answering at --dp_delta only; the server calls dp_epsilon where each client lives
+    clients = [SimpleNamespace(id=cid, dp=SimpleNamespace(epsilon=lambda delta, cid=cid: eps[cid] if delta == 1e-5
+                                                          else -1.0)) for cid in eps]
+    server = SimpleNamespace(cfg=cfg, clients=clients,
+                             call_clients=lambda cs, fn, *args: [fn(c, *args) for c in cs])
     dp = SampleDP()
     dp.before_training(server, [clients[0], clients[2]])  # 2 and 5 have not trained: an epsilon of 0 is right
     got = dp.metrics(server, None, None)
