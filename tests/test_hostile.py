@@ -184,7 +184,7 @@ CHECKPOINTS = {  # name -> edit of the checkpoint tree
     "client x_train replaced by other pixels": lambda w: lambda c: c["clients"][0].__setitem__(
         "x_train", torch.zeros(40, 1, 8, 8)),
     "server cfg replaced by a dict": lambda w: _set(["server", "cfg"], {"global_rounds": 99}),
-    "a method shadowed by a number": lambda w: _set(["server", "run_round"], 5),
+    "a method shadowed by a number": lambda w: _set(["server", "select_clients"], 5),
     "a client's id changed": lambda w: _set(["clients", 0, "id"], 2),
     "round 10**12": lambda w: _set(["round"], 10 ** 12),
     "round True": lambda w: _set(["round"], True),

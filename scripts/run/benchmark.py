@@ -133,31 +133,39 @@ def instrumented(server_cls: type, cfg, train_flops: float, reference=None) -> t
                   + f" | train {r['samples'] / r['train']:7.0f} samples/s = "
                   f"{r['samples'] * train_flops / r['train'] / 1e9:5.1f} GFLOP/s{ref} | load {r['load']:.2f}", flush=True)
 
-    time_loop_steps(cfg)
+    time_loop_steps()
     return Timed
 
 
-def time_loop_steps(cfg) -> None:
+def time_loop_steps() -> None:
     """The loop's own steps (runtime/loop.py: sending, evaluating, training, receiving) timed for a
-    ``Timed`` server (``instrumented``), and each recorded evaluation added to its curve."""
+    ``Timed`` server (``instrumented``), and each recorded evaluation added to its curve. Wrapped once per
+    process; a server that is not ``Timed`` (another run in the same process) goes straight to the step."""
     if getattr(loop, "bench_timed", False):
         return
-    send, evaluate, train_clients, receive, record = loop.send, loop.evaluate, loop.train_clients, loop.receive, loop.record
 
-    def timed_train(server, clients):
-        server.bench_log["samples"] = sum(c.train_samples for c in clients) * cfg.local_epochs
-        return server.timed("train", train_clients, server, clients)
+    def phase(name: str, step):
+        def wrapped(server, *args):
+            if not hasattr(server, "bench_log"):
+                return step(server, *args)
+            if name == "train":
+                server.bench_log["samples"] = sum(c.train_samples for c in args[0]) * server.cfg.local_epochs
+            return server.timed(name, step, server, *args)
+        return wrapped
 
     def curve(server, summary):
         record(server, summary)
+        if not hasattr(server, "bench_curve"):
+            return
         loss = summary["train_loss"]  # NaN under --train_loss_eval off: kept as None, so curves compare equal
         server.bench_curve.append({"round": server.round_idx, "acc": summary["test_acc"],
                                    "loss": None if loss != loss else loss})
 
-    loop.send = lambda server, participants: server.timed("send", send, server, participants)
-    loop.evaluate = lambda server: server.timed("evaluate", evaluate, server)
-    loop.train_clients = timed_train
-    loop.receive = lambda server, clients: server.timed("aggregate", receive, server, clients)
+    record = loop.record
+    loop.send = phase("send", loop.send)
+    loop.evaluate = phase("evaluate", loop.evaluate)
+    loop.train_clients = phase("train", loop.train_clients)
+    loop.receive = phase("aggregate", loop.receive)
     loop.record = curve
     loop.bench_timed = True
 
