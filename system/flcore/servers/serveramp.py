@@ -94,7 +94,7 @@ class FedAMPServer(Server):
         client_class=FedAMPClient,
         averaging_refusal="each client's cloud model is its own attention-weighted mix, not one average",
         pfllib_defaults={"alphaK": 1.0, "lamda": 1.0, "sigma": 1.0},
-        # -nnc is refused (serverbase.py): why
+        # -nnc is refused (cli.py, from this field): why
         new_client_refusal="its cloud model u_i mixes the stored models by the attention of client i's own model, "
                               "which a client that never trained does not have",
         dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)

@@ -65,7 +65,7 @@ class APPLEServer(Server):
         client_class=APPLEClient,
         averaging_refusal="its server keeps every client's core model; none is averaged",
         pfllib_defaults={"dr_learning_rate": 0.0, "mu": 0.0, "L": 1.0},
-        # -nnc is refused (serverbase.py): why
+        # -nnc is refused (cli.py, from this field): why
         new_client_refusal="a personal model mixes the trained clients' core models by the client's own learnt "
                               "weights, one per trained client, and its own core is one of them",
         dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)

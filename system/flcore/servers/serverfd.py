@@ -57,7 +57,7 @@ class FDServer(Server):
         client_class=FDClient,
         averaging_refusal="its clients upload per-label logits, no model",
         pfllib_defaults={"lamda": 1.0},
-        # -nnc is refused (serverbase.py): why
+        # -nnc is refused (cli.py, from this field): why
         new_client_refusal="the server sends per-label logits, no model: a new client's model would be its random "
                               "initialisation",
         dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)

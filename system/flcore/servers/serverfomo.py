@@ -44,7 +44,7 @@ class FedFomoServer(Server):
         client_class=FedFomoClient,
         averaging_refusal="each client weighs its neighbours' models itself; the server averages none",
         pfllib_defaults={"M": 5},
-        # -nnc is refused (serverbase.py): why
+        # -nnc is refused (cli.py, from this field): why
         new_client_refusal="a client builds its model from the neighbours its own affinities choose, which a client "
                               "that never trained does not have",
         dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)

@@ -64,7 +64,7 @@ class FedKDServer(Server):
     declares = Declares(
         client_class=FedKDClient,
         averaging_refusal="its server averages compressed updates of a mentee, not models",
-        # -nnc is refused (serverbase.py): why
+        # -nnc is refused (cli.py, from this field): why
         new_client_refusal="the server sends updates that each client applies to the global mentee it rebuilt from "
                               "every download since round 0",
         dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)

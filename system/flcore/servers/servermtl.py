@@ -60,7 +60,7 @@ class FedMTLServer(Server):
         client_class=FedMTLClient,
         averaging_refusal="its server keeps every client's model for the task-relationship term",
         pfllib_defaults={"lamda": 1.0, "itk": 4000},
-        # -nnc is refused (serverbase.py): why
+        # -nnc is refused (cli.py, from this field): why
         new_client_refusal="the coupling of client t is row t of the relationship matrix Omega, learnt only over the "
                               "trained clients",
         dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)

@@ -57,7 +57,7 @@ class FedPCLServer(Server):
         client_class=FedPCLClient,
         averaging_refusal="its clients upload class prototypes, no model",
         pfllib_defaults={"tau": 1.0},
-        # -nnc is refused (serverbase.py): why
+        # -nnc is refused (cli.py, from this field): why
         new_client_refusal="the server sends prototypes, no model: a new client's encoder would be its random "
                               "initialisation",
         dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)

@@ -55,7 +55,7 @@ class FedProtoServer(Server):
         client_class=FedProtoClient,
         averaging_refusal="its clients upload class prototypes, no model",
         pfllib_defaults={"lamda": 1.0},
-        # -nnc is refused (serverbase.py): why
+        # -nnc is refused (cli.py, from this field): why
         new_client_refusal="the server sends class prototypes, no model: a new client's encoder would be its random "
                               "initialisation",
         dp_support=DPSupport(  # -dp: what it refuses and what its epsilon leaves out (docs/privacy.md)
