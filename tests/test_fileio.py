@@ -150,6 +150,173 @@ def _contend(path, barrier, results):
         locks.release_lock(folder, "r.lock", fd)
 
 
+# ---- archives: a crafted zip or tar unpacks inside its folder or is refused with one line ---------------------
+def crafted_zip(path, members):
+    """A zip of ``(name, data, unix_mode)`` members, written from their headers as given."""
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data, mode in members:
+            info = zipfile.ZipInfo(name)
+            info.create_system = 3  # Unix: the high 16 bits of external_attr are the file's mode
+            info.external_attr = mode << 16
+            z.writestr(info, data)
+    return path
+
+
+def crafted_tar(path, members):
+    """A tar of ``(name, type, data_or_linkname)`` members."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as t:
+        for name, kind, payload in members:
+            m = tarfile.TarInfo(name)
+            m.type = kind
+            if kind == tarfile.REGTYPE:
+                m.size = len(payload)
+                t.addfile(m, io.BytesIO(payload))
+            else:
+                m.linkname = payload
+                t.addfile(m)
+    return path
+
+
+def crafted(kind, tmp_path, outside):
+    import stat
+    import tarfile
+
+    src = tmp_path / "src"
+    src.mkdir(exist_ok=True)
+    reg = stat.S_IFREG | 0o644
+    return {
+        "zip ..": lambda: crafted_zip(src / "a.zip", [("ok.txt", b"1", reg), ("../outside/evil", b"x", reg)]),
+        "zip absolute": lambda: crafted_zip(src / "a.zip", [(str(outside / "evil"), b"x", reg)]),
+        "zip symlink": lambda: crafted_zip(src / "a.zip", [("link", str(outside).encode(), stat.S_IFLNK | 0o777)]),
+        "zip fifo": lambda: crafted_zip(src / "a.zip", [("pipe", b"", stat.S_IFIFO | 0o644)]),
+        "zip bomb by headers": lambda: crafted_zip(src / "a.zip", []),  # replaced below: sizes in the headers
+        "tar ..": lambda: crafted_tar(src / "a.tar", [("d/../../outside/evil", tarfile.REGTYPE, b"x")]),
+        "tar absolute": lambda: crafted_tar(src / "a.tar", [(str(outside / "evil"), tarfile.REGTYPE, b"x")]),
+        "tar symlink": lambda: crafted_tar(src / "a.tar", [("link", tarfile.SYMTYPE, str(outside))]),
+        "tar symlink then through it": lambda: crafted_tar(src / "a.tar", [("l", tarfile.SYMTYPE, "."),
+                                                                           ("l/evil", tarfile.REGTYPE, b"x")]),
+        "tar hardlink": lambda: crafted_tar(src / "a.tar", [("h", tarfile.LNKTYPE, str(outside / "victim.txt"))]),
+        "tar device": lambda: crafted_tar(src / "a.tar", [("dev", tarfile.CHRTYPE, "")]),
+        "tar control character": lambda: crafted_tar(src / "a.tar", [("a\nb", tarfile.REGTYPE, b"x")]),
+    }[kind]()
+
+
+ESCAPES = {"zip ..": "outside its folder", "zip absolute": "outside its folder", "zip symlink": "a symlink",
+           "zip fifo": "a FIFO", "tar ..": "outside its folder", "tar absolute": "outside its folder",
+           "tar symlink": "a symlink", "tar symlink then through it": "a symlink", "tar hardlink": "a hard link",
+           "tar device": "a device", "tar control character": "not a file name"}
+
+
+@pytest.mark.parametrize("kind", sorted(ESCAPES))
+def test_an_archive_member_that_would_escape_or_is_not_a_file_is_refused_with_one_line(tmp_path, outside, kind):
+    from dataset.utils import dataset_utils as du
+    from dataset.utils.readers import extract
+
+    archive = crafted(kind, tmp_path, outside)
+    with pytest.raises(du.DatasetError) as e:
+        extract(archive, tmp_path / "dest")
+    line = str(e.value)
+    assert "\n" not in line and ESCAPES[kind] in line, line
+    assert sorted(p.name for p in outside.iterdir()) == ["victim.txt"]  # nothing written outside
+    assert (outside / "victim.txt").read_text() == "keep me"
+    assert list((tmp_path / "dest").iterdir()) == []  # a refused archive writes nothing
+
+
+def test_an_archive_bomb_by_its_headers_or_its_member_count_is_refused_before_a_byte_is_written(tmp_path):
+    import io
+    import tarfile
+
+    z = tmp_path / "big.zip"
+    with zipfile.ZipFile(z, "w", zipfile.ZIP_DEFLATED) as f:
+        f.writestr("small.txt", b"1")
+        f.writestr("zeros.bin", b"\0" * 1_000_000)  # about 1 KB stored: 1,000 times its size
+    with pytest.raises(fileio.FileIOError, match="over 200 times its size") as e:
+        fileio.extract(z, fileio.Folder(tmp_path / "z"))
+    assert "\n" not in str(e.value) and list((tmp_path / "z").iterdir()) == []
+    many = tmp_path / "many.tar"
+    with tarfile.open(many, "w") as t:
+        for i in range(12):
+            t.addfile(tarfile.TarInfo(f"e{i}"), io.BytesIO(b""))
+    with pytest.raises(fileio.FileIOError, match="more than 10 members"):
+        fileio.extract(many, fileio.Folder(tmp_path / "t"), max_members=10)
+    assert list((tmp_path / "t").iterdir()) == []
+    assert fileio.extract(many, fileio.Folder(tmp_path / "t"), max_members=12) == 12  # 12 empty files
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == sorted(f"e{i}" for i in range(12))
+    with pytest.raises(fileio.FileIOError, match="or 1000000 bytes"):  # the cap on the total, whatever the ratio
+        fileio.extract(z, fileio.Folder(tmp_path / "z"), ratio=1e9, cap=1_000_000)  # 1 + 10^6 bytes: one over
+    assert fileio.extract(z, fileio.Folder(tmp_path / "z"), ratio=1e9, cap=1_000_001) == 2
+
+
+def test_an_archive_unpacks_its_files_and_folders_and_follows_no_symlink_planted_in_its_folder(tmp_path, outside):
+    import stat
+    import tarfile
+
+    reg = stat.S_IFREG | 0o644
+    z = crafted_zip(tmp_path / "a.zip", [("top/", b"", stat.S_IFDIR | 0o755), ("top/x/1.txt", b"one", reg),
+                                         ("./top/2.txt", b"two", 0), ("3.txt", b"", reg)])
+    dest = fileio.Folder(tmp_path / "dest")
+    assert fileio.extract(z, dest) == 3
+    assert (dest.path / "top" / "x" / "1.txt").read_bytes() == b"one"
+    assert (dest.path / "top" / "2.txt").read_bytes() == b"two" and (dest.path / "3.txt").read_bytes() == b""
+    t = crafted_tar(tmp_path / "b.tar", [("sub/evil", tarfile.REGTYPE, b"x")])
+    (dest.path / "sub").symlink_to(outside)  # planted in the folder before the archive is unpacked
+    with pytest.raises(fileio.FileIOError, match="is a symlink"):
+        fileio.extract(t, dest)
+    assert sorted(p.name for p in outside.iterdir()) == ["victim.txt"]
+    (dest.path / "link.txt").symlink_to(outside / "victim.txt")
+    fileio.extract(crafted_tar(tmp_path / "c.tar", [("link.txt", tarfile.REGTYPE, b"new")]), dest)
+    assert (outside / "victim.txt").read_text() == "keep me"  # the link was replaced, not followed
+    assert (dest.path / "link.txt").read_bytes() == b"new" and not (dest.path / "link.txt").is_symlink()
+
+
+def test_a_cut_or_foreign_archive_is_one_line(tmp_path):
+    z = crafted_zip(tmp_path / "a.zip", [("a.txt", os.urandom(3000), 0)])
+    z.write_bytes(z.read_bytes()[:1500])
+    with pytest.raises(fileio.FileIOError, match="not a complete zip archive"):
+        fileio.extract(z, fileio.Folder(tmp_path / "d"))
+    (tmp_path / "b.tar").write_bytes(b"not a tar at all" * 100)
+    with pytest.raises(fileio.FileIOError, match="could not unpack b.tar") as e:
+        fileio.extract(tmp_path / "b.tar", fileio.Folder(tmp_path / "d"))
+    assert "\n" not in str(e.value)
+    os.mkfifo(tmp_path / "f.tar")
+    with pytest.raises(fileio.FileIOError, match="a FIFO"):
+        fileio.extract(tmp_path / "f.tar", fileio.Folder(tmp_path / "d"))
+
+
+# ---- folders the library made: removed only by the layer, only while they are the folder it made -------------
+def test_a_private_folder_is_new_mode_0700_and_removed_only_while_it_is_the_one_made(tmp_path, outside):
+    a = fileio.make_private(tmp_path / "p", "fl-x-")
+    b = fileio.make_private(tmp_path / "p", "fl-x-")
+    assert a != b and a.parent == tmp_path / "p" and a.name.startswith("fl-x-")
+    assert a.stat().st_mode & 0o777 == 0o700 and fileio.made(a)
+    (a / "sub").mkdir()
+    (a / "sub" / "f").write_text("x")
+    (a / "link").symlink_to(outside)  # a link inside: removed itself, its target kept
+    assert fileio.remove_made(a) and not a.exists()
+    assert sorted(p.name for p in outside.iterdir()) == ["victim.txt"]
+    hand = tmp_path / "p" / "by-hand"
+    hand.mkdir()
+    assert not fileio.remove_made(hand) and hand.is_dir()  # not made by the layer: left alone
+    b.rename(tmp_path / "moved")  # swapped for a symlink to somewhere else since it was made
+    b.symlink_to(outside)
+    assert not fileio.remove_made(b) and (outside / "victim.txt").read_text() == "keep me"
+    assert (tmp_path / "moved").is_dir()
+
+
+def test_folders_made_on_the_way_are_recorded_and_existing_ones_are_not(tmp_path):
+    (tmp_path / "had").mkdir()
+    run = fileio.Folder(tmp_path / "had")
+    assert not fileio.made(tmp_path / "had")
+    run.sub("new/deeper")
+    assert fileio.made(tmp_path / "had" / "new") and fileio.made(tmp_path / "had" / "new" / "deeper")
+    fileio.Folder(tmp_path / "x" / "y")
+    assert fileio.made(tmp_path / "x") and fileio.remove_made(tmp_path / "x") and not (tmp_path / "x").exists()
+    assert not fileio.remove_made(tmp_path / "had") and (tmp_path / "had" / "new").is_dir()
+
+
 @pytest.mark.parametrize("stale", ["dead pid", "no lock at all"])
 def test_a_stale_lock_is_taken_over_by_exactly_one_of_many_processes(tmp_path, stale):
     ctx = multiprocessing.get_context("fork")
@@ -335,10 +502,6 @@ IO_LAYER = {  # file: why it may open files itself
 }
 # Not yet through the I/O layer (issue 53), by file: how many raw calls each holds. The number may only go down.
 NOT_YET = {
-    "dataset/utils/readers.py": 3,  # extract: zip / tar unpacking into the download folder
-    "dataset/utils/dataset_utils.py": 1,  # rmtree of the download folder a failed torchvision fetch made
-    "system/runtime/parking.py": 1,  # mkdtemp: the parked-client folder (exclusive, mode 0700)
-    "system/runtime/executors.py": 1,  # rmtree of that folder when the run ends
     "scripts/dev/park_speed.py": 1,
     "scripts/dev/split_load_cost.py": 1, "scripts/experiments/benchmark_report.py": 8,
     "scripts/experiments/fedala_report.py": 4, "scripts/experiments/gpu_batched.py": 6,

@@ -20,7 +20,6 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import sys
 import zipfile
 from dataclasses import dataclass
@@ -266,10 +265,8 @@ def download_torchvision(class_name, raw_dir, name):
     from torchvision import datasets
 
     dataset_class = getattr(datasets, class_name)
-    existed = Path(raw_dir).exists()
-    made = Path(raw_dir)  # the outermost folder this download creates, removed again if it fails
-    while not made.parent.exists():
-        made = made.parent
+    # the outermost folder this download creates (None when raw_dir exists), removed again if it fails
+    made = fileio.outermost_missing(Path(raw_dir))
     try:  # torchvision writes here: a folder this module made and checked (no symlink on the way in the split)
         split_folder(Path(raw_dir).parent).sub(Path(raw_dir).name, what="download folder")
     except fileio.FileIOError as e:
@@ -277,8 +274,8 @@ def download_torchvision(class_name, raw_dir, name):
     try:
         parts = [dataset_class(root=str(raw_dir), train=train, download=True) for train in (True, False)]
     except (OSError, RuntimeError):
-        if not existed:
-            shutil.rmtree(made, ignore_errors=True)
+        if made is not None:  # only a folder the I/O layer made and recorded here, still the same folder
+            fileio.remove_made(made)
         raise DatasetError(f"could not download {name} (offline?); make {name}'s arrays into an npz once on a "
                            f"machine that has them and pass --source FILE.npz (x: uint8 images, y: integer "
                            f"labels; the README's 'Generating client splits' says how)") from None

@@ -14,10 +14,8 @@ split's ``config.json`` (line i holds the token of id i).
 import io
 import re
 import shutil
-import tarfile
 import urllib.error
 import urllib.request
-import zipfile
 from collections import Counter
 from pathlib import Path
 
@@ -37,51 +35,23 @@ def is_archive(path):
 def extract(archive, dest):
     """Unpack a zip or tar archive into ``dest`` (once: a marker file records completion); returns dest.
 
-    Members that would land outside ``dest`` (absolute paths, ``..``, links out) or are not plain files and
-    folders (devices, FIFOs) are refused.
+    Through the I/O layer (``fileio.extract``): every member's header is checked before anything is written.
+    Members that would land outside ``dest`` (absolute paths, ``..``) or are not plain files and folders
+    (symlinks, hard links, devices, FIFOs) are refused, and so are more than ``fileio.ARCHIVE_MEMBERS`` members
+    or more than ``--max-unpack-ratio`` times the archive's size; no symlink inside ``dest`` is followed.
     """
     archive, dest = Path(archive), Path(dest)
-    marker = dest / f".{archive.name}.extracted"
-    if marker.is_file():
-        return dest
-    dest.mkdir(parents=True, exist_ok=True)
-    root = dest.resolve()
+    marker = f".{archive.name}.extracted"
     try:
-        if zipfile.is_zipfile(archive):
-            with zipfile.ZipFile(archive) as z:
-                names = z.namelist()
-                _check_members(archive, root, names)
-                _check_size(archive, sum(i.file_size for i in z.infolist()))
-                z.extractall(dest)
-        elif archive.name.lower().endswith(".zip"):
-            raise DatasetError(f"{archive.name} is not a complete zip archive; is the download complete?")
-        else:
-            with tarfile.open(archive) as t:
-                members = t.getmembers()
-                _check_members(archive, root, [m.name for m in members])
-                _check_size(archive, sum(m.size for m in members))
-                t.extractall(dest, filter="data")
-    except tarfile.FilterError as err:  # the "data" filter: a link out, a device or FIFO, an odd mode
-        raise DatasetError(f"{archive.name} holds a member it may not unpack ({err}); refusing it") from None
-    except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError) as err:
-        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DatasetError(f"could not unpack {archive.name} ({why}); is the download complete?") from None
-    marker.touch()
+        folder = fileio.Folder(dest, what="archive folder")
+        if folder.is_file(marker):
+            return dest
+        fileio.extract(archive, folder, "archive", ratio=UNPACK_LIMIT["ratio"],
+                       hint=" (raise the cap with --max-unpack-ratio if you trust it)")
+        fileio.write_bytes(folder, marker, b"")
+    except fileio.FileIOError as err:
+        raise DatasetError(str(err)) from None
     return dest
-
-
-def _check_size(archive, unpacked):
-    limit = UNPACK_LIMIT["ratio"] * max(archive.stat().st_size, 1)
-    if unpacked > limit:
-        raise DatasetError(f"{archive.name} would unpack to {unpacked / 1e6:.1f} MB, over "
-                           f"{UNPACK_LIMIT['ratio']:g} times its size (a zip bomb?); refusing it (raise the cap "
-                           f"with --max-unpack-ratio if you trust it)")
-
-
-def _check_members(archive, root, names):
-    for name in names:
-        if not (root / name).resolve().is_relative_to(root):
-            raise DatasetError(f"{archive.name} holds a member outside its folder ({name}); refusing to unpack it")
 
 
 def find_dir(root, marker):

@@ -33,12 +33,11 @@ import copy
 import dataclasses
 import functools
 import math
-import shutil
-
 import torch
 from torch import nn
 
 from runtime.parking import ClientStore, own_folder
+from utils import fileio
 from utils.errors import FLError
 from utils.seeding import torch_seeded
 
@@ -149,8 +148,10 @@ class Parking:
         return ClientStore(self.mode, max(1, math.ceil(self.capacity * share)), rebuild, self.folder)
 
     def release(self) -> None:
+        """Remove this run's folder: the I/O layer removes only a folder it made and recorded in this process
+        (``fileio.remove_made``), never following a symlink inside it."""
         if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
+            fileio.remove_made(self.folder)
 
 
 class ClientHost:

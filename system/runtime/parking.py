@@ -13,7 +13,7 @@ through a ``ClientHandle``, which is what the server holds of a parked client): 
 builds its structure again and the state is loaded into it, onto its device. Nothing reloads it
 implicitly: on the parked object itself, an attribute outside ``KEEP`` is missing (``AttributeError``).
 A file is read with ``torch.load(weights_only=True)`` (tensors and plain values only) from a folder of the
-run's own (``tempfile.mkdtemp``, under ``--client_state_dir`` when given), so neither another run nor a
+run's own (``fileio.make_private``, under ``--client_state_dir`` when given), so neither another run nor a
 planted file reaches it. Parking and unparking are exact: same numbers as ``--client_state device`` (the default), bit for bit (tests/test_executors.py).
 
 Which clients stay live: the ``capacity`` most recently used, ``capacity`` = a process's share of the
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import shutil
 import tempfile
 import weakref
 from pathlib import Path
@@ -59,14 +58,15 @@ def _trim_heap() -> None:
 
 
 def own_folder(parent: str | None) -> Path:
-    """A new folder only this run uses (mode 0700), under ``parent`` (created if need be, and a folder:
-    ``fileio.Folder``) or the system's temporary folder."""
-    if parent is not None:
-        fileio.Folder(parent, what="--client_state_dir")
-    try:
-        return Path(tempfile.mkdtemp(prefix="fl-clients-", dir=parent))
-    except OSError as e:
-        raise fileio.FileIOError(f"--client_state_dir {parent}: cannot make a folder there ({fileio.why(e)})") from None
+    """A new folder only this run uses, under ``parent`` (created if need be, and a folder) or the system's
+    temporary folder: ``fileio.make_private`` (created exclusively, mode 0700, recorded, so that
+    ``fileio.remove_made`` removes it when the run ends)."""
+    if parent is None:
+        parent = tempfile.gettempdir()
+        what = "temporary folder"
+    else:
+        what = "--client_state_dir"
+    return fileio.make_private(parent, "fl-clients-", what)
 
 
 class ClientStore:
@@ -89,7 +89,7 @@ class ClientStore:
             self.folder = own_folder(None) if own else Path(folder)
             fileio.Folder(self.folder, what="parked-client folder")  # a folder (made where missing)
             if own:
-                weakref.finalize(self, shutil.rmtree, self.folder, True)
+                weakref.finalize(self, fileio.remove_made, self.folder)
         self.loads = self.stores = 0
 
     def _kept(self, c) -> frozenset:

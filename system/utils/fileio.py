@@ -310,9 +310,13 @@ class Folder:
             self.fd = _fd
             return
         try:
+            made = None
             if create:
+                made = outermost_missing(self.path)
                 self.path.mkdir(parents=True, exist_ok=True)
             self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            if made is not None:
+                _record(made)
         except OSError as e:
             raise FileIOError(f"{what} {self.path} is not a folder the run can use ({why(e)})") from None
 
@@ -333,14 +337,20 @@ class Folder:
         """The folder ``rel`` inside this one (made where missing), every component a real folder: a symlink,
         a file or a FIFO on the way is refused with one line."""
         what = what or self.what
+        return self._walk(relative_parts(rel, what), create, what)
+
+    def _walk(self, parts: list[str], create: bool, what: str) -> "Folder":
         fd = os.dup(self.fd)
         path = self.path
         try:
-            for part in relative_parts(rel, what):
+            for part in parts:
                 path = path / part
                 if create:
-                    with contextlib.suppress(FileExistsError):
+                    try:
                         os.mkdir(part, 0o777, dir_fd=fd)
+                        _record(path, os.stat(part, dir_fd=fd, follow_symlinks=False))
+                    except FileExistsError:
+                        pass
                 try:
                     nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                 except OSError as e:
@@ -513,3 +523,221 @@ def buffer(write: Callable) -> bytes:
     buf = io.BytesIO()
     write(buf)
     return buf.getvalue()
+
+
+# ---- folders the library made, and their removal ----------------------------------------------------------
+# Every folder this process made through the layer (``Folder(path)`` for the outermost folder it had to make,
+# ``Folder.sub`` for each component, ``make_private``), by absolute path, with the identity (device, inode) it
+# had when made: ``remove_made`` removes only these, and only while the entry at that path is still the same
+# real folder (a folder swapped or replaced by a symlink since is left alone).
+_MADE: dict[str, tuple[int, int]] = {}
+
+
+def outermost_missing(path: Path) -> Path | None:
+    """The outermost folder that ``path.mkdir(parents=True)`` would make (None when ``path`` exists)."""
+    path = Path(os.path.abspath(path))
+    if os.path.lexists(path):
+        return None
+    while not os.path.lexists(path.parent) and path.parent != path:
+        path = path.parent
+    return path
+
+
+def _record(path, st: os.stat_result | None = None) -> None:
+    try:
+        st = st or os.stat(path, follow_symlinks=False)
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        _MADE[os.path.abspath(path)] = (st.st_dev, st.st_ino)
+
+
+def made(path) -> bool:
+    """Whether this process made the folder ``path`` through the layer (and it is still that folder)."""
+    key = os.path.abspath(path)
+    try:
+        st = os.stat(key, follow_symlinks=False)
+    except OSError:
+        return False
+    return _MADE.get(key) == (st.st_dev, st.st_ino) and stat.S_ISDIR(st.st_mode)
+
+
+def make_private(parent, prefix: str, what: str = "folder") -> Path:
+    """A new folder ``<parent>/<prefix><random>`` that only this run uses: created exclusively (``mkdir`` fails
+    where the name exists, so no other process's folder and no planted symlink is taken over), mode 0700, and
+    recorded for ``remove_made``. ``parent`` is made where missing (``Folder``)."""
+    base = Folder(parent, what=what)
+    check_name(prefix, what)
+    for _ in range(100):
+        name = f"{prefix}{secrets.token_hex(4)}"
+        try:
+            os.mkdir(name, 0o700, dir_fd=base.fd)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise FileIOError(f"{what} {base.path}: cannot make a folder there ({why(e)})") from None
+        _record(base.path / name, os.stat(name, dir_fd=base.fd, follow_symlinks=False))
+        return Path(os.path.abspath(base.path / name))
+    raise FileIOError(f"{what} {base.path}: no free folder name starting with {prefix}")
+
+
+def remove_made(path) -> bool:
+    """Remove the folder ``path`` and everything in it, where this process made it through the layer
+    (``made``): the parent is opened as a descriptor, the entry checked to be that same real folder, and
+    the tree removed relative to descriptors without following a symlink inside it (``shutil.rmtree``
+    with ``dir_fd``; a symlink inside is removed itself, never its target). Returns whether it removed
+    it; a folder the library did not make and record (or that was replaced since) is left alone."""
+    import shutil
+
+    key = os.path.abspath(path)
+    ident = _MADE.get(key)
+    if ident is None:
+        return False
+    p = Path(key)
+    try:
+        parent = Folder(p.parent, create=False, what="folder")
+        st = os.stat(p.name, dir_fd=parent.fd, follow_symlinks=False)
+    except (FileIOError, OSError):
+        return False
+    if not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) != ident:
+        return False
+    del _MADE[key]
+    for other in [k for k in _MADE if k.startswith(key + os.sep)]:
+        del _MADE[other]
+    shutil.rmtree(p.name, ignore_errors=True, dir_fd=parent.fd)
+    return not os.path.lexists(key)
+
+
+# ---- archives ----------------------------------------------------------------------------------------------
+ARCHIVE_CAP = 1 << 40  # an archive's own size, and the most its members may unpack to in all (1 TiB)
+ARCHIVE_MEMBERS = 2_000_000  # members of one archive (ImageNet's training archive holds 1.28 million)
+
+
+def _member_parts(name: str, what: str) -> list[str]:
+    """The components of an archive member's name, each a name inside the target folder: no absolute path,
+    no '..', each a name ``check_name`` takes (``.`` and empty components are dropped, as ``tarfile`` and
+    ``zipfile`` do)."""
+    if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":" and name[0].isalpha()):
+        raise FileIOError(f"{what} holds a member outside its folder ({name[:80]!r}: an absolute path); refusing "
+                          f"to unpack it")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    for p in parts:
+        if p == "..":
+            raise FileIOError(f"{what} holds a member outside its folder ({name[:80]!r}); refusing to unpack it")
+        try:
+            check_name(p, what)
+        except FileIOError:
+            raise FileIOError(f"{what} holds a member it may not unpack ({name[:80]!r}: not a file name the library "
+                              f"writes); refusing it") from None
+    return parts
+
+
+def _zip_members(z: zipfile.ZipFile, what: str):
+    for i in z.infolist():
+        mode = stat.S_IFMT(i.external_attr >> 16) if i.create_system == 3 else 0  # Unix: the file's type
+        kind = "dir" if i.is_dir() else "file"
+        if mode and mode not in (stat.S_IFREG, stat.S_IFDIR):
+            kind = _kind(mode)
+        if i.flag_bits & 0x1:
+            kind = "an encrypted member"
+        yield i.filename, kind, i.file_size, i
+
+
+def _tar_members(t, what: str, limit: int):
+    count = 0
+    while True:
+        m = t.next()
+        if m is None:
+            return
+        count += 1
+        if count > limit:  # stop reading headers: a bomb of members is refused before its end
+            yield m.name, "file", 0, None
+            return
+        kind = ("file" if m.isreg() else "dir" if m.isdir() else "a symlink" if m.issym() else
+                "a hard link" if m.islnk() else "a device" if (m.ischr() or m.isblk()) else
+                "a FIFO" if m.isfifo() else "not a regular file")
+        yield m.name, kind, m.size if m.isreg() else 0, m
+
+
+def extract(path, folder: Folder, what: str = "archive", ratio: float = UNPACK_RATIO, cap: int = ARCHIVE_CAP,
+            max_members: int = ARCHIVE_MEMBERS, hint: str = "") -> int:
+    """Unpack the zip or tar archive ``path`` into ``folder``; returns the number of files written.
+
+    Every member's header is checked before anything is written: its name confined to the folder (no absolute
+    path, no '..'), its kind a regular file or a folder (a symlink, hard link, device, FIFO or encrypted
+    member is refused: the rules of Python's ``tarfile`` 'data' filter, for zip and tar alike, on any Python),
+    at most ``max_members`` members, and their sizes at most ``ratio`` times the archive's own size and at most
+    ``cap`` in all. Then each file is written through the folder (``Folder.replace``: every folder on the way
+    a real one, reached without following a symlink, the file created exclusively and renamed into place),
+    copied up to its declared size. A refusal is one line (``FileIOError``), with ``hint`` added to a size
+    refusal; a refused archive writes nothing."""
+    import tarfile
+
+    name = Path(path).name
+    label = f"{what} {name}"
+    with open_read(path, what, cap) as f:
+        size = max(os.fstat(f.fileno()).st_size, 1)
+        try:
+            if zipfile.is_zipfile(f):
+                f.seek(0)
+                arc = zipfile.ZipFile(f)
+                members = _zip_members(arc, label)
+                opener = arc.open
+            elif name.lower().endswith(".zip"):
+                raise FileIOError(f"{name} is not a complete zip archive; is the download complete?")
+            else:
+                f.seek(0)
+                arc = tarfile.open(fileobj=f, mode="r:*")
+                members = _tar_members(arc, label, max_members)
+                opener = arc.extractfile
+        except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError, ValueError) as e:
+            raise FileIOError(f"could not unpack {name} ({why(e)}); is it a complete zip or tar archive?") from None
+        with arc:
+            plan, total = [], 0
+            limit = min(cap, int(ratio * size))
+            try:
+                for member, kind, nbytes, handle in members:
+                    if len(plan) >= max_members:
+                        raise FileIOError(f"{label} holds more than {max_members} members; refusing it")
+                    parts = _member_parts(member, label)
+                    if kind not in ("file", "dir"):
+                        raise FileIOError(f"{label} holds a member it may not unpack ({member[:80]!r}: {kind}); "
+                                          f"refusing it")
+                    if kind == "file" and not parts:
+                        raise FileIOError(f"{label} holds a member it may not unpack ({member[:80]!r}: a file "
+                                          f"without a name); refusing it")
+                    total += nbytes
+                    if total > limit:
+                        raise FileIOError(f"{label} would unpack to more than {total / 1e6:.1f} MB, over "
+                                          f"{ratio:g} times its size or {cap} bytes (a zip bomb?); refusing it{hint}")
+                    plan.append((parts, kind, nbytes, handle))
+            except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError) as e:
+                raise FileIOError(f"could not unpack {name} ({why(e)}); is the download complete?") from None
+            written = 0
+            here: tuple[tuple[str, ...], Folder] | None = None
+            for parts, kind, nbytes, handle in plan:
+                where = tuple(parts if kind == "dir" else parts[:-1])
+                if here is None or here[0] != where:
+                    here = (where, folder._walk(list(where), True, what) if where else folder)
+                if kind == "dir":
+                    continue
+                try:
+                    src = opener(handle)
+                    if src is None:
+                        raise FileIOError(f"{label}: {'/'.join(parts)} cannot be read")
+                    with src:
+                        def copy(out, src=src, nbytes=nbytes, member="/".join(parts)):
+                            left = nbytes
+                            while left > 0:
+                                chunk = src.read(min(left, 1 << 20))
+                                if not chunk:
+                                    raise FileIOError(f"{label}: {member[:80]} is cut short; is the download complete?")
+                                out.write(chunk)
+                                left -= len(chunk)
+                        here[1].replace([(parts[-1], copy)])
+                except FileIOError:
+                    raise
+                except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError, RuntimeError, ValueError) as e:
+                    raise FileIOError(f"could not unpack {name} ({why(e)}); is the download complete?") from None
+                written += 1
+    return written
