@@ -6,8 +6,11 @@ import pytest
 
 
 def test_benchmark_compares_executors(digits_root, tmp_path):
+    from runtime import loop
     from scripts.run import benchmark
     from utils.data_utils import load_split
+
+    before = dict(vars(loop))
 
     n_train = sum(len(c.y_train) for c in load_split("Digits", digits_root, None, "cpu").clients)
     out = tmp_path / "bench.json"
@@ -34,6 +37,56 @@ def test_benchmark_compares_executors(digits_root, tmp_path):
     assert fork["same_curve_as_first"]  # the executors give the same numbers
     assert all(m > 0 for m in fork["peak_rss_workers_mb"])
     assert res["train_mflop_per_sample"] > res["eval_mflop_per_sample"] > 0  # backward costs more
+    # the timing went through the server's timer: the loop module is left as it was, so a later run in this
+    # process meets the plain loop
+    assert vars(loop).keys() == before.keys() and all(vars(loop)[k] is v for k, v in before.items())
+
+
+def test_the_loop_times_each_step_of_a_round_through_the_servers_timer(digits_tiny_root, tmp_path):
+    """runtime.loop's timing seam: each step inside ``phase``, in the order of a round (send, evaluate,
+    train, receive, aggregate), each evaluation ``recorded``, each round ``round_done``; the final evaluation
+    is a send and an evaluation. A default server's timer does nothing."""
+    import contextlib
+
+    from conftest import build_server
+    from runtime import loop
+
+    class Log(loop.PhaseTimer):
+        def __init__(self):
+            self.seen = []
+
+        @contextlib.contextmanager
+        def phase(self, server, name, clients):
+            self.seen.append((name, server.round_idx, sorted(c.id for c in clients)))
+            yield
+            self.seen.append(("/" + name,))
+
+        def recorded(self, server, summary):
+            self.seen.append(("recorded", server.round_idx, summary["test_acc"]))
+
+        def round_done(self, server):
+            self.seen.append(("done", server.round_idx))
+
+    server = build_server(digits_tiny_root, tmp_path, "-algo", "FedAvg", "-gr", "2", "-eg", "2", "-jr", "0.5",
+                          clients=4)
+    assert type(server.timer) is loop.PhaseTimer
+    server.timer = log = Log()
+    loop.train(server)
+    rounds = [[e for e in log.seen if len(e) > 1 and e[1] == t] for t in range(3)]
+    chosen = [rounds[t][0][2] for t in range(3)]
+    assert all(len(c) == 2 for c in chosen)  # -jr 0.5 of 4 clients
+    everyone = [0, 1, 2, 3]
+    acc = [e[2] for e in log.seen if e[0] == "recorded"]
+    assert len(acc) == 2  # -eg 2: rounds 0 and 2 (the final evaluation)
+    assert rounds[0] == [("send", 0, chosen[0]), ("evaluate", 0, everyone), ("recorded", 0, acc[0]),
+                         ("train", 0, chosen[0]), ("receive", 0, chosen[0]), ("aggregate", 0, chosen[0]),
+                         ("done", 0)]
+    assert rounds[1] == [("send", 1, chosen[1]), ("train", 1, chosen[1]), ("receive", 1, chosen[1]),
+                         ("aggregate", 1, chosen[1]), ("done", 1)]
+    assert rounds[2] == [("send", 2, chosen[2]), ("evaluate", 2, everyone), ("recorded", 2, acc[1])]
+    # each phase closes before the next opens
+    names = [e[0] for e in log.seen if e[0] not in ("recorded", "done")]
+    assert names == [n for e in log.seen if e[0] in loop.PHASES for n in (e[0], "/" + e[0])]
 
 
 def test_benchmark_sets_up_as_main_does(digits_root):

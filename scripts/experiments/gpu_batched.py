@@ -9,7 +9,7 @@ Steps, most important first (``plan``), each skipped (and said so in the JSON) o
 
 1. full-scale MNIST Dir(0.1), 20 clients (``dataset/generate_MNIST.py --source MNIST_NPZ``), the 4-layer CNN,
    batch 10, one local epoch, -lr 0.005, full evaluation every round: seconds per round and training
-   samples/s (``scripts/run/benchmark.py``'s instrumented server: phases timed, a batch-200 reference after
+   samples/s (``scripts/run/benchmark.py``'s timer on the loop: phases timed, a batch-200 reference after
    every round, the utilisation being training samples/s over it) of FedAvg, FedALA, Ditto and FedRep
    (``-pls 1``: PFLlib's default) on the batched executor with CUDA graphs;
 2. PFLlib's own FedAvg (its repository's ``system/`` under ``--pfllib``, not part of this repository) on the

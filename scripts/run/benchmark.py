@@ -22,6 +22,7 @@ docs/performance.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -98,76 +99,50 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def instrumented(server_cls: type, cfg, train_flops: float, reference=None) -> type:
-    """``server_cls`` with each phase of a round timed and one line printed per round (the round loop
-    itself is the library's: ``runtime.loop.run_round`` calls ``after_round`` last in every round). With
-    ``reference`` (a function returning samples per second), the reference is measured again after every
-    round, outside the round's time, so that each round is compared with the machine as it was then."""
+class PhaseLog(loop.PhaseTimer):
+    """The loop's timer (``server.timer``, runtime/loop.py's seam) for one benchmarked run: each phase of a
+    round timed (the loop's receive and aggregate together as ``aggregate``), the samples trained, each
+    recorded evaluation added to the curve, and one line printed per round. With ``reference`` (a function
+    returning samples per second), the reference is measured again after every round, outside the round's
+    time, so that each round is compared with the machine as it was then."""
 
-    class Timed(server_cls):
-        def timed(self, phase: str, fn, *args):
-            sync(self.device)
-            start = time.perf_counter()
-            out = fn(*args)
-            sync(self.device)
-            self.bench_log[phase] = self.bench_log.get(phase, 0.0) + time.perf_counter() - start
-            return out
+    def __init__(self, cfg, train_flops: float, reference=None):
+        self.cfg, self.train_flops, self.reference = cfg, train_flops, reference
+        self.device = torch.device(cfg.device)
+        self.log, self.rounds, self.curve = {}, [], []
+        self.clock = time.perf_counter()
 
-        def aggregate(self, uploads):
-            return self.timed("aggregate", super().aggregate, uploads)
+    @contextlib.contextmanager
+    def phase(self, server, name: str, clients: list):
+        if name == "train":
+            self.log["samples"] = sum(c.train_samples for c in clients) * server.cfg.local_epochs
+        column = "aggregate" if name == "receive" else name
+        sync(self.device)
+        start = time.perf_counter()
+        yield
+        sync(self.device)
+        self.log[column] = self.log.get(column, 0.0) + time.perf_counter() - start
 
-        def after_round(self):
-            super().after_round()
-            now = time.perf_counter()
-            log = self.bench_log
-            r = {"round": self.round_idx, "wall": now - self.bench_clock, **{k: log.get(k, 0.0) for k in PHASES},
-                 "samples": log.get("samples", 0), "load": os.getloadavg()[0]}
-            self.bench_rounds.append(r)
-            ref = ""
-            if reference is not None:
-                r["reference"] = reference()
-                ref = f" | reference {r['reference']:.0f} samples/s: {100 * r['samples'] / r['train'] / r['reference']:.0f} %"
-            self.bench_log, self.bench_clock = {}, time.perf_counter()
-            print(f"{cfg.executor} round {r['round']}: {r['wall']:6.2f} s | "
-                  + " | ".join(f"{k} {r[k]:6.2f}" for k in PHASES)
-                  + f" | train {r['samples'] / r['train']:7.0f} samples/s = "
-                  f"{r['samples'] * train_flops / r['train'] / 1e9:5.1f} GFLOP/s{ref} | load {r['load']:.2f}", flush=True)
-
-    time_loop_steps()
-    return Timed
-
-
-def time_loop_steps() -> None:
-    """The loop's own steps (runtime/loop.py: sending, evaluating, training, receiving) timed for a
-    ``Timed`` server (``instrumented``), and each recorded evaluation added to its curve. Wrapped once per
-    process; a server that is not ``Timed`` (another run in the same process) goes straight to the step."""
-    if getattr(loop, "bench_timed", False):
-        return
-
-    def phase(name: str, step):
-        def wrapped(server, *args):
-            if not hasattr(server, "bench_log"):
-                return step(server, *args)
-            if name == "train":
-                server.bench_log["samples"] = sum(c.train_samples for c in args[0]) * server.cfg.local_epochs
-            return server.timed(name, step, server, *args)
-        return wrapped
-
-    def curve(server, summary):
-        record(server, summary)
-        if not hasattr(server, "bench_curve"):
-            return
+    def recorded(self, server, summary: dict) -> None:
         loss = summary["train_loss"]  # NaN under --train_loss_eval off: kept as None, so curves compare equal
-        server.bench_curve.append({"round": server.round_idx, "acc": summary["test_acc"],
-                                   "loss": None if loss != loss else loss})
+        self.curve.append({"round": server.round_idx, "acc": summary["test_acc"],
+                           "loss": None if loss != loss else loss})
 
-    record = loop.record
-    loop.send = phase("send", loop.send)
-    loop.evaluate = phase("evaluate", loop.evaluate)
-    loop.train_clients = phase("train", loop.train_clients)
-    loop.receive = phase("aggregate", loop.receive)
-    loop.record = curve
-    loop.bench_timed = True
+    def round_done(self, server) -> None:
+        now = time.perf_counter()
+        log, cfg = self.log, self.cfg
+        r = {"round": server.round_idx, "wall": now - self.clock, **{k: log.get(k, 0.0) for k in PHASES},
+             "samples": log.get("samples", 0), "load": os.getloadavg()[0]}
+        self.rounds.append(r)
+        ref = ""
+        if self.reference is not None:
+            r["reference"] = self.reference()
+            ref = f" | reference {r['reference']:.0f} samples/s: {100 * r['samples'] / r['train'] / r['reference']:.0f} %"
+        self.log, self.clock = {}, time.perf_counter()
+        print(f"{cfg.executor} round {r['round']}: {r['wall']:6.2f} s | "
+              + " | ".join(f"{k} {r[k]:6.2f}" for k in PHASES)
+              + f" | train {r['samples'] / r['train']:7.0f} samples/s = "
+              f"{r['samples'] * self.train_flops / r['train'] / 1e9:5.1f} GFLOP/s{ref} | load {r['load']:.2f}", flush=True)
 
 
 def peak_rss_mb(pid: int | str = "self") -> float:
@@ -189,19 +164,17 @@ def run_one(cfg, data, model, x, y, train_flops: float, ref_seconds: float, ref_
     ref_before = reference()
     executor = make_executor(cfg)
     try:
-        server = instrumented(get_server_class(cfg.algorithm), cfg, train_flops, reference)(cfg, data, 0, None,
-                                                                                            executor=executor)
-        server.bench_log, server.bench_rounds, server.bench_curve = {}, [], []
-        server.bench_clock = time.perf_counter()
+        server = get_server_class(cfg.algorithm)(cfg, data, 0, None, executor=executor)
+        server.timer = timer = PhaseLog(cfg, train_flops, reference)
         loop.train(server)
-        final = time.perf_counter() - server.bench_clock
+        final = time.perf_counter() - timer.clock
         workers = [peak_rss_mb(p.pid) for p in getattr(executor, "procs", [])]
     finally:
         executor.close()
-    rounds = server.bench_rounds
+    rounds = timer.rounds
     train_s = sum(r["train"] for r in rounds)
     samples = sum(r["samples"] for r in rounds)
-    return {"executor": cfg.executor, "workers": len(workers), "rounds": rounds, "curve": server.bench_curve,
+    return {"executor": cfg.executor, "workers": len(workers), "rounds": rounds, "curve": timer.curve,
             "final_evaluation_s": final, "reference_before": ref_before,
             "train_samples_per_s": samples / train_s if train_s else float("nan"),
             "train_gflops": samples * train_flops / train_s / 1e9 if train_s else float("nan"),

@@ -43,7 +43,7 @@ def identity(server) -> dict:
 
 # The server's attributes a checkpoint leaves out (its ``declares.checkpoint_skip`` adds to them), those
 # whose saved value must be this run's, and those built from the flags (None in a fresh server: None saved).
-SERVER_SKIP = ("checkpoints", "new_clients")
+SERVER_SKIP = ("checkpoints", "new_clients", "timer")
 SERVER_FIXED = ("run",)
 SERVER_BUILT = ("client_model_names",)
 

@@ -14,10 +14,14 @@ one rule: every client receives the broadcast; the selected ones run their local
 (attacks, robust aggregation, server optimizers, DP, the DLG monitor: plugins/) act at the round's named
 points: the loop calls every plug-in the flags turn on (``server.plugins``) without naming any.
 
+Each step of a round runs inside the server's ``timer`` (a ``PhaseTimer``, the loop's one seam for timing:
+scripts/run/benchmark.py), which by default does nothing.
+
 Fault tolerance, checkpoints and resume: runtime/checkpoint.py; simulated slow clients: runtime/faults.py.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 
@@ -29,6 +33,27 @@ from runtime.executors import WorkerLost
 from utils.comm import payload_bytes
 from utils.errors import Diverged, FLError
 from utils.metrics import summarize
+
+
+class PhaseTimer:
+    """The loop's seam for timing a run (``server.timer``; scripts/run/benchmark.py times each phase with
+    it). Each step of a round, and the final evaluation's two, runs inside ``phase(server, name, clients)``:
+    ``name`` one of ``PHASES``, ``clients`` those the step acts on (send: the round's selection; evaluate:
+    every client; train, receive and aggregate: the active ones). Every evaluation, once recorded, passes
+    ``recorded(server, summary)``; every round ends with ``round_done(server)``, after ``after_round`` and
+    the plug-ins'. This default does nothing; the numbers of a run never depend on its timer."""
+
+    def phase(self, server, name: str, clients: list):
+        return contextlib.nullcontext()
+
+    def recorded(self, server, summary: dict) -> None:
+        pass
+
+    def round_done(self, server) -> None:
+        pass
+
+
+PHASES = ("send", "evaluate", "train", "receive", "aggregate")
 
 
 def train(server) -> None:
@@ -69,21 +94,29 @@ def run_round(server, t: int) -> None:
     server.round_idx = t
     start = time.perf_counter()
     server.bytes_down = server.bytes_up = 0
+    timer = server.timer
     server.selected = server.select_clients()
-    send(server, server.selected)
+    with timer.phase(server, "send", server.selected):
+        send(server, server.selected)
     if t % cfg.eval_gap == 0:
-        record(server, evaluate(server))
+        with timer.phase(server, "evaluate", server.clients):
+            summary = evaluate(server)
+        record(server, summary)
     active = active_clients(server, server.selected)
     for p in server.plugins:  # -dlg: the attacked clients' start models
         p.before_training(server, active)
-    train_clients(server, active)
-    uploads = receive(server, active)
+    with timer.phase(server, "train", active):
+        train_clients(server, active)
+    with timer.phase(server, "receive", active):
+        uploads = receive(server, active)
     for p in server.plugins:  # --attack poisons the malicious uploads; -dlg attacks what they upload
         uploads = p.on_uploads(server, active, uploads)
-    aggregate(server, uploads)
+    with timer.phase(server, "aggregate", active):
+        aggregate(server, uploads)
     server.after_round()
     for p in server.plugins:
         p.after_round(server)
+    timer.round_done(server)
     if server.recorder is not None:
         server.recorder.round_time.append(time.perf_counter() - start)
         server.recorder.round_bytes["up"].append(server.bytes_up)
@@ -183,6 +216,7 @@ def record(server, summary: dict) -> None:
     if server.recorder is not None:
         server.recorder.add(server.round_idx, summary)
         server.recorder.save()
+    server.timer.recorded(server, summary)
 
 
 def should_stop(server) -> bool:
@@ -202,8 +236,11 @@ def final_evaluation(server, round_idx: int) -> None:
     current model, as in every round (``--ala_clients all``: every client runs ALA, as in PFLlib)."""
     server.round_idx = round_idx
     server.selected = server.select_clients()
-    send(server, server.selected)
-    record(server, evaluate(server))
+    with server.timer.phase(server, "send", server.selected):
+        send(server, server.selected)
+    with server.timer.phase(server, "evaluate", server.clients):
+        summary = evaluate(server)
+    record(server, summary)
     if server.data.new_clients:
         evaluate_new_clients(server)
 

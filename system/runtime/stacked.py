@@ -140,6 +140,21 @@ class Schedule:
             yield self.full[i], None
         yield from self.other[i]
 
+    def walk(self, x: torch.Tensor, y: torch.Tensor, step, graph=None, replayed=None) -> None:
+        """Every step in order, under autograd, the one walk of a training phase and of an ALA epoch: at
+        step i the full batches run as ``graph``'s replay when there is one (then ``replayed(i)``), every
+        other group as ``step(i, rows, x[idx], y[idx])``, ``x`` and ``y`` the concatenated samples."""
+        with torch.enable_grad():
+            for i in range(self.length):
+                for rows, idx in self.steps(i):
+                    if idx is None and graph is not None:
+                        graph.replay(x[self.index[i]], y[self.index[i]], self.full_mask[i])
+                        if replayed is not None:
+                            replayed(i)
+                        continue
+                    idx = self.index[i, rows] if idx is None else idx
+                    step(i, rows, x[idx], y[idx])
+
 
 def rows_of(rows, n: int) -> list[int]:
     if isinstance(rows, slice):
@@ -274,7 +289,8 @@ class TrainPhase:
     def loss(self, train, const, state, x, y):
         return _with_state(self.client, state, lambda: functional_call(self.rep, {**const, **train}, (x, y)))
 
-    def step(self, rows, x, y) -> None:
+    def step(self, i: int, rows, x, y) -> None:
+        """Step ``i`` of the rows ``rows`` (their batches ``x``, ``y``)."""
         train = {n: t[rows] for n, t in self.train.items()}
         grads, loss = self.vg(train, select_tree(self.const, rows), select_tree(self.state, rows), x, y)
         new = self.update(train, grads, {n: lr[rows] for n, lr in self.lr.items()})
@@ -308,15 +324,7 @@ class TrainPhase:
 
     def run(self) -> list:
         s = self.schedule
-        graph = self.use_graph()
-        with torch.enable_grad():
-            for i in range(s.length):
-                for rows, idx in s.steps(i):
-                    if idx is None and graph is not None:
-                        graph.replay(self.x[s.index[i]], self.y[s.index[i]], s.full_mask[i])
-                        continue
-                    idx = s.index[i, rows] if idx is None else idx
-                    self.step(rows, self.x[idx], self.y[idx])
+        s.walk(self.x, self.y, self.step, self.use_graph())
         with torch.no_grad():
             for r, p in enumerate(self.order):
                 params = dict(p.wrapper.named_parameters())

@@ -39,7 +39,7 @@ class ALAEpoch:
         self.shared = all(r[1].frozen.keys() == frozen0.keys() and all(r[1].frozen[n] is frozen0[n] for n in frozen0)
                           for r in order)
         self.frozen = frozen0 if self.shared else {n: torch.stack([r[1].frozen[n] for r in order]) for n in frozen0}
-        self.losses: list[torch.Tensor] = []
+        self.losses: torch.Tensor | None = None  # [step, row], filled by ``run``
         self.vg = vmap(grad_and_value(self.loss), in_dims=(0, 0, 0, None if self.shared else 0, 0, 0))
 
     def loss(self, w, local, glob, frozen, x, y):
@@ -70,30 +70,29 @@ class ALAEpoch:
             self.w, self.local, self.glob, self.frozen = b["w"], b["local"], b["glob"], b["frozen"]
         return graph
 
-    def run(self) -> list[float]:
+    def step(self, i: int, rows, x, y) -> None:
+        """Step ``i`` of the rows ``rows`` (their batches ``x``, ``y``): W moves, the loss is kept."""
         from utils.ALA import weight_step
 
+        w = {k: t[rows] for k, t in self.w.items()}
+        frozen = self.frozen if self.shared else select_tree(self.frozen, rows)
+        grads, loss = self.vg(w, select_tree(self.local, rows), select_tree(self.glob, rows), frozen, x, y)
+        for k in self.names:
+            write_rows(self.w[k], rows, weight_step(w[k], grads[k], self.eta))
+        if isinstance(rows, slice):
+            self.losses[i, rows] = loss.detach()
+        else:
+            self.losses[i].index_copy_(0, rows, loss.detach())
+
+    def run(self) -> list[float]:
         s = self.schedule
-        losses = torch.zeros(s.length, s.n, device=self.y.device)
+        self.losses = losses = torch.zeros(s.length, s.n, device=self.y.device)
         graph = self.use_graph()
-        with torch.enable_grad():
-            for i in range(s.length):
-                for rows, idx in s.steps(i):
-                    if idx is None and graph is not None:
-                        graph.replay(self.x[s.index[i]], self.y[s.index[i]], s.full_mask[i])
-                        losses[i] = torch.where(s.full_mask[i], graph.buffers["loss"], losses[i])
-                        continue
-                    idx = s.index[i, rows] if idx is None else idx
-                    w = {k: t[rows] for k, t in self.w.items()}
-                    frozen = self.frozen if self.shared else select_tree(self.frozen, rows)
-                    grads, loss = self.vg(w, select_tree(self.local, rows), select_tree(self.glob, rows), frozen,
-                                          self.x[idx], self.y[idx])
-                    for k in self.names:
-                        write_rows(self.w[k], rows, weight_step(w[k], grads[k], self.eta))
-                    if isinstance(rows, slice):
-                        losses[i, rows] = loss.detach()
-                    else:
-                        losses[i].index_copy_(0, rows, loss.detach())
+
+        def replayed(i: int) -> None:
+            losses[i] = torch.where(s.full_mask[i], graph.buffers["loss"], losses[i])
+
+        s.walk(self.x, self.y, self.step, graph, replayed)
         table = losses.t().tolist()
         out = [None] * len(self.order)
         for r, req in enumerate(self.order):

@@ -38,6 +38,7 @@ from flcore.trainmodel.assign import assign, read_client_models
 from runtime import checkpoint
 from runtime.choose import make_executor
 from runtime.faults import SlowClients
+from runtime.loop import PhaseTimer
 from plugins import build_all
 from utils.aggregate import weighted_average
 from utils.data_utils import FederatedData
@@ -137,6 +138,7 @@ class Server:
         self.late: list[int] = []  # clients whose upload missed the last round (-tth)
         self.recorder = recorder
         self.checkpoints = checkpoint.Checkpoints(recorder)  # the run's file and restart point
+        self.timer = PhaseTimer()  # the loop's timing seam: none by default (scripts/run/benchmark.py sets one)
         # the cross-cutting features the flags turn on (plugins/), called at the round's points; their state
         # is part of the checkpointed state
         self.plugins = build_all(cfg, self)
