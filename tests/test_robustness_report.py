@@ -85,3 +85,35 @@ def test_benign_curve_by_hand():
     acc = np.array([[1.0, 0.5, 0.0], [0.5, 0.5, 0.5]])
     # clients 0 and 2 benign (client 1 malicious), test counts 10 and 30: (10 x 1 + 30 x 0) / 40, then 0.5
     assert robustness_report.benign_curve(acc, [10, 20, 30], [1]).tolist() == [0.25, 0.5]
+
+
+def test_a_malformed_result_file_is_left_out_with_one_warning_line(tmp_path, capsys):
+    import json
+
+    import h5py
+    import numpy as np
+
+    def run(stem, sidecar, series=None):
+        (tmp_path / f"{stem}.json").write_text(sidecar if isinstance(sidecar, str) else json.dumps(sidecar))
+        if series is not None:
+            with h5py.File(tmp_path / f"{stem}.h5", "w") as f:
+                for k, v in series.items():
+                    f[k] = np.asarray(v)
+
+    good = {"label": "FedAvg", "seed": 0, "run": 0, "status": "finished",
+            "config": {"attack": "signflip", "aggregator": "median"}}
+    run("a_good", good, {"rs_test_acc": [0.5, 0.25], "rs_benign_test_acc": [0.5, 0.75]})
+    run("b_not_json", "{not json")
+    run("c_a_list", "[1, 2]")
+    run("d_no_h5", good)
+    run("e_no_series", good, {"rs_round": [0, 1]})
+    run("f_running", {**good, "status": "running"})  # not ended: left out without a word
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "a_good.cpu.json").write_text('{"cpu_s": 12.5}')
+    entries = robustness_report.read_results(tmp_path)
+    assert entries == [{"algorithm": "FedAvg", "attack": "signflip", "aggregator": "median", "seed": 0,
+                        "status": "finished", "benign_acc": [0.5, 0.75], "all_acc": [0.5, 0.25],
+                        "malicious_clients": [], "cpu_s": 12.5}]
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert [w.split(" left out")[0] for w in warnings] == [
+        "warning: b_not_json.json", "warning: c_a_list.json", "warning: d_no_h5.json", "warning: e_no_series.json"]

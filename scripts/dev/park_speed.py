@@ -20,12 +20,14 @@ if __name__ == "__main__":  # run as a file: _paths.py puts the repository's cod
 from flcore.registry import get_server_class  # noqa: E402
 from cli import parse_config  # noqa: E402
 from runtime import loop  # noqa: E402
+from utils import fileio  # noqa: E402
 from utils.data_utils import DATASET_ROOT, load_split  # noqa: E402
 
 
 def measure(dataset: str, root: str, algo: str, repeat: int) -> tuple[dict, int]:
     """({"park", "unpark"} -> (best CPU s, best wall s), file bytes) for client 0 of a one-round run of ``algo``."""
-    with tempfile.TemporaryDirectory() as tmp:
+    tmp = str(fileio.make_private(tempfile.gettempdir(), "park-speed-", "temporary folder"))
+    try:
         cfg = parse_config(["-data", dataset, "--dataset_root", root, "-algo", algo, "-dev", "cpu",
                             "--executor", "sequential", "--client_state", "disk", "--client_state_dir", tmp,
                             "--results_dir", tmp, "--no-progress", "--no-print_config"])
@@ -48,6 +50,8 @@ def measure(dataset: str, root: str, algo: str, repeat: int) -> tuple[dict, int]
                 if step == "park":
                     size = (store.folder / f"{client.id}.pt").stat().st_size
         server.executor.close()
+    finally:
+        fileio.remove_made(tmp)
     return best, size
 
 

@@ -1,5 +1,5 @@
 """What validating a split on load costs: per client, the checked read (``utils.data_utils``) against a
-bare ``np.load`` of the same files, best of ``--repeat`` passes.
+bare ``np.load`` of the same files (opened by the I/O layer: a regular file, no header checked), best of ``--repeat`` passes.
 
     python scripts/dev/split_load_cost.py -data FMNIST_dir0.1_s2000
 """
@@ -15,6 +15,7 @@ import numpy as np
 if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
     import _paths  # noqa: F401
 
+from utils import fileio  # noqa: E402
 from utils.data_utils import DATASET_ROOT, _read_npz, read_config  # noqa: E402
 
 
@@ -30,7 +31,7 @@ def main(argv=None) -> int:
 
     def bare():
         for path, _, _ in files:
-            with np.load(path, allow_pickle=False) as f:
+            with fileio.open_read(path, "client file", cap=fileio.NPZ_CAP) as fh, np.load(fh, allow_pickle=False) as f:
                 f["x"], f["y"]
 
     def checked():

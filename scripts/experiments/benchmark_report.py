@@ -58,6 +58,8 @@ if __name__ == "__main__":  # run as a file: _paths.py puts the repository's cod
     import _paths  # noqa: F401
 
 from scripts.run import table  # noqa: E402
+from utils import fileio  # noqa: E402
+from utils.errors import FLError  # noqa: E402
 
 EXPORT = REPO / "docs" / "benchmarks" / "converged.json"
 EXPORT_S2000 = REPO / "docs" / "benchmarks" / "converged_s2000.json"
@@ -268,9 +270,9 @@ def write_export(results: str | None, out: Path, config: str, timing: str | None
     """The export at ``out``: what it held, with the runs found under ``results`` (and, for the quick
     protocol, seed 0 of the timing sweep under ``timing``) laid over it; the protocol's description comes
     from its sweep config. Written back and returned."""
-    sweep_config = json.loads((REPO / "scripts" / "experiments" / config).read_text())
+    sweep_config = fileio.read_json(REPO / "scripts" / "experiments" / config, "sweep file")
     base = sweep_config.get("base", [])
-    data = json.loads(out.read_text()) if out.exists() else {"splits": {}}
+    data = fileio.read_json(out, "export") if out.exists() else {"splits": {}}
     if by_variant:
         data = relabel(data, base)
     new = export_runs(results, by_variant, base) if results and Path(results).is_dir() else {"splits": {}}
@@ -285,8 +287,7 @@ def write_export(results: str | None, out: Path, config: str, timing: str | None
         raise table.TableError(f"no complete run under {results} and no export at {out}")
     data = merge_exports(data, new)
     data["protocol"] = sweep_config["description"]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+    fileio.write_file(out, json.dumps(data, indent=1, allow_nan=False) + "\n", "--export")
     return data
 
 
@@ -435,15 +436,15 @@ def plot_converged(data: dict, summaries: dict, out: Path, ranks_name: str = "co
 
 def write_block(doc: Path, name: str, text: str) -> None:
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    body = doc.read_text()
+    body = fileio.read_text(doc, "--doc")
     if begin not in body or end not in body:
         raise table.TableError(f"{doc} lacks the {begin} / {end} markers")
     head, rest = body.split(begin, 1)
-    doc.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
+    fileio.write_file(doc, head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1], "--doc")
 
 
 def report_converged(args, data: dict) -> int:
-    board = json.loads(LEADERBOARD.read_text())
+    board = fileio.read_json(LEADERBOARD, "leaderboard")
     summaries, problems = {}, []
     for split in data["splits"]:
         if split not in SPLITS:
@@ -513,9 +514,9 @@ def main(argv=None) -> int:
     if args.results == str(REPO / "results" / "benchmark"):
         args.results = str(REPO / "results" / folder)
     try:
-        data = (json.loads(args.export.read_text()) if args.from_export
+        data = (fileio.read_json(args.export, "--export") if args.from_export
                 else write_export(args.results, args.export, config, **extra))
-    except (table.TableError, OSError, ValueError) as e:
+    except (table.TableError, FLError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"export: {args.export}")

@@ -23,6 +23,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
     import _paths  # noqa: F401
+from utils import fileio  # noqa: E402
+
 DOC = REPO / "docs" / "fedala_reproduction.md"
 IMG = REPO / "docs" / "img"
 ROWS = ["FedAvg", "FedProx", "FedALA", "FedProx+ALA", "Local"]
@@ -37,8 +39,8 @@ def load_sweep(config: Path) -> tuple[dict, Path]:
     results folder. ``label``: the algorithm, "+ALA" with -ala; ``variant``: the grid point's other flags
     (``--ala_layers=2``; "" for none)."""
     from scripts.run import sweep
-    from utils import fileio
-    from utils.results import read_h5
+    from utils.errors import FLError
+    from utils.results import check_series, read_h5
 
     spec = sweep.load_config_file(config)
     out = REPO / spec.get("out", "results/sweep")
@@ -51,9 +53,13 @@ def load_sweep(config: Path) -> tuple[dict, Path]:
         variant = ",".join(f"{k}={v}" for k, v in point.items() if k not in ("-data", "-algo", "-ala"))
         entry = runs.setdefault((point["-data"], label, variant), [])
         if sweep.is_complete(job):
-            series = read_h5(job.h5)
-            entry.append({"acc": series["rs_test_acc"], "round": series["rs_round"], "time": series["rs_round_time"],
-                          "meta": fileio.read_json(job.h5.with_suffix(".json"), "sidecar")})
+            try:  # a malformed result file is left out with one warning line
+                series = check_series(read_h5(job.h5), job.h5)
+                entry.append({"acc": series["rs_test_acc"], "round": series["rs_round"],
+                              "time": series["rs_round_time"],
+                              "meta": fileio.read_json(job.h5.with_suffix(".json"), "sidecar")})
+            except (FLError, KeyError) as e:
+                print(f"warning: {job.h5.name} left out ({fileio.why(e)})", file=sys.stderr)
     return runs, out
 
 
@@ -90,8 +96,7 @@ def curves(title: str, series: dict, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    fileio.write_figure(path, fig, dpi=90)
     plt.close(fig)
 
 
@@ -162,14 +167,14 @@ def write_report(config: Path, sections: list[str], doc: Path = DOC, img: Path =
         wall = sum(x["wall_time_s"] for x in metas)
         lines += [f"Machine: {m['processor']}, {m['cpus']} CPUs, Python {m['python']}, {m['platform']}. "
                   f"{len(metas)} runs, {wall / 3600:.2f} h of wall time in all.", ""]
-    text = doc.read_text() if doc.exists() else ""
+    text = fileio.read_text(doc, "document") if doc.exists() else ""
     key = out.name
     begin, end = f"<!-- tables:{key}:begin -->", f"<!-- tables:{key}:end -->"
     if begin not in text:
         text += f"\n{begin}\n{end}\n"
     head, rest = text.split(begin, 1)
     tail = rest.split(end, 1)[1]
-    doc.write_text(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail)
+    fileio.write_file(doc, head + begin + "\n" + "\n".join(lines) + "\n" + end + tail, "document")
     print("\n".join(lines))
 
 

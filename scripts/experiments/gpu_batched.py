@@ -123,17 +123,18 @@ def write_pfllib_split(args, split: str) -> Path:
     """The split in PFLlib's file format (``dataset/<name>/train|test/<i>.npz``, a pickled dict of x and y,
     images normalised as its generators store them) beside its ``system/``."""
     import numpy as np
+    from utils import fileio
     from utils.data_utils import load_split
 
     data = load_split(split, args.root, None, "cpu")
     target = args.pfllib.parent / "dataset" / split
-    for part in ("train", "test"):
-        (target / part).mkdir(parents=True, exist_ok=True)
+    base = fileio.Folder(args.pfllib.parent / "dataset", what="PFLlib's dataset folder")
+    parts = {part: base.sub(f"{split}/{part}") for part in ("train", "test")}
     for i, c in enumerate(data.clients):
         # this library loads pixels as x/255 (utils/data_utils); PFLlib's MNIST stores (x/255 - 0.5) / 0.5
         for part, x, y in (("train", c.x_train, c.y_train), ("test", c.x_test, c.y_test)):
-            with open(target / part / f"{i}.npz", "wb") as f:
-                np.savez_compressed(f, data={"x": ((x.numpy() - 0.5) / 0.5).astype(np.float32), "y": y.numpy()})
+            arrays = {"x": ((x.numpy() - 0.5) / 0.5).astype(np.float32), "y": y.numpy()}
+            parts[part].replace([(f"{i}.npz", lambda f, arrays=arrays: np.savez_compressed(f, data=arrays))])
     return target
 
 
@@ -309,8 +310,10 @@ def main_check(argv=None) -> int:
     args = p.parse_args(argv)
     import torch
 
+    from utils import fileio
+
     clock = Clock(args.budget)
-    args.out.mkdir(parents=True, exist_ok=True)
+    out_folder = fileio.Folder(args.out, what="--out")
     report = {"python": sys.version.split()[0], "torch": torch.__version__, "device": args.dev, "small": args.small,
               "library": [], "memory": [], "errors": [], "skipped": [], "pfllib": None, "workers": []}
     if args.dev == "cuda":
@@ -326,7 +329,7 @@ def main_check(argv=None) -> int:
         report["skipped"].append(f"PFLlib: no {args.pfllib}")
     if "workers" in steps and importlib.util.find_spec("ray") is None:
         report["skipped"].append("worker processes: Ray is not installed")
-    result = args.out / "gpu_batched.json"
+    result = "gpu_batched.json"
     try:
         for name, estimate, fn, kind in plan(args, split, steps):
             out = step(report, clock, name, estimate, fn)
@@ -335,11 +338,12 @@ def main_check(argv=None) -> int:
                 if kind == "workers":
                     report["library"].append(out)
             report["elapsed_s"] = time.perf_counter() - clock.start
-            result.write_text(json.dumps(report, indent=1, default=float))  # after every step: a cut run keeps it
+            # after every step: a cut run keeps it
+            fileio.write_bytes(out_folder, result, json.dumps(report, indent=1, default=float).encode())
     except KeyboardInterrupt:  # the wrapper's time limit (SIGINT): what was measured is already written
         report["skipped"].append("interrupted by the time limit")
     report["elapsed_s"] = time.perf_counter() - clock.start
-    result.write_text(json.dumps(report, indent=1, default=float))
+    fileio.write_bytes(out_folder, result, json.dumps(report, indent=1, default=float).encode())
     print(summary(report))
     print(f"errors: {len(report['errors'])}, skipped: {report['skipped']}, {report['elapsed_s']:.0f} s")
     return 0

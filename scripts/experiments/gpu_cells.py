@@ -21,6 +21,7 @@ if __name__ == "__main__":  # run as a file: _paths.py puts the repository's cod
     import _paths  # noqa: F401
 
 from scripts.run import table  # noqa: E402
+from utils import fileio  # noqa: E402
 
 
 def cell(run) -> dict:
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
     for dataset in sorted({c["dataset"] for c in cells}):
         print(render(dataset, [c for c in cells if c["dataset"] == dataset], at))
     if args.json is not None:
-        args.json.write_text(json.dumps({"cells": cells}, indent=1) + "\n")
+        fileio.write_file(args.json, json.dumps({"cells": cells}, indent=1) + "\n", "--json")
     return 0
 
 

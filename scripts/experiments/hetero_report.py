@@ -35,7 +35,6 @@ its runs there were made on the split of the heterogeneous runs (the same config
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -46,6 +45,8 @@ if __name__ == "__main__":  # run as a file: _paths.py puts the repository's cod
 
 from scripts.experiments import benchmark_report as report
 from scripts.run import table
+from utils import fileio
+from utils.errors import FLError
 
 REPO = report.REPO
 EXPORT = REPO / "docs" / "benchmarks" / "hetero.json"
@@ -142,7 +143,7 @@ def read_or_write(results: str, export: Path, config: str, from_export: bool) ->
     """An export, read (``from_export``) or updated from the runs under ``results``; empty when neither
     exists (the one-model sweep not run yet)."""
     if from_export or not Path(results).is_dir():
-        return json.loads(export.read_text()) if export.exists() else {"splits": {}}
+        return fileio.read_json(export, "export") if export.exists() else {"splits": {}}
     return report.write_export(results, export, config)
 
 
@@ -239,13 +240,13 @@ def converged_data(results: str, export: Path, from_export: bool) -> dict:
             return report.write_export(results, export, CONVERGED_CONFIG)
         except table.TableError as e:
             print(f"note: {e}: the rows come from the export as it stands", file=sys.stderr)
-    return json.loads(export.read_text()) if export.exists() else {"splits": {}}
+    return fileio.read_json(export, "--export") if export.exists() else {"splits": {}}
 
 
 def main_converged(args) -> int:
-    config = json.loads((REPO / "scripts" / "experiments" / CONVERGED_CONFIG).read_text())
+    config = fileio.read_json(REPO / "scripts" / "experiments" / CONVERGED_CONFIG, "sweep file")
     data = converged_data(args.results, args.export, args.from_export)
-    one_model = json.loads(report.EXPORT.read_text())
+    one_model = fileio.read_json(report.EXPORT, "export")
     text = converged_markdown(data, one_model, config)
     if args.print:
         print(text)
@@ -276,17 +277,17 @@ def main(argv=None) -> int:
     try:
         if args.converged:
             return main_converged(args)
-        data = (json.loads(args.export.read_text()) if args.from_export
+        data = (fileio.read_json(args.export, "--export") if args.from_export
                 else report.write_export(args.results, args.export, CONFIG))
         one = read_or_write(args.one_results, args.one_export, ONE_CONFIG, args.from_export)
-        quick = json.loads(report.QUICK_EXPORT.read_text()) if report.QUICK_EXPORT.exists() else {}
+        quick = fileio.read_json(report.QUICK_EXPORT, "export") if report.QUICK_EXPORT.exists() else {}
         text = hetero_markdown(data, quick, one)
         if args.print:
             print(text)
         else:
             report.write_block(args.doc, "hetero", text)
             print(f"exports: {args.export}, {args.one_export}; rows written to {args.doc}")
-    except (table.TableError, OSError, ValueError) as e:
+    except (table.TableError, FLError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -122,10 +122,14 @@ FIGURES = {  # docs/img/<name>.png: (split, algorithm, run name (``goal``), roun
 
 def cmd_figures(args) -> None:
     """Compose the per-run grids (originals above reconstructions) into the report's figures."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from utils import fileio
 
     stems = {(split, algo, name): job for split, algo, name, job in runs(args.config)}
     for name, panels in FIGURES.items():
@@ -136,11 +140,11 @@ def cmd_figures(args) -> None:
             ax.axis("off")
         for ax, (split, algo, run_name, r, title) in zip(axes.ravel(), panels):
             job = stems[(split, algo, run_name)]
-            ax.imshow(plt.imread(job.out / f"{job.stem}_dlg_r{r}.png"))
+            png = fileio.read_bytes(job.out / f"{job.stem}_dlg_r{r}.png", "reconstruction", cap=fileio.JSON_CAP)
+            ax.imshow(plt.imread(io.BytesIO(png), format="png"))
             ax.set_title(title, fontsize=8)
         fig.tight_layout()
-        (REPO / "docs" / "img").mkdir(parents=True, exist_ok=True)
-        fig.savefig(REPO / "docs" / "img" / f"{name}.png", dpi=90)
+        fileio.write_figure(REPO / "docs" / "img" / f"{name}.png", fig, dpi=90)
         plt.close(fig)
 
 

@@ -40,7 +40,9 @@ if __name__ == "__main__":  # run as a file: _paths.py puts the repository's cod
 from scripts.experiments.benchmark_report import write_block  # noqa: E402
 
 from plugins.attacks import DEFAULT_FRACTION, malicious_clients  # noqa: E402
-from utils.results import read_h5  # noqa: E402
+from utils import fileio  # noqa: E402
+from utils.errors import FLError  # noqa: E402
+from utils.results import read_h5, read_sidecar  # noqa: E402
 
 EXPORT = REPO / "docs" / "benchmarks" / "robustness.json"
 ATTACKS = ("none", "signflip", "gaussian", "labelflip", "scaled")
@@ -56,23 +58,43 @@ def key(entry: dict) -> tuple:
     return entry["algorithm"], entry["attack"], entry["aggregator"], entry["seed"]
 
 
-def read_results(folder: Path) -> list[dict]:
-    """Every finished or diverged run of the sweep folder as an export entry (``status``)."""
+def readable(folder: Path, read) -> list[dict]:
+    """``read(sidecar)`` of every sidecar of the sweep folder that is not None; a run whose files fail their
+    schema (``utils.results``: a sidecar not a JSON object, an h5 without its series, a field missing or of
+    another type) is left out with one warning line."""
     out = []
     for side in sorted(folder.glob("*.json")):
-        meta = json.loads(side.read_text())
-        if meta.get("status") not in ("finished", "diverged"):
+        try:
+            entry = read(side)
+        except (FLError, KeyError, TypeError, ValueError, IndexError) as e:
+            why = fileio.why(e) if isinstance(e, FLError) else f"{type(e).__name__}: {fileio.why(e)}"
+            print(f"warning: {side.name} left out ({why})", file=sys.stderr)
             continue
+        if entry is not None:
+            out.append(entry)
+    return out
+
+
+def cpu_seconds(folder: Path, stem: str):
+    """The CPU seconds the sweep recorded for a run (``logs/<stem>.cpu.json``), None where it recorded none."""
+    cpu = folder / "logs" / f"{stem}.cpu.json"
+    return fileio.read_json(cpu, "CPU record")["cpu_s"] if cpu.exists() else None
+
+
+def read_results(folder: Path) -> list[dict]:
+    """Every finished or diverged run of the sweep folder as an export entry (``status``)."""
+    def entry(side: Path) -> dict | None:
+        meta = read_sidecar(side)
+        if meta.get("status") not in ("finished", "diverged"):
+            return None
         cfg = meta["config"]
         series = read_h5(side.with_suffix(".h5"))
         benign = series.get("rs_benign_test_acc", series["rs_test_acc"])
-        cpu = folder / "logs" / f"{side.stem}.cpu.json"
-        out.append({"algorithm": meta["label"], "attack": cfg.get("attack") or "none", "aggregator": cfg["aggregator"],
-                    "seed": meta["seed"], "status": meta["status"], "benign_acc": [round(float(a), 6) for a in benign],
-                    "all_acc": [round(float(a), 6) for a in series["rs_test_acc"]],
-                    "malicious_clients": meta.get("malicious_clients", []),
-                    "cpu_s": json.loads(cpu.read_text())["cpu_s"] if cpu.exists() else None})
-    return out
+        return {"algorithm": meta["label"], "attack": cfg.get("attack") or "none", "aggregator": cfg["aggregator"],
+                "seed": meta["seed"], "status": meta["status"], "benign_acc": [round(float(a), 6) for a in benign],
+                "all_acc": [round(float(a), 6) for a in series["rs_test_acc"]],
+                "malicious_clients": meta.get("malicious_clients", []), "cpu_s": cpu_seconds(folder, side.stem)}
+    return readable(folder, entry)
 
 
 def merge(old: list[dict], new: list[dict]) -> list[dict]:
@@ -127,7 +149,7 @@ def cell_key(algorithm: str, attack: str | None, scale, aggregator: str | None, 
 
 def planned_cells(sweep: Path) -> list[tuple]:
     """The sweep file's grid points as cells, in its order."""
-    spec = json.loads(sweep.read_text())
+    spec = fileio.read_json(sweep, "sweep file")
     cells = []
     for grid in spec["grids"]:
         keys = list(grid)
@@ -149,24 +171,22 @@ def benign_curve(acc: np.ndarray, test_samples: list[int], bad: list[int]) -> np
 
 def read_converged(folder: Path, test_samples: list[int]) -> list[dict]:
     """Every ended run of the converged sweep folder as an export entry (see the module docstring)."""
-    out = []
-    for side in sorted(folder.glob("*.json")):
-        meta = json.loads(side.read_text())
+    def entry(side: Path) -> dict | None:
+        meta = read_sidecar(side)
         if meta.get("status") not in ("finished", "diverged"):
-            continue
+            return None
         cfg, series = meta["config"], read_h5(side.with_suffix(".h5"))
         bad = malicious_clients(cfg["seed"], meta["run"], len(test_samples), cfg.get("attack_frac") or DEFAULT_FRACTION)
         curve = benign_curve(np.asarray(series["rs_client_test_acc"], dtype=np.float64), test_samples, bad)
         if "rs_benign_test_acc" in series and not np.allclose(curve, series["rs_benign_test_acc"], equal_nan=True):
             raise SystemExit(f"error: {side.name}: its benign clients are not the seed's malicious set's complement")
         asr = series.get("rs_backdoor_asr")
-        cpu = folder / "logs" / f"{side.stem}.cpu.json"
-        out.append({"algorithm": meta["label"], "attack": cfg.get("attack") or "none", "scale": cfg.get("attack_scale"),
-                    "aggregator": cfg["aggregator"], "krum_f": cfg.get("krum_f"), "seed": meta["run"],
-                    "status": meta["status"], "benign_acc": [round(float(a), 6) for a in curve],
-                    "asr": None if asr is None or not np.isfinite(asr[-1]) else round(float(asr[-1]), 6),
-                    "goal": cfg["goal"], "cpu_s": json.loads(cpu.read_text())["cpu_s"] if cpu.exists() else None})
-    return out
+        return {"algorithm": meta["label"], "attack": cfg.get("attack") or "none", "scale": cfg.get("attack_scale"),
+                "aggregator": cfg["aggregator"], "krum_f": cfg.get("krum_f"), "seed": meta["run"],
+                "status": meta["status"], "benign_acc": [round(float(a), 6) for a in curve],
+                "asr": None if asr is None or not np.isfinite(asr[-1]) else round(float(asr[-1]), 6),
+                "goal": cfg["goal"], "cpu_s": cpu_seconds(folder, side.stem)}
+    return readable(folder, entry)
 
 
 def conv_key(e: dict) -> tuple:
@@ -224,26 +244,27 @@ def converged_markdown(entries: list[dict], cells: list[tuple], seeds: int, cpu_
 
 
 def report_converged(args) -> int:
-    old = json.loads(args.export.read_text()) if args.export.exists() else {}
+    old = fileio.read_json(args.export, "--export") if args.export.exists() else {}
     if args.from_export:
         data = old
     else:
-        spec = json.loads(CONVERGED["sweep"].read_text())
+        spec = fileio.read_json(CONVERGED["sweep"], "sweep file")
         split = spec["base"][spec["base"].index("-data") + 1]
         cfg_path = args.dataset_root / split / "config.json"
         if not cfg_path.exists():
             raise SystemExit(f"error: {cfg_path} not found: generate the split (docs/robustness.md) or use --from-export")
-        test_samples = json.loads(cfg_path.read_text())["test_samples"]
+        test_samples = fileio.read_json(cfg_path, "config.json")["test_samples"]
         new = read_converged(args.results, test_samples)
         runs = {conv_key(e): e for e in old.get("runs", [])} | {conv_key(e): e for e in new}
         logs = sorted((args.results / "logs").glob("*.cpu.json"))
-        cpu_all = sum(json.loads(p.read_text())["cpu_s"] for p in logs) if logs else old.get("cpu_s_all_attempts")
+        cpu_all = (sum(fileio.read_json(p, "CPU record")["cpu_s"] for p in logs) if logs
+                   else old.get("cpu_s_all_attempts"))
         data = {"split": split, "test_samples": test_samples, "cpu_s_all_attempts": cpu_all,
                 "runs": [runs[k] for k in sorted(runs, key=str)]}
         body = ",\n".join(json.dumps(e) for e in data["runs"])
         head = json.dumps({k: v for k, v in data.items() if k != "runs"})[:-1]
-        args.export.write_text(head + ', "runs": [\n' + body + "\n]}\n")  # a run a line
-    seeds = len(json.loads(CONVERGED["sweep"].read_text())["seeds"])
+        fileio.write_file(args.export, head + ', "runs": [\n' + body + "\n]}\n", "--export")  # a run a line
+    seeds = len(fileio.read_json(CONVERGED["sweep"], "sweep file")["seeds"])
     text = converged_markdown(data.get("runs", []), planned_cells(CONVERGED["sweep"]), seeds,
                               data.get("cpu_s_all_attempts"))
     if args.print:
@@ -263,15 +284,25 @@ def main(argv=None) -> int:
     p.add_argument("--converged", action="store_true", help="the converged table (module docstring)")
     p.add_argument("--dataset_root", type=Path, default=REPO / "dataset", help="--converged: where the split is")
     args = p.parse_args(argv)
+    try:
+        return report(args, argv)
+    except FLError as e:  # an export, sweep file or split config that cannot be read: one line
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def report(args, argv) -> int:
+    """The table (or the converged one) as the flags ask."""
     if args.converged:
         given = set(argv if argv is not None else sys.argv[1:])
         args.results = args.results if "--results" in given else CONVERGED["results"]
         args.export = args.export if "--export" in given else CONVERGED["export"]
         return report_converged(args)
-    old = json.loads(args.export.read_text())["runs"] if args.export.exists() else []
+    old = fileio.read_json(args.export, "--export")["runs"] if args.export.exists() else []
     entries = old if args.from_export else merge(old, read_results(args.results))
-    if not args.from_export:
-        args.export.write_text('{"runs": [\n' + ",\n".join(json.dumps(e) for e in entries) + "\n]}\n")  # a run a line
+    if not args.from_export:  # a run a line
+        fileio.write_file(args.export, '{"runs": [\n' + ",\n".join(json.dumps(e) for e in entries) + "\n]}\n",
+                          "--export")
     text = markdown(entries)
     if args.print:
         print(text)

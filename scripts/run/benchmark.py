@@ -42,6 +42,7 @@ from flcore.registry import get_server_class  # noqa: E402
 from flcore.trainmodel.models import build_model  # noqa: E402
 from runtime.choose import make_executor  # noqa: E402
 from runtime import loop  # noqa: E402
+from utils import fileio  # noqa: E402
 from utils.amp import autocast  # noqa: E402
 
 PHASES = ("send", "evaluate", "train", "aggregate")
@@ -148,7 +149,7 @@ class PhaseLog(loop.PhaseTimer):
 def peak_rss_mb(pid: int | str = "self") -> float:
     """Peak resident memory of a process (Linux ``VmHWM``), MB; NaN where it cannot be read."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        for line in fileio.read_proc(f"/proc/{pid}/status").decode().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
     except OSError:
@@ -244,7 +245,7 @@ def main_benchmark(argv=None) -> dict:
               f"RSS {', '.join(f'{m:.0f}' for m in r['peak_rss_workers_mb']) or '-'} MB")
     print(f"  peak RSS of this process {out['peak_rss_mb']:.0f} MB")
     if ours.json:
-        Path(ours.json).write_text(json.dumps(out, indent=1, default=float))
+        fileio.write_file(ours.json, json.dumps(out, indent=1, default=float), "--json")
     return out
 
 

@@ -40,6 +40,7 @@ def make_split(root: Path) -> None:
 
 def curve(root: Path, out: Path, algo: str, rounds: int, ala: bool, extra: list[str]) -> dict | str:
     import main
+    from utils import fileio
     from utils.results import read_h5
 
     flags = ["-data", "Digits", "--dataset_root", str(root), "--results_dir", str(out), "-dev", "cpu",
@@ -56,7 +57,7 @@ def curve(root: Path, out: Path, algo: str, rounds: int, ala: bool, extra: list[
         return f"refused (exit {rc}): {err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else ''}"
     (h5,) = out.glob(f"Digits_{algo}*_test_0.h5")
     series = read_h5(h5)
-    h5.unlink()
+    fileio.Folder(out, create=False).remove(h5.name)  # the result this run wrote, by its name
     return {k: v.tolist() for k, v in sorted(series.items()) if "time" not in k}
 
 
@@ -64,6 +65,7 @@ def main(argv=None) -> int:
     import torch
 
     from flcore.registry import ALGORITHMS
+    from utils import fileio
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="JSON file to write")
@@ -76,8 +78,9 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     names = args.algos.split(",") if args.algos else list(ALGORITHMS)
     curves = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        root, out = Path(tmp) / "data", Path(tmp) / "results"
+    tmp = fileio.make_private(tempfile.gettempdir(), "curves-", "temporary folder")  # removed below
+    try:
+        root, out = tmp / "data", tmp / "results"
         make_split(root)
         for algo in names:
             for ala in (False,) if args.no_ala else (False, True):
@@ -85,11 +88,12 @@ def main(argv=None) -> int:
                 curves[key] = curve(root, out, algo, args.gr, ala, shlex.split(args.flags))
                 shown = curves[key] if isinstance(curves[key], str) else curves[key]["rs_test_acc"]
                 print(f"{key}: {shown}", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(curves, indent=1))
+    finally:
+        fileio.remove_made(tmp)
+    fileio.write_file(args.out, json.dumps(curves, indent=1), "--out")
     if args.compare is None:
         return 0
-    before = json.loads(Path(args.compare).read_text())
+    before = fileio.read_json(args.compare, "--compare")
     differ = [k for k in before if k in curves and json.dumps(before[k]) != json.dumps(curves[k])]  # NaN == NaN
     missing = [k for k in before if k not in curves]
     for k in differ:

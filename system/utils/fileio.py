@@ -514,6 +514,21 @@ def replace_file(path, data: bytes, what: str = "folder") -> None:
     write_bytes(Folder(path.parent, create=False, what=what), path.name, data)
 
 
+def write_file(path, data: bytes | str, what: str = "output") -> None:
+    """Replace the file ``path`` with ``data`` (text as UTF-8) in its folder, made where missing: a temporary
+    file created exclusively beside it and renamed into place (``Folder.replace``); a symlink at the name is
+    replaced, never followed. What the scripts write (exports, documents, figures' data)."""
+    path = Path(path)
+    write_bytes(Folder(path.parent, what=what), path.name, data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def write_figure(path, fig, what: str = "figure", **kwargs) -> None:
+    """Save the matplotlib figure ``fig`` as ``path`` (its format from the suffix), as ``write_file`` does."""
+    path = Path(path)
+    Folder(path.parent, what=what).replace(
+        [(path.name, lambda f: fig.savefig(f, format=path.suffix.lstrip(".") or None, **kwargs))])
+
+
 def json_bytes(value, indent: int | None = 1) -> bytes:
     return json.dumps(value, indent=indent).encode()
 
