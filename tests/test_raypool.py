@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import socket
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -122,6 +123,7 @@ def test_a_local_cluster_starts_on_loopback_quietly_with_the_library_and_a_watch
     assert raypool.init_ray(num_cpus=3) is True
     assert token_note.level == logging.ERROR  # Ray's note on its session token, at every start, silenced
     (opts,) = started.calls
+    assert Path(opts.pop("_temp_dir")).parent.name.startswith("fl-ray-")  # its own session folder (below)
     assert opts == {"include_dashboard": False, "logging_level": 30, "num_cpus": 3,
                     "runtime_env": {"py_modules": [str(raypool.SYSTEM_DIR / p) for p in ("flcore", "plugins", "runtime", "utils")]}}
     assert sorted(p.name for p in raypool.SYSTEM_DIR.iterdir() if p.name in ("flcore", "plugins", "runtime", "utils")) == [
@@ -131,6 +133,37 @@ def test_a_local_cluster_starts_on_loopback_quietly_with_the_library_and_a_watch
     assert raypool._watcher == ["watcher 1"] and started.visible is None
     raypool.shutdown_ray()
     assert started.shutdowns == 1 and started.stopped == ["watcher 1"] and raypool._watcher == []
+
+
+@pytest.mark.parametrize("tmpdir_length", ["short", "long"])
+def test_a_local_cluster_writes_its_session_in_a_short_folder_the_io_layer_made_and_removes(
+        started, monkeypatch, tmp_path, tmpdir_length):
+    import tempfile
+
+    from utils import fileio
+
+    if tmpdir_length == "long":  # a temporary folder whose path would put Ray's sockets past 107 bytes
+        long = tmp_path / ("t" * 40)
+        long.mkdir()
+        monkeypatch.setattr(tempfile, "tempdir", str(long))
+    def init(**opts):  # as Ray does: its folder opened to every user, for a /tmp/ray that users share
+        started.calls.append(opts)
+        os.chmod(opts["_temp_dir"], 0o777)
+
+    monkeypatch.setattr(ray, "init", init)
+    raypool.init_ray(num_cpus=1)
+    given = Path(started.calls[0]["_temp_dir"])
+    folder = given.parent
+    assert given.is_absolute() and given.is_dir() and not given.is_symlink() and fileio.made(given)
+    assert folder.stat().st_mode & 0o777 == 0o700 and fileio.made(folder) and folder.name.startswith("fl-ray-")
+    # Ray's longest socket path: <given>/session_2026-12-06_06-05-00_123456_<7-digit pid>/sockets/plasma_store.1
+    longest = f"{given}/session_2026-12-06_06-05-00_123456_4194304/sockets/plasma_store.1"
+    assert len(longest.encode()) <= 107, longest
+    assert folder.parent == (Path(tempfile.gettempdir()) if tmpdir_length == "short" else Path("/tmp"))
+    (given / "session_latest").symlink_to(tmp_path)  # what Ray leaves there, a link among it
+    (given / "session_x" / "sockets").mkdir(parents=True)
+    raypool.shutdown_ray()
+    assert not folder.exists() and tmp_path.is_dir()
 
 
 def test_a_dashboard_and_other_ray_options_can_be_asked_for(started):
@@ -146,6 +179,7 @@ def test_joining_a_cluster_checks_its_address_and_starts_no_watcher(started, dia
     assert dialled.calls == [(("10.0.0.5", 6379), 10)]
     (opts,) = started.calls
     assert opts["address"] == "10.0.0.5:6379" and "num_cpus" not in opts and "num_gpus" not in opts
+    assert "_temp_dir" not in opts  # a cluster's session folder is the cluster's
     assert started.cluster == before and started.watched == 0  # a cluster's own settings are left alone
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from runtime.executors import ClientHost, PoolExecutor, WorkerLost, to_device, to_wire
+from utils import fileio
 from utils.errors import FLError
 
 SYSTEM_DIR = Path(__file__).resolve().parents[1]  # holds the importable packages flcore/, plugins/, runtime/, utils/
@@ -53,6 +54,32 @@ def import_ray():
 
 CONNECT_TIMEOUT_S = 10  # how long --ray_address may take to answer before the run stops with one line
 _watcher: list = []  # the reaper watching the local cluster this process started (runtime/reaper.py)
+_session: list = []  # the folder made for that cluster's session (``session_folder``), removed by ``shutdown_ray``
+# Ray puts Unix sockets under its session folder (<folder>/ray/session_<date>_<time>_<microseconds>_<pid>/
+# sockets/plasma_store, about 70 bytes after the folder with a 7-digit pid), and Ray refuses a Unix socket path
+# of more than 107 bytes, so the folder's own path is kept to this many bytes.
+SESSION_FOLDER_MAX = 36
+
+
+def session_folder() -> Path:
+    """The folder of a local Ray cluster's session, in place of Ray's shared ``/tmp/ray``: a new folder only
+    this run uses, made by the I/O layer (``fileio.make_private``: created exclusively, mode 0700, recorded, so
+    that ``fileio.remove_made`` removes it at ``shutdown_ray``), under the system's temporary folder, or under
+    ``/tmp`` where that path would make the folder's longer than ``SESSION_FOLDER_MAX`` bytes (the Unix socket
+    limit above). Ray writes in its ``ray`` folder (``ray.init(_temp_dir=...)``: logs, sockets, spilled
+    objects), made here through the layer too: Ray opens the folder it is given to every user (mode 0777, for
+    a ``/tmp/ray`` that users share), and this one stays behind the 0700 folder."""
+    import tempfile
+
+    parent = tempfile.gettempdir()
+    if len(os.fsencode(os.path.abspath(parent))) + len("/fl-ray-12345678") > SESSION_FOLDER_MAX:
+        parent = "/tmp"
+    try:
+        folder = fileio.make_private(parent, "fl-ray-", "Ray's session folder")
+        fileio.Folder(folder, create=False, what="Ray's session folder").sub("ray")
+    except fileio.FileIOError as e:
+        raise FLError(str(e)) from None
+    return folder
 
 
 def check_address(address: str) -> None:
@@ -100,6 +127,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, device_ids
             opts["num_cpus"] = num_cpus
         from runtime import reaper
 
+        _session.append(session_folder())
+        opts["_temp_dir"] = str(_session[-1] / "ray")
         _watcher.append(reaper.watch())
         # A local cluster turns on Ray's session token and says so at every start: docs/security.md says it once.
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
@@ -121,6 +150,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, device_ids
         try:
             ray.init(**{**opts, **kwargs})
         except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+            while _session:
+                fileio.remove_made(_session.pop())
             raise FLError(f"Ray did not start{f' at {address}' if address else ''} ({str(e).strip().splitlines()[0]})"
                           ) from None
     finally:
@@ -135,12 +166,15 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, device_ids
 
 
 def shutdown_ray() -> None:
-    """``ray.shutdown``, then the watcher of a local cluster ends whatever Ray left running."""
+    """``ray.shutdown``, then the watcher of a local cluster ends whatever Ray left running, and the
+    cluster's session folder is removed (``fileio.remove_made``: only the folder ``session_folder`` made)."""
     from runtime import reaper
 
     import_ray().shutdown()
     while _watcher:
         reaper.stop(_watcher.pop())
+    while _session:
+        fileio.remove_made(_session.pop())
 
 
 class RayExecutor(PoolExecutor):
