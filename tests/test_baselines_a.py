@@ -10,7 +10,9 @@ from torch import nn
 import main
 from cli import parse_config
 from conftest import cli
+from flcore.clients import clientbase
 from flcore.registry import get_server_class
+from utils.batching import batches_per_epoch
 from utils.data_utils import load_split
 from utils.metrics import predict
 from utils.proximal import anchor_of, proximal_term
@@ -179,13 +181,14 @@ def test_perfedavg_meta_gradient_is_first_order_maml(digits_root):
         assert torch.allclose(p.grad, q.grad, atol=1e-6)
 
 
-def test_perfedavg_training_step_updates_w_with_beta(digits_root):
+def test_perfedavg_training_step_updates_w_with_beta(digits_root, monkeypatch):
     alpha, beta, bs = 0.1, 0.02, 5
     client = make_server(digits_root, "Per-FedAvg", "-lr", str(alpha), "-bt", str(beta),
                          "-lbs", str(bs)).clients[0]
     w0 = copy.deepcopy(client.model)
     idx = torch.arange(2 * bs)
-    client.batches = lambda *args, **kwargs: iter([idx])  # exactly one step, on a known batch pair
+    # exactly one step, on a known batch pair: the batches run_epochs draws (utils.batching.batches) replaced
+    monkeypatch.setattr(clientbase, "batches", lambda *args, **kwargs: iter([idx]))
     client_steps.train(client, 0)
     # by hand: w' = w - α ∇f(w; D), then w ← w - β ∇f(w'; D')
     x, y = client.x_train[idx], client.y_train[idx]
@@ -407,5 +410,5 @@ def test_fine_tuning_under_dp_trains_the_copy_and_is_counted(digits_root):
     noise_before = client.dp.generator.get_state()
     tuned = client.eval_model()
     assert not same(params(tuned), params(client.model))  # the copy trained
-    assert sum(s for _, _, s in client.dp.history) == steps_before + client.batches_per_epoch()
+    assert sum(s for _, _, s in client.dp.history) == steps_before + batches_per_epoch(client)
     assert torch.equal(client.dp.generator.get_state(), noise_before)  # its own noise stream

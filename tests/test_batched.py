@@ -115,7 +115,7 @@ def test_batched_equals_sequential(algo, digits_tiny_root, counted):
     ("FedProx", "--client_state", "cpu", "-jr", "0.4"),  # idle clients parked in host memory
     ("FedAvg", "--server_opt", "adam", "--aggregator", "median"),  # server-side rules act on the uploads
     ("Local", "--client_models", "CNN1,CNN3"),  # two architectures, batched per architecture
-    ("APFL", "-al", "0.0"),  # α at its bound: its projection (batched_step) acts
+    ("APFL", "-al", "0.0"),  # α at its bound: its projection (batch_step) acts
 ], ids=lambda c: "-".join(c))
 def test_batched_equals_sequential_with_options(case, digits_tiny_root, counted):
     algo, *flags = case
@@ -199,8 +199,8 @@ class StepWithout(FedAvgClient):
 
 def test_declarations_are_checked():
     assert batch_refusal(LossBelow) == "LossBelow overrides loss below FedAvgClient, which declared batch_state"
-    assert batch_refusal(StepWithout) == "StepWithout.after_backward has no batched_step"
-    assert batch_refusal(get_server_class("APFL").declares.client_class) == ""  # after_backward with its batched_step
+    assert batch_refusal(StepWithout) == "StepWithout.after_backward has no batch_step"
+    assert batch_refusal(get_server_class("APFL").declares.client_class) == ""  # after_backward with its batch_step
     assert "overrides after_backward" in batch_refusal(get_server_class("SCAFFOLD").declares.client_class)
 
 

@@ -13,6 +13,7 @@ from runtime import loop
 from runtime import checkpoint
 from runtime import client_steps
 from plugins import dp_sample
+from utils.batching import batches, batches_per_epoch
 
 
 def test_run_epochs_reports_the_mean_of_its_batches_losses(digits_tiny_root, tmp_path):
@@ -39,9 +40,9 @@ def test_run_epochs_reports_the_mean_of_its_batches_losses(digits_tiny_root, tmp
 def test_batches_per_epoch_follows_the_batch_size_asked_for(digits_tiny_root, tmp_path):
     c = build(digits_tiny_root, tmp_path).clients[0]
     n = c.train_samples
-    assert c.batches_per_epoch() == math.ceil(n / 20)  # -lbs
-    assert c.batches_per_epoch(7) == math.ceil(n / 7) != math.ceil(n / 20)
-    assert [len(b) for b in c.batches(1, 7)] == [7] * (n // 7) + ([n % 7] if n % 7 else [])
+    assert batches_per_epoch(c) == math.ceil(n / 20)  # -lbs
+    assert batches_per_epoch(c, 7) == math.ceil(n / 7) != math.ceil(n / 20)
+    assert [len(b) for b in batches(c, 1, 7)] == [7] * (n // 7) + ([n % 7] if n % 7 else [])
     assert c.steps_per_round() == c.cfg.local_epochs * math.ceil(n / 20)
 
 

@@ -67,7 +67,7 @@ class Counted:
         bs = self.cfg.batch_size
 
         def counting(client, objective, optimizer, x, y, modules=None, noise=None):
-            pool = client.train_indices()  # what ``Client.batches`` draws from (None: the whole training split)
+            pool = client.train_indices()  # what ``utils.batching.batches`` draws from (None: the whole training split)
             n = len(client.y_train) if pool is None else len(pool)
             self.calls.append((client.id, client.dp.sigma, min(1.0, max(bs, len(x)) / n)))
             return backward(client, objective, optimizer, x, y, modules, noise)

@@ -12,6 +12,7 @@ from cli import parse_config
 from conftest import cli
 from flcore.clients.clientdbe import mean_regularizer, running_mean_update
 from flcore.registry import get_server_class
+from utils.batching import batches
 from utils.data_utils import load_split
 from utils.seeding import torch_gen
 from runtime import loop
@@ -82,7 +83,7 @@ def test_initialization_period_gives_the_weighted_mean_once(digits_tiny_root):
     model = copy.deepcopy(server.global_model)
     opt = torch.optim.SGD(model.parameters(), lr=c.cfg.local_learning_rate)
     r = torch.zeros_like(model.prbm)
-    for idx in c.batches(1, generator=torch_gen(c.cfg.seed, 0, "dbe-init", c.id)):
+    for idx in batches(c, 1, generator=torch_gen(c.cfg.seed, 0, "dbe-init", c.id)):
         rep = model.base(c.x_train[idx])
         r = (1 - c.cfg.momentum) * r + c.cfg.momentum * rep.mean(0).detach()
         opt.zero_grad()

@@ -15,6 +15,7 @@ from cli import parse_config
 from conftest import build_server, cli
 from flcore.clients.clientbase import Upload
 from flcore.clients.clientfednova import a_norm
+from utils.batching import batches
 from utils.errors import FLError
 from runtime import loop
 from runtime import client_steps
@@ -116,7 +117,7 @@ def test_the_local_solver_is_momentum_sgd_on_the_proximal_loss(digits_tiny_root,
     gen.set_state(client.batch_gen.get_state())
     buffers = [torch.zeros_like(p) for p in model.parameters()]
     steps = 0
-    for idx in client.batches(1, generator=gen):
+    for idx in batches(client, 1, generator=gen):
         loss = torch.nn.functional.cross_entropy(model(client.x_train[idx]), client.y_train[idx])
         grads = torch.autograd.grad(loss, list(model.parameters()))
         with torch.no_grad():

@@ -288,7 +288,7 @@ def test_dp_trains_each_clients_own_architecture_or_is_refused_with_one_line(alg
     backward = dp_sgd.dp_backward
 
     def counting(client, objective, optimizer, x, y, modules=None, noise=None):
-        named = client.dp_modules() if modules is None else modules
+        named = dp_sgd.dp_modules(client) if modules is None else modules
         stepped.setdefault(client.id, set()).update((k, conv_count(m)) for k, m in named.items())
         return backward(client, objective, optimizer, x, y, modules, noise)
 

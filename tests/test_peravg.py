@@ -8,6 +8,7 @@ from torch import nn
 
 from cli import parse_config
 from conftest import cli
+from flcore.clients import clientbase
 from flcore.registry import get_server_class
 from utils.data_utils import load_split
 from utils.errors import FLError
@@ -41,21 +42,22 @@ def meta_step(w0, x, y, bs, alpha, beta):
     return [p.detach() - beta * q.grad for p, q in zip(w0.parameters(), inner.parameters())]
 
 
-def one_meta_step(client, round_idx, bs):
-    """Train ``client`` in round ``round_idx`` for exactly one step, on a known batch pair."""
+def one_meta_step(client, round_idx, bs, monkeypatch):
+    """Train ``client`` in round ``round_idx`` for exactly one step, on a known batch pair (the batches its
+    ``run_epochs`` draws, utils.batching.batches as the client's base module calls it, replaced)."""
     idx = torch.arange(2 * bs)
-    client.batches = lambda *args, **kwargs: iter([idx])
+    monkeypatch.setattr(clientbase, "batches", lambda *args, **kwargs: iter([idx]))
     w0 = copy.deepcopy(client.model)
     client_steps.train(client, round_idx)
     return w0, client.x_train[idx], client.y_train[idx]
 
 
-def test_beta_defaults_to_the_learning_rate(digits_root):
+def test_beta_defaults_to_the_learning_rate(digits_root, monkeypatch):
     lr, bs = 0.07, 5
     server = make_server(digits_root, "-lr", str(lr), "-lbs", str(bs))
     assert server.cfg.beta is None  # unset: β follows -lr, whatever -lr is
     client = server.clients[0]
-    w0, x, y = one_meta_step(client, 0, bs)
+    w0, x, y = one_meta_step(client, 0, bs, monkeypatch)
     for p, q in zip(client.model.parameters(), meta_step(w0, x, y, bs, lr, lr)):
         assert torch.allclose(p.detach(), q, atol=1e-6)
 
@@ -70,11 +72,11 @@ def test_bt_sets_beta_and_must_be_positive(digits_root, capsys):
     assert "-bt 0 is PFLlib's default" in capsys.readouterr().err
 
 
-def test_training_uses_the_decayed_alpha_and_beta_of_its_round(digits_root):
+def test_training_uses_the_decayed_alpha_and_beta_of_its_round(digits_root, monkeypatch):
     lr, bt, gamma, t, bs = 0.1, 0.04, 0.5, 2, 5
     client = make_server(digits_root, "-lr", str(lr), "-bt", str(bt), "-ld", "-ldg", str(gamma),
                          "-lbs", str(bs)).clients[0]
-    w0, x, y = one_meta_step(client, t, bs)
+    w0, x, y = one_meta_step(client, t, bs, monkeypatch)
     # round 2: α = 0.1 · 0.5² = 0.025, β = 0.04 · 0.5² = 0.01
     for p, q in zip(client.model.parameters(), meta_step(w0, x, y, bs, 0.025, 0.01)):
         assert torch.allclose(p.detach(), q, atol=1e-6)

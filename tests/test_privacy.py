@@ -400,7 +400,7 @@ def test_dp_sgd_without_noise_or_clipping_is_plain_sgd(digits_root):
     cfg = parse_config(cli(digits_root, digits_root, "-dp", "-dps", "1", "--dp_clip", "1e9", "-gr", "1",
                                 "--executor", "sequential"))
     from utils.data_utils import load_split
-    from flcore.clients.clientbase import Client
+    from flcore.clients.clientbase import Client, ClientDeclares
 
     data = load_split("Digits", digits_root)
     with torch_seeded(0, 0, "model"):
@@ -418,13 +418,13 @@ def test_dp_sgd_without_noise_or_clipping_is_plain_sgd(digits_root):
 
 @pytest.mark.optional_deps("opacus")
 def test_dp_sgd_privatises_the_modules_the_client_names_and_refuses_others(digits_root):
-    """The seam: DP-SGD's per-sample gradients reach every module ``dp_modules`` names (here a second module
+    """The seam: DP-SGD's per-sample gradients reach every module ``declares.dp_modules`` names (here a second module
     trained beside the model: without noise or clipping its gradient is the plain one), and a parameter the
     optimizer trains outside those modules is refused instead of stepped without privacy."""
     cfg = parse_config(cli(digits_root, digits_root, "-dp", "-dps", "1", "--dp_clip", "1e9", "-gr", "1",
                                 "--executor", "sequential"))
     from utils.data_utils import load_split
-    from flcore.clients.clientbase import Client
+    from flcore.clients.clientbase import Client, ClientDeclares
 
     class TwoModules(Client):
         def __init__(self, *args, **kwargs):
@@ -437,8 +437,7 @@ def test_dp_sgd_privatises_the_modules_the_client_names_and_refuses_others(digit
             return self.loss_fn(self.extra(self.model(x)), y)
 
     class Declared(TwoModules):
-        def dp_modules(self):
-            return {"model": self.model, "extra": self.extra}
+        declares = ClientDeclares(dp_modules=("model", "extra"))
 
     data = load_split("Digits", digits_root)
     with torch_seeded(0, 0, "model"):

@@ -33,10 +33,11 @@ from utils.batching import set_session
 from utils.errors import FLError
 from utils.declares import declared_by
 
-# The client hooks that shape local training: a class that declares ``batch_state`` vouches for these as
-# they are at its level; a subclass that overrides one has not (``batch_refusal``).
-TRAINING_HOOKS = ("loss", "after_backward", "local_update", "run_epochs", "make_optimizer",
-                  "batched_step", "dp_modules")
+# The client hooks and declaration fields that shape local training: a class that declares ``batch_state``
+# vouches for these as they are at its level; a subclass that overrides or redeclares one has not
+# (``batch_refusal``).
+TRAINING_HOOKS = ("loss", "after_backward", "local_update", "run_epochs", "make_optimizer")
+TRAINING_FIELDS = ("batch_step", "dp_modules")
 
 
 def _root(cls: type) -> type:
@@ -44,27 +45,35 @@ def _root(cls: type) -> type:
     return [k for k in cls.__mro__ if declared_by(k, "batch_state") is k][-1]
 
 
-def overridden(cls: type, hooks=TRAINING_HOOKS) -> list[str]:
-    """The hooks of ``hooks`` that ``cls`` or a base below the client base class defines."""
-    return [h for h in hooks if any(h in vars(k) for k in cls.__mro__[:cls.__mro__.index(_root(cls))])]
+def changed_below(cls: type, top: type) -> list[str]:
+    """The training hooks that ``cls`` or a base below ``top`` defines, then the training fields one of them
+    declares."""
+    below = cls.__mro__[:cls.__mro__.index(top)]
+    return ([h for h in TRAINING_HOOKS if any(h in vars(k) for k in below)]
+            + [f for f in TRAINING_FIELDS if declared_by(cls, f) in below])
+
+
+def overridden(cls: type) -> list[str]:
+    """The training hooks and fields that ``cls`` or a base below the client base class changes."""
+    return changed_below(cls, _root(cls))
 
 
 def batch_refusal(cls: type) -> str:
     """Why clients of ``cls`` cannot train batched; "" when they can (``declares.batch_state`` set at a class
-    whose training hooks no subclass changes, and ``after_backward`` matched by a ``batched_step``)."""
+    whose training hooks no subclass changes, and ``after_backward`` matched by a ``declares.batch_step``)."""
     owner = declared_by(cls, "batch_state")
     if cls.declares.batch_state is None:
         hooks = overridden(cls)
         return ("its local update is not declared batchable (batch_state)"
                 + (f"; it overrides {', '.join(hooks)}" if hooks else ""))
-    below = [h for k in cls.__mro__[:cls.__mro__.index(owner)] for h in TRAINING_HOOKS if h in vars(k)]
+    below = changed_below(cls, owner)
     if below:
         return f"{cls.__name__} overrides {', '.join(below)} below {owner.__name__}, which declared batch_state"
     root = _root(cls)
     after = next((k for k in cls.__mro__ if "after_backward" in vars(k)), root)
-    step = next((k for k in cls.__mro__ if "batched_step" in vars(k)), root)
+    step = declared_by(cls, "batch_step") or root
     if after is not root and not issubclass(step, after):
-        return f"{after.__name__}.after_backward has no batched_step"
+        return f"{after.__name__}.after_backward has no batch_step"
     return ""
 
 

@@ -1,7 +1,7 @@
 """What the engine runs on a client, where the client lives (``server.call_clients(clients, fn, ...)`` runs
 ``fn(client, ...)`` in the client's process: runtime/executors.py ``call``): a round's local training and
 the evaluations. They call the client's hooks (``local_update``, ``eval_model``, ``receive``,
-``new_client_model``, ``run_epochs``) and are no part of a client's class, so an algorithm neither sees nor
+``run_epochs``), read its declaration (``declares.new_client_model``) and are no part of a client's class, so an algorithm neither sees nor
 overrides them.
 """
 from __future__ import annotations
@@ -103,11 +103,12 @@ def check_finite(client, logits: torch.Tensor, split: str) -> None:
 
 def join_late(client, payload, epochs: int) -> tuple[int, int, float]:
     """-nnc: the client took no part in training. It receives ``payload`` (None: nothing), fine-tunes its
-    ``new_client_model`` ``epochs`` epochs of plain SGD (cross-entropy, -lr, batch -lbs) on its training
+    declared ``new_client_model`` (None: its ``eval_model``) ``epochs`` epochs of plain SGD (cross-entropy, -lr, batch -lbs) on its training
     data, batches drawn from its own "new-client" stream, and returns its ``test_metrics`` on that model."""
     if payload is not None:
         client.receive(payload, True)
-    model = client.new_client_model()
+    name = client.declares.new_client_model
+    model = client.eval_model() if name is None else getattr(client, name)
     if epochs:
         model.train()
         opt = torch.optim.SGD(model.parameters(), lr=client.cfg.local_learning_rate)

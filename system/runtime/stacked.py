@@ -3,10 +3,10 @@
 Three kinds of work, each handed over by a client through the seam in utils/batching.py:
 
 - a training phase (one ``Client.run_epochs`` call): every client's modules are stacked
-  (``dp_modules`` plus modules the objective's closure holds), the objective is called through
+  (``declares.dp_modules`` plus modules the objective's closure holds), the objective is called through
   ``functional_call`` on one client's modules with the stacked entries swapped in, and
   ``vmap(grad_and_value)`` gives every client's gradient of its own batch at once; the update is the
-  client class's ``batched_step`` (plain SGD unless ``after_backward`` changes it);
+  client class's ``declares.batch_step`` (plain SGD unless ``after_backward`` changes it);
 - an evaluation (``utils.metrics.predict``): the clients' models of one architecture stacked, their test
   samples in chunks;
 - one epoch of ALA's weight learning (``ALA._epoch``): the clients' W, Θ_i and Θ top tensors stacked
@@ -32,6 +32,8 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from runtime.graphs import row_mask
+from utils.batching import batches, sgd_step
+from utils.dp_sgd import dp_modules
 from utils.errors import Diverged
 
 
@@ -83,11 +85,6 @@ def write_rows(dst: torch.Tensor, rows, src: torch.Tensor) -> None:
         dst[rows].copy_(src)
     else:
         dst.index_copy_(0, rows, src)
-
-
-def sgd_step(params: dict, grads: dict, lrs: dict) -> dict:
-    """Plain SGD on stacked entries: p - lr g (``Client.batched_step``'s default)."""
-    return {k: p - lrs[k] * grads[k] for k, p in params.items()}
 
 
 # ---- which steps each client takes ------------------------------------------------------------------------
@@ -177,7 +174,7 @@ class Objective(nn.Module):
 
     def __init__(self, modules: dict[str, nn.Module], fn):
         super().__init__()
-        for name, m in modules.items():  # entries named as in dp_modules: "model.fc1.weight", "mixer.alpha"
+        for name, m in modules.items():  # entries named by dp_modules: "model.fc1.weight", "mixer.alpha"
             self.add_module(name, m)
         object.__setattr__(self, "fn", fn)
 
@@ -186,8 +183,8 @@ class Objective(nn.Module):
 
 
 def objective_modules(client, objective) -> dict[str, nn.Module]:
-    """The modules a phase's objective may read: the client's ``dp_modules`` (the documented seam of the
-    modules local training's optimizers step) and any module the objective's closure holds (a fine-tuned
+    """The modules a phase's objective may read: the client's ``declares.dp_modules`` (the documented seam of
+    the modules local training's optimizers step) and any module the objective's closure holds (a fine-tuned
     copy), each once."""
     found: dict[str, nn.Module] = {}
     seen: set[int] = set()
@@ -195,7 +192,7 @@ def objective_modules(client, objective) -> dict[str, nn.Module]:
     closure = zip(getattr(getattr(fn, "__code__", None), "co_freevars", ()), getattr(fn, "__closure__", None) or ())
     extra = {f"closure_{name}": cell.cell_contents for name, cell in closure
              if isinstance(cell.cell_contents, nn.Module)}
-    for name, m in {**client.dp_modules(), **extra}.items():
+    for name, m in {**dp_modules(client), **extra}.items():
         if id(m) not in seen:
             seen.add(id(m))
             found[name] = m
@@ -216,7 +213,7 @@ class PhasePlan:
     trained: dict[str, float]  # entry name -> learning rate
     batches: list
     key: tuple
-    own: bool = True  # the client's own optimizer: ``after_backward`` (so ``batched_step``) applies
+    own: bool = True  # the client's own optimizer: ``after_backward`` (so ``declares.batch_step``) applies
 
 
 def plan_phase(client, epochs: int, batch_size: int | None, optimizer, objective, generator):
@@ -235,12 +232,12 @@ def plan_phase(client, epochs: int, batch_size: int | None, optimizer, objective
                 if id(p) not in names:
                     return "its optimizer trains a parameter outside its dp_modules"
                 trained[names[id(p)]] = float(g["lr"])
-    batches = list(client.batches(epochs, batch_size, generator))
+    drawn = list(batches(client, epochs, batch_size, generator))
     bs = batch_size or client.cfg.batch_size
     state = tuple(client.declares.batch_state or ())
     key = ("train", type(client), objective_identity(objective), signature(wrapper), tuple(sorted(trained)), state,
            bs, tuple(client.x_train.shape[1:]), client.x_train.dtype)
-    return PhasePlan(client, wrapper, trained, batches, key)
+    return PhasePlan(client, wrapper, trained, drawn, key)
 
 
 def _with_state(obj, state: dict, fn):
@@ -283,8 +280,8 @@ class TrainPhase:
                    for n in self.names}
         self.total = torch.zeros(len(order), device=device)
         self.vg = vmap(grad_and_value(self.loss), in_dims=(0, 0, dims_tree(self.state), 0, 0))
-        # after_backward (so batched_step) applies to the client's own optimizer's phases only, as in run_epochs
-        self.update = self.client.batched_step if rep.own else sgd_step
+        # after_backward (so batch_step) applies to the client's own optimizer's phases only, as in run_epochs
+        self.update = self.client.declares.batch_step if rep.own else sgd_step
 
     def loss(self, train, const, state, x, y):
         return _with_state(self.client, state, lambda: functional_call(self.rep, {**const, **train}, (x, y)))

@@ -6,8 +6,8 @@ Privacy". CCS 2016. https://arxiv.org/abs/1607.00133
     Each step clips every per-sample gradient to L2 norm C and adds N(0, sigma^2 C^2 I) to their sum:
     g = (sum_i g_i * min(1, C / ||g_i||) + N(0, sigma^2 C^2 I)) / B.
     Per-sample gradients come from ``torch.func.vmap(grad(...))`` over the client's own ``loss`` hook,
-    evaluated with ``functional_call`` on a holder of the modules the client trains (the one seam:
-    ``Client.dp_modules`` names them, ``Client.dp_backward`` releases one step). That keeps the base training
+    evaluated with ``functional_call`` on a holder of the modules the client trains (the one seam: the
+    client's ``declares.dp_modules`` names them, ``dp_backward`` releases one step). That keeps the base training
     loop, the optimizer and every algorithm's loss (proximal or contrastive terms included) as they are,
     whereas opacus' GradSampleModule would wrap the model (renaming its state keys, which the server
     aggregates by name) and replace the optimizer and data loader. Models with BatchNorm are refused:
@@ -20,7 +20,7 @@ one adjacency; we feed it q = B / n_i per step. This is the customary approximat
 on shuffled lots too), not a proof for shuffled batches: Chua et al. (ICML 2024, "How Private are DP-SGD
 Implementations?") show shuffling can leak more than the Poisson figure. Each client is accounted
 separately for record-level privacy of its own data, at q = B / (the samples its batches are drawn from,
-``Client.train_count``). Only its DP-SGD steps are counted: an algorithm whose data-dependent steps lie
+``utils.batching.train_count``). Only its DP-SGD steps are counted: an algorithm whose data-dependent steps lie
 outside the DP path declares it in its server's ``dp_support`` (``utils/dp_support.py``'s ``DPSupport``: it
 refuses ``-dp``, or names the steps its epsilon leaves out; with ``-ala``, ALA's weight learning on local data
 is added); ``uncovered_steps`` collects them, the monitor prints them as a warning at start-up and
@@ -43,6 +43,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F
 
+from utils.batching import train_count
 from utils.entries import trainable_names
 from utils.dp_support import sample_level
 from utils.errors import FLError
@@ -156,7 +157,7 @@ class DPSGD:
         runs; a trained parameter outside them is refused, as it would step without privacy. ``noise``: the
         stream the noise is drawn from (default this client's training stream; ``--dp_secure_rng``'s OS-seeded
         one replaces any). One accountant step at q = max(B, len(x)) / n, n the samples the batches are drawn
-        from (``pool``: ``Client.train_count``, FedFomo's training part, PartialFed's trained slice), at most
+        from (``pool``: ``utils.batching.train_count``, FedFomo's training part, PartialFed's trained slice), at most
         the training set; an epoch's last, smaller batch counts at the full rate."""
         holder = _LossHolder(modules, objective)
         named = dict(holder.named_parameters())
@@ -165,7 +166,7 @@ class DPSGD:
         if len(names) != len(trained):
             raise ValueError(f"-dp: the optimizer trains {len(trained) - len(names)} parameter(s) outside the "
                              f"modules named for DP-SGD ({', '.join(modules)}); name their module in the "
-                             f"client's dp_modules")
+                             f"client's declares.dp_modules")
         grads, losses = per_sample_gradients(holder, names, x, y)
         noise = self.secure if self.secure is not None else self.generator if noise is None else noise
         for n, g in privatize(grads, self.clip, self.sigma, noise).items():
@@ -181,6 +182,15 @@ class DPSGD:
         return epsilon(self.history, delta)
 
 
+def dp_modules(client) -> dict[str, nn.Module]:
+    """The modules, by name, whose parameters ``client``'s local training steps: the attributes its
+    ``declares.dp_modules`` names (by default its model; Ditto's personal model, APFL's v and alpha, FML's
+    local model and FedKD's mentor too). Under ``-dp`` every step of ``run_epochs`` releases the per-sample
+    gradients of the parameters its optimizer trains, computed by swapping per-sample copies into these
+    modules (a trained parameter outside them is refused); the batched executor stacks them."""
+    return {name: getattr(client, name) for name in client.declares.dp_modules}
+
+
 def dp_backward(client, objective, optimizer, x, y, modules: dict | None = None, noise=None):
     """``-dp``: set ``.grad`` of every parameter ``optimizer`` trains to the DP-SGD release of the gradient of
     ``objective(x, y)`` on this batch of ``client``'s, counted by its accountant (at the rate of a batch of
@@ -189,5 +199,5 @@ def dp_backward(client, objective, optimizer, x, y, modules: dict | None = None,
     (default the training stream; fine-tuning has its own, so evaluating never shifts training's noise). The
     base loop's every step goes through here under ``-dp`` (the client's ``dp`` is set up by the DP-SGD
     plug-in, plugins/dp_sample.py); a step rule of an algorithm's own calls it (pFedMe, Per-FedAvg)."""
-    return client.dp.backward(client.dp_modules() if modules is None else modules, objective, optimizer, x, y,
-                              client.train_count(), noise)
+    return client.dp.backward(dp_modules(client) if modules is None else modules, objective, optimizer, x, y,
+                              train_count(client), noise)

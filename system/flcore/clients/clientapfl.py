@@ -9,6 +9,7 @@ from torch import nn
 from torch.func import functional_call
 
 from flcore.clients.clientbase import Client, ClientDeclares
+from utils.batching import sgd_step
 
 
 class MixingWeight(nn.Module):
@@ -25,9 +26,21 @@ def mixture(v: dict, w: dict, alpha: torch.Tensor) -> dict:
     return {k: alpha * v[k] + (1 - alpha) * w[k] for k in v}
 
 
+def projected_step(params: dict, grads: dict, lrs: dict) -> dict:
+    """``after_backward`` and the SGD step in functional form (``--executor batched``): α lands on the
+    projection of clamp(α, 0, 1) - lr ∇_α onto [0, 1], the rest takes plain SGD."""
+    new = sgd_step(params, grads, lrs)
+    if "mixer.alpha" in params:
+        a, lr = params["mixer.alpha"], lrs["mixer.alpha"]
+        new["mixer.alpha"] = (a.clamp(0.0, 1.0) - lr * grads["mixer.alpha"]).clamp(0.0, 1.0)
+    return new
+
+
 class APFLClient(Client):
     declares = ClientDeclares(
-        batch_state=(),  # --executor batched: its loss reads its modules only; after_backward as batched_step
+        dp_modules=("model", "vmodel", "mixer"),  # the one optimizer steps w, v and α
+        batch_state=(),  # --executor batched: its loss reads its modules only; after_backward as batch_step
+        batch_step=projected_step,
     )
 
     def __init__(self, *args, **kwargs):
@@ -41,10 +54,6 @@ class APFLClient(Client):
         self.optimizer.add_param_group({"params": list(self.vmodel.parameters())})
         if self.cfg.adapt_alpha:
             self.optimizer.add_param_group({"params": [self.mixer.alpha]})
-
-    def dp_modules(self) -> dict[str, nn.Module]:
-        """-dp: the one optimizer steps w, v and α."""
-        return {"model": self.model, "vmodel": self.vmodel, "mixer": self.mixer}
 
     def mixed_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The personalised model's output, v̄ = α v + (1 - α) w with w held fixed: gradients reach v
@@ -68,15 +77,6 @@ class APFLClient(Client):
             a.clamp_(0.0, 1.0)  # the last step's rounding (a - lr * g can miss the bound by an ulp)
             target = (a - lr * a.grad).clamp(0.0, 1.0)
             a.grad.copy_((a - target) / lr)
-
-    def batched_step(self, params: dict, grads: dict, lrs: dict) -> dict:
-        """``after_backward`` and the SGD step in functional form (``--executor batched``): α lands on the
-        projection of clamp(α, 0, 1) - lr ∇_α onto [0, 1], the rest takes plain SGD."""
-        new = super().batched_step(params, grads, lrs)
-        if "mixer.alpha" in params:
-            a, lr = params["mixer.alpha"], lrs["mixer.alpha"]
-            new["mixer.alpha"] = (a.clamp(0.0, 1.0) - lr * grads["mixer.alpha"]).clamp(0.0, 1.0)
-        return new
 
     def local_update(self, round_idx: int) -> None:
         self.vmodel.train()

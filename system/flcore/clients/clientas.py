@@ -10,6 +10,7 @@ from torch import nn
 from flcore.clients.clientbase import ClientDeclares, Upload, copy_state
 from flcore.clients.partsharing import PartSharingClient
 from flcore.prototypes import class_means, representations
+from utils.batching import batches
 
 
 def fisher_trace(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batches) -> float:
@@ -79,7 +80,7 @@ class FedASClient(PartSharingClient):
         """FedAvg's epochs on the whole model, then the Fisher trace of the trained model: one more pass
         over the training data, in this client's shuffled batches of ``-lbs``."""
         super().local_update(round_idx)
-        self.fisher = fisher_trace(self.model, self.x_train, self.y_train, self.batches(1))
+        self.fisher = fisher_trace(self.model, self.x_train, self.y_train, batches(self, 1))
 
     def upload(self) -> Upload:
         """The body, weighted by the Fisher trace."""

@@ -5,12 +5,17 @@ the server, and local initialisation: ALA lives here), ``loss`` (extra terms suc
 term), ``after_backward`` (gradient corrections), ``local_update`` (a round's training procedure, built
 from ``run_epochs``), ``steps_per_round`` (when that procedure takes another number of steps),
 ``upload`` (what crosses the wire: an ``Upload``) and ``eval_model`` (which model is evaluated); what the
-client is, in one declaration (``declares``, utils/declares.py).
+client is, in one declaration (``declares``, utils/declares.py: also the modules its training steps, the
+batched executor's step, the model a late joiner fine-tunes). A client's training batches are functions of
+the client in utils/batching.py (``batches``, ``batches_per_epoch``, ``train_count``), drawn from the
+samples its ``train_indices`` names.
 
 The engine's own steps on a client are not its members: a round's training, the evaluations and a late
 join are runtime/client_steps.py, its checkpointed state runtime/checkpoint.py, DP-SGD's step
 ``utils.dp_sgd.dp_backward`` and its epsilon plugins/dp_sample.py, the backdoor's figure
-plugins/attack.py. A subclass that still defines one of those stops at import with one line (``MOVED``).
+plugins/attack.py. A subclass that still defines one of those, or one of the members that moved to the
+declaration or to utils/batching.py, or reads one as ``self.<name>``, stops at import with one line
+(``MOVED``).
 
 The server reaches a client only through calls (runtime/executors.py), so a client may live in this
 process or in a worker process; its state has one home, the client object. A client parked off the
@@ -28,9 +33,8 @@ from torch import nn
 
 import plugins
 from flcore.trainmodel.parts import HEAD, ala_names, batch_dependent, head_of
-from runtime.stacked import sgd_step
 from utils.amp import autocast, make_scaler
-from utils.batching import batch_bounds, batches_of, has_batch_norm, session
+from utils.batching import batches, batches_per_epoch, has_batch_norm, session, sgd_step
 from utils.data_utils import ClientData, local_split
 from utils import dp_sgd
 from utils.declares import ClientDeclares, moved_to_declares, settle
@@ -58,19 +62,33 @@ MOVED = {
     "test_metrics": "evaluation is runtime.client_steps.test_metrics(client); which model is evaluated: eval_model",
     "train_metrics": "runtime.client_steps.train_metrics(client) evaluates eval_model on the training split",
     "val_metrics": "runtime.client_steps.val_metrics(client) evaluates eval_model on the validation split",
-    "join_late": "-nnc is runtime.client_steps.join_late(client, payload, epochs); override new_client_model",
+    "join_late": "-nnc is runtime.client_steps.join_late(client, payload, epochs); the model it fine-tunes is "
+                 "declares.new_client_model",
     "check_finite": "runtime.client_steps.check_finite(client, logits, split)",
     "train_loss_sample": "runtime.client_steps.train_loss_sample(client)",
     "backdoor_metrics": "the backdoor attack's figure is plugins.attack.backdoor_metrics(client)",
     "dp_epsilon": "-dp's epsilon is plugins.dp_sample.dp_epsilon(client, delta)",
     "dp_backward": "-dp's step is utils.dp_sgd.dp_backward(client, objective, optimizer, x, y); name the modules in "
-                   "dp_modules",
+                   "declares.dp_modules",
     "state_dict": "a client's state is runtime.checkpoint.client_state(client); leave attributes out with "
                   "declares.checkpoint_skip, rebuild a module with new_module",
     "load_state_dict": "runtime.checkpoint.load_client_state(client, saved) restores a client",
     "checkpoint_links": "runtime.checkpoint.client_links(client)",
     "checkpoint_fixed": "runtime.checkpoint.CLIENT_FIXED",
     "checkpoint_built": "runtime.checkpoint.CLIENT_BUILT",
+    "batches": "a client's batches are utils.batching.batches(client, epochs, batch_size, generator), drawn from "
+               "the samples train_indices names",
+    "batches_per_epoch": "utils.batching.batches_per_epoch(client, batch_size); a procedure with another step "
+                         "count overrides steps_per_round",
+    "train_count": "utils.batching.train_count(client) counts the samples train_indices names; a procedure "
+                   "with another step count overrides steps_per_round",
+    "dp_modules": "the modules local training steps are named by attribute in the declaration: declares = "
+                  "ClientDeclares(dp_modules=(\"model\", ...)) (utils/declares.py); utils.dp_sgd.dp_modules(client) "
+                  "gives them",
+    "batched_step": "--executor batched's step is a function in the declaration: declares = "
+                    "ClientDeclares(batch_step=f), f(params, grads, lrs) -> params (utils/declares.py)",
+    "new_client_model": "-nnc's model is named by attribute in the declaration: declares = "
+                        "ClientDeclares(new_client_model=\"model\") (utils/declares.py); None: eval_model",
 }
 
 
@@ -80,17 +98,21 @@ class Client:
     declares = ClientDeclares(
         personal_keys=(),
         use_ala=False,
+        dp_modules=("model",),
         batch_state=None,
+        batch_step=sgd_step,
+        new_client_model=None,
         checkpoint_skip=(),
     )
 
     def __init_subclass__(cls, **kwargs):
         """Settle the subclass's ``declares`` (utils/declares.py). A subclass written for the members this class
-        used to carry (an engine step, ``MOVED``; a declaration attribute, now a field of ``declares``) stops
-        here, at import, with one line naming where that responsibility lives now."""
+        used to carry (an engine step or a helper, ``MOVED``, defined or read as ``self.<name>``; a
+        declaration attribute, now a field of ``declares``) stops here, at import, with one line naming where
+        that responsibility lives now."""
         super().__init_subclass__(**kwargs)
-        settle(cls, ClientDeclares, {**moved_to_declares(ClientDeclares),
-                                     **{k: f"no longer a Client member; {v}" for k, v in MOVED.items()}})
+        moved = {k: f"no longer a Client member; {v}" for k, v in MOVED.items()}
+        settle(cls, ClientDeclares, {**moved_to_declares(ClientDeclares), **moved}, moved)
 
     def __init__(self, cfg, cid: int, data: ClientData, model: nn.Module, run: int = 0):
         self.cfg, self.id, self.run = cfg, cid, run
@@ -140,20 +162,6 @@ class Client:
     def after_backward(self) -> None:
         """Called between ``backward`` and ``optimizer.step`` (gradient corrections)."""
 
-    def batched_step(self, params: dict, grads: dict, lrs: dict) -> dict:
-        """``--executor batched``: ``after_backward`` and the SGD step in functional form, on the trained
-        entries of a phase (named as in ``dp_modules``, stacked over clients; ``lrs`` broadcast against
-        them): p - lr g. An algorithm that overrides ``after_backward`` overrides this too."""
-        return sgd_step(params, grads, lrs)
-
-    def dp_modules(self) -> dict[str, nn.Module]:
-        """``-dp``'s seam: the modules, by name, whose parameters local training's optimizers step. Every step
-        of ``run_epochs`` is then a DP-SGD release (``dp_backward``) of the per-sample gradients of the
-        parameters its optimizer trains, computed by swapping per-sample copies into these modules. By default
-        the model; an algorithm whose optimizers train other modules names them too (Ditto's personal model,
-        APFL's v and α, FML's local model, FedKD's mentor). A trained parameter outside them is refused."""
-        return {"model": self.model}
-
     def receive(self, payload, participating: bool = True) -> None:
         """What ``Server.broadcast`` sent this client (by default the global model). By default the
         client's model becomes the global model (or, with ALA, is initialised from it by adaptive local
@@ -186,31 +194,17 @@ class Client:
         personal epochs and pFedMe's inner steps do not move the uploaded model and are not counted. Every
         reader uses this one count: the DLG update target, the simulated slow clients (``-tsr``), and an
         algorithm's own K (SCAFFOLD's control-variate update)."""
-        return self.cfg.local_epochs * self.batches_per_epoch()
-
-    def batches_per_epoch(self, batch_size: int | None = None) -> int:
-        """How many batches ``batches`` cuts one epoch into."""
-        return len(batch_bounds(self.train_count(), batch_size or self.cfg.batch_size, self.merge_single))
+        return self.cfg.local_epochs * batches_per_epoch(self)
 
     def train_indices(self) -> torch.Tensor | None:
         """The training samples local training draws its batches from (indices), None for all of them.
-        An algorithm that holds some back from its update (PartialFed's held-out slice) overrides this
-        and ``train_count``; ``batches`` and ``batches_per_epoch`` read them."""
+        An algorithm that holds some back from its update (PartialFed's held-out slice) overrides this;
+        utils/batching.py's ``batches``, ``batches_per_epoch`` and ``train_count`` read it."""
         return None
-
-    def train_count(self) -> int:
-        """How many samples one epoch of local training passes over."""
-        return self.train_samples
 
     def eval_model(self) -> nn.Module:
         """The client's personalised model, the one evaluated on its own test split."""
         return self.model
-
-    def new_client_model(self) -> nn.Module:
-        """-nnc: the model a client that joins after training fine-tunes and is evaluated on, once it has
-        received its payload: the evaluated model, unless that is a personal model the payload never
-        reaches (Ditto's v: there the received model, as PFLlib fine-tunes it)."""
-        return self.eval_model()
 
     # ---- state (checkpoints and parking: runtime/state.py) ------------------------------------------
     def new_module(self, name: str) -> nn.Module:
@@ -226,18 +220,6 @@ class Client:
         lr = self.cfg.local_learning_rate
         return lr * self.cfg.learning_rate_decay_gamma ** round_idx if self.cfg.learning_rate_decay else lr
 
-    def batches(self, epochs: int, batch_size: int | None = None, generator: torch.Generator | None = None):
-        """Index batches for ``epochs`` passes over the training data (``train_indices``), shuffled from this client's stream
-        (or from ``generator``, for draws that must not shift it, e.g. evaluation-time fine-tuning).
-        The last batch of an epoch may be smaller (every sample is used; PFLlib drops it); for a model with
-        BatchNorm a last batch of one sample joins the one before it (utils/batching.py)."""
-        bs = batch_size or self.cfg.batch_size
-        gen = self.batch_gen if generator is None else generator
-        pool = self.train_indices()
-        for _ in range(epochs):
-            perm = torch.randperm(self.train_samples if pool is None else len(pool), generator=gen).to(self.device)
-            yield from batches_of(perm if pool is None else pool[perm], bs, self.merge_single)
-
     def local_update(self, round_idx: int) -> None:
         """The local training procedure of one round (timed by ``train``): ``-ls`` epochs of SGD on
         ``loss``. Algorithms with several phases (FedRep's head then body, Ditto's second model) or another
@@ -251,7 +233,7 @@ class Client:
 
         ``optimizer`` / ``objective(x, y)`` train another model with the same loop (Ditto's personal
         model, a fine-tuned copy); ``after_backward`` then does not run, as it corrects ``self.model``.
-        ``generator`` draws the batches from another stream (see ``batches``). ``step(x, y) -> loss``
+        ``generator`` draws the batches from another stream (see ``utils.batching.batches``). ``step(x, y) -> loss``
         replaces the whole update of one batch (pFedMe's inner problem, Per-FedAvg's private meta-step);
         the batches, the loss bookkeeping and the divergence check stay this loop's. Under ``--executor
         batched`` a phase without ``step`` runs stacked with the other clients' (runtime/batched.py)."""
@@ -264,7 +246,7 @@ class Client:
             objective = self.loss if objective is None else objective
             step = lambda x, y: self._sgd_step(x, y, optimizer, objective, own)  # noqa: E731
         total, steps = torch.zeros((), device=self.device), 0
-        for idx in self.batches(epochs, batch_size, generator):
+        for idx in batches(self, epochs, batch_size, generator):
             total += step(self.x_train[idx], self.y_train[idx]).detach()
             steps += 1
         mean = float(total) / max(steps, 1)

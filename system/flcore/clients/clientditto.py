@@ -13,7 +13,9 @@ from utils.proximal import anchor_of, proximal_term
 
 class DittoClient(Client):
     declares = ClientDeclares(
+        dp_modules=("model", "pmodel"),  # -dp: the global model's epochs and the personal model's are DP-SGD
         batch_state=("anchor",),  # --executor batched: stacked per client for its loss (runtime/batched.py)
+        new_client_model="model",  # -nnc: the received model (the personal v never received one)
     )
 
     def __init__(self, *args, **kwargs):
@@ -21,10 +23,6 @@ class DittoClient(Client):
         self.pmodel = copy.deepcopy(self.model)  # v_i, from the common initialisation
         self.poptimizer = torch.optim.SGD(self.pmodel.parameters(), lr=self.cfg.local_learning_rate)
         self.anchor = anchor_of(self.model)  # w^t: the last global model received
-
-    def dp_modules(self) -> dict[str, torch.nn.Module]:
-        """-dp: the global model's epochs and the personal model's are both DP-SGD."""
-        return {"model": self.model, "pmodel": self.pmodel}
 
     def receive(self, payload, participating: bool = True) -> None:
         super().receive(payload, participating)
@@ -42,9 +40,6 @@ class DittoClient(Client):
 
     def eval_model(self) -> torch.nn.Module:
         return self.pmodel
-
-    def new_client_model(self):
-        return self.model  # -nnc: the received model (the personal v never received one)
 
     @torch.no_grad()
     def received_test_metrics(self) -> tuple[int, int]:

@@ -7,7 +7,7 @@ import copy
 import torch
 from torch.nn import functional as F
 
-from flcore.clients.clientbase import Client
+from flcore.clients.clientbase import Client, ClientDeclares
 
 
 def mutual_losses(local_logits: torch.Tensor, meme_logits: torch.Tensor, y: torch.Tensor, alpha: float,
@@ -24,6 +24,11 @@ def mutual_losses(local_logits: torch.Tensor, meme_logits: torch.Tensor, y: torc
 
 
 class FMLClient(Client):
+    declares = ClientDeclares(
+        dp_modules=("model", "local"),  # -dp: the mutual optimizer steps the meme and the local model together
+        new_client_model="model",  # -nnc: the received model (the personal local model never received one)
+    )
+
     def __init__(self, *args, own_model: torch.nn.Module | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         # The meme model is self.model (received, uploaded; ALA initialises it with -ala). The local model
@@ -40,10 +45,6 @@ class FMLClient(Client):
         self.mutual_optimizer = torch.optim.SGD([*self.local.parameters(), *self.model.parameters()],
                                                 lr=self.cfg.local_learning_rate)
 
-    def dp_modules(self) -> dict[str, torch.nn.Module]:
-        """-dp: the mutual optimizer steps the meme and the local model together."""
-        return {"model": self.model, "local": self.local}
-
     def mutual_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """L_local + L_meme: each model's gradient is that of its own loss (the KL targets are detached)."""
         local, meme = mutual_losses(self.local(x), self.model(x), y, self.cfg.alpha, self.cfg.beta)
@@ -57,6 +58,3 @@ class FMLClient(Client):
 
     def eval_model(self) -> torch.nn.Module:
         return self.local
-
-    def new_client_model(self):
-        return self.model  # -nnc: the received model (the personal local model never received one)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from flcore.clients.clientbase import Client, Upload
+from flcore.clients.clientbase import Client, ClientDeclares, Upload
 from flcore.trainmodel.parts import head_of
 
 
@@ -101,6 +101,10 @@ def adaptive_kd_losses(t_logits, s_logits, t_hidden, s_hidden, w_h: nn.Module, y
 
 
 class FedKDClient(Client):
+    declares = ClientDeclares(
+        dp_modules=("model", "mentor", "W_h"),  # -dp: the KD optimizer steps the mentee, the mentor and W_h
+    )
+
     def __init__(self, *args, own_model: nn.Module | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         # self.model is the mentee (received, trained, its update uploaded); the mentor is personal: with
@@ -119,10 +123,6 @@ class FedKDClient(Client):
                                              {"params": list(self.model.parameters())}],
                                             lr=self.cfg.local_learning_rate)
         self.trained_round = 0
-
-    def dp_modules(self) -> dict[str, nn.Module]:
-        """-dp: the KD optimizer steps the mentee, the mentor and W_h."""
-        return {"model": self.model, "mentor": self.mentor, "W_h": self.W_h}
 
     def receive(self, payload, participating: bool = True) -> None:
         apply_update(self.global_mentee, payload["update"])

@@ -9,6 +9,7 @@ from flcore.clients.clientbase import ClientDeclares, Upload
 from flcore.clients.partsharing import PartSharingClient
 from flcore.prototypes import class_prototypes, pulled_loss, representations
 from flcore.trainmodel.parts import frozen
+from utils.batching import batches_per_epoch
 
 
 def feature_statistics(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,7 +73,7 @@ class FedPACClient(PartSharingClient):
         self.protos, self.counts = class_prototypes(self.features(), self.y_train, self.num_classes)
 
     def steps_per_round(self) -> int:
-        return (self.cfg.plocal_epochs + self.cfg.local_epochs) * self.batches_per_epoch()
+        return (self.cfg.plocal_epochs + self.cfg.local_epochs) * batches_per_epoch(self)
 
     def upload(self) -> Upload:
         """Body and head, the centroids with their counts, and (v, H)."""

@@ -10,7 +10,7 @@ from torch.func import functional_call
 
 from flcore.clients.clientbase import Client
 from flcore.trainmodel.parts import layer_groups
-from utils.batching import batches_of
+from utils.batching import batch_bounds, batches_of
 from utils.personal_aggregation import compose_by_layer, gumbel_straight_through, layer_of, mix_by_layer
 from utils.seeding import torch_gen
 
@@ -76,5 +76,8 @@ class PartialFedClient(Client):
         """This round's update trains on all but the held-out slice (all samples before the first update)."""
         return self.trained_on
 
-    def train_count(self) -> int:
-        return self.train_samples - self.held_out_count()
+    def steps_per_round(self) -> int:
+        """``-ls`` epochs over the n - k samples every update trains on (counted before the first one too,
+        when ``train_indices`` still names them all)."""
+        count = self.train_samples - self.held_out_count()
+        return self.cfg.local_epochs * len(batch_bounds(count, self.cfg.batch_size, self.merge_single))

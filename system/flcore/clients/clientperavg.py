@@ -8,6 +8,7 @@ from torch.func import functional_call
 from flcore.clients.clientbase import Client
 from flcore.clients.finetune import FineTunedEval
 from utils import dp_sgd
+from utils.batching import batches, batches_per_epoch
 
 
 def halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,13 +76,13 @@ class PerFedAvgClient(FineTunedEval, Client):
 
     def steps_per_round(self) -> int:
         """Each step takes a batch of 2 x ``-lbs`` samples."""
-        return self.cfg.local_epochs * self.batches_per_epoch(2 * self.cfg.batch_size)
+        return self.cfg.local_epochs * batches_per_epoch(self, 2 * self.cfg.batch_size)
 
     def fine_tune(self, model: torch.nn.Module) -> torch.nn.Module:
         """The paper's personalisation: one SGD step of size α (this round's, decayed by ``-ld`` as in
         training) on one local batch. With ``-dp`` that step is a DP-SGD release too (``private_tune_step``:
         noise from the fine-tune stream, one accountant step per evaluation)."""
-        idx = next(self.batches(1, generator=self.tune_gen))
+        idx = next(batches(self, 1, generator=self.tune_gen))
         model.train()
         if self.dp is not None:
             opt = torch.optim.SGD(model.parameters(), lr=self.alpha)

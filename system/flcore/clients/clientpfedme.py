@@ -5,25 +5,23 @@ import copy
 
 import torch
 
-from flcore.clients.clientbase import Client, copy_state
+from flcore.clients.clientbase import Client, ClientDeclares, copy_state
 from utils import dp_sgd
 
 
 class PFedMeClient(Client):
+    declares = ClientDeclares(
+        dp_modules=("theta",),  # -dp: only θ's inner steps read data; w moves from θ (after the release)
+        new_client_model="model",  # -nnc: the received model (the personal θ never received one)
+    )
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.theta = copy.deepcopy(self.model)  # θ_i, the personalised model; self.model is w
         self.theta_optimizer = torch.optim.SGD(self.theta.parameters(), lr=self.cfg.p_learning_rate)
 
-    def dp_modules(self) -> dict[str, torch.nn.Module]:
-        """-dp: only θ's inner steps read data; w moves from θ (after the release)."""
-        return {"theta": self.theta}
-
     def eval_model(self):
         return self.theta
-
-    def new_client_model(self):
-        return self.model  # -nnc: the received model (the personal θ never received one)
 
     def theta_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """f(θ; x, y), the data term of the inner problem (what ``-dp`` clips and noises per sample)."""

@@ -5,21 +5,22 @@ import copy
 import torch
 from torch import nn
 
-from flcore.clients.clientbase import Client
+from flcore.clients.clientbase import Client, ClientDeclares
 from utils.personal_aggregation import lerp_state
 from utils.selection import expected_count
 
 
 class FedPHPClient(Client):
+    declares = ClientDeclares(
+        new_client_model="model",  # -nnc: the received model (the personal v_i never received one)
+    )
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.hpm = copy.deepcopy(self.model).eval().requires_grad_(False)  # v_i, a teacher: eval mode
 
     def eval_model(self):
         return self.hpm
-
-    def new_client_model(self):
-        return self.model  # -nnc: the received model (the personal v_i never received one)
 
     def momentum(self) -> float:
         """μ_τ = min(μ τ / (ρ R), μ) for the τ-th participation (τ = 0 the first time: v_i ← w)."""

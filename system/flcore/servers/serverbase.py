@@ -99,11 +99,12 @@ class Server:
 
     def __init_subclass__(cls, **kwargs):
         """Settle the subclass's ``declares`` (utils/declares.py). A subclass written for the members this class
-        used to carry (an engine method, ``MOVED``; a declaration attribute, now a field of ``declares``)
-        stops here, at import, with one line naming where that responsibility lives now."""
+        used to carry (an engine method, ``MOVED``, defined or read as ``self.<name>``; a declaration
+        attribute, now a field of ``declares``) stops here, at import, with one line naming where that
+        responsibility lives now."""
         super().__init_subclass__(**kwargs)
-        settle(cls, Declares, {**moved_to_declares(Declares),
-                               **{k: f"no longer a Server member; {v}" for k, v in MOVED.items()}})
+        moved = {k: f"no longer a Server member; {v}" for k, v in MOVED.items()}
+        settle(cls, Declares, {**moved_to_declares(Declares), **moved}, moved)
 
     @classmethod
     def add_args(cls, parser) -> None:
