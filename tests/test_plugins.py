@@ -87,3 +87,52 @@ def test_krum_f_follows_the_round_uploads_from_malicious_clients():
     bad = attack.Attack.__new__(attack.Attack)
     bad.malicious = [1, 4, 7]
     assert bad.attackers([0, 1, 2, 4]) == 2 and bad.attackers([0, 2]) == 0
+
+
+def _declaring(**refusals):
+    """A server class declaring only the given refusals, as an algorithm's ``declares`` does."""
+    from types import SimpleNamespace
+    return SimpleNamespace(declares=SimpleNamespace(**{"averaging_refusal": "", "robust_refusal": "", **refusals}))
+
+
+def _robust_cfg(**flags):
+    from types import SimpleNamespace
+    base = {"algorithm": "X", "aggregator": "mean", "krum_f": None, "cclip_tau": 10.0, "cclip_iters": 1,
+            "norm_bound": None}
+    return SimpleNamespace(**{**base, **flags})
+
+
+def test_robust_refusal_refuses_every_rule_but_the_mean():
+    """An algorithm declaring ``robust_refusal`` runs with the plain mean and is refused, with its reason,
+    under any other rule."""
+    from utils.errors import FLError
+
+    server_cls = _declaring(robust_refusal="its server reads every upload")
+    cfg = _robust_cfg()
+    assert robust.RobustAggregation.check(cfg, server_cls, set()) is cfg
+    for rule in ("median", "krum", "cclip"):
+        with pytest.raises(FLError, match=r"^--aggregator: X cannot take it: its server reads every upload$"):
+            robust.RobustAggregation.check(_robust_cfg(aggregator=rule), server_cls, set())
+
+
+def test_krum_f_without_a_rule_that_takes_it_names_the_rules_that_do():
+    from utils.errors import FLError
+
+    with pytest.raises(FLError, match=r"^--krum_f needs --aggregator krum, multikrum or bulyan$"):
+        robust.RobustAggregation.check(_robust_cfg(krum_f=1), _declaring(), set())
+    cfg = _robust_cfg(aggregator="bulyan", krum_f=1)
+    assert robust.RobustAggregation.check(cfg, _declaring(), set()) is cfg
+
+
+def test_an_aggregate_that_ignores_the_uploads_under_a_rule_stops_the_round(digits_tiny_root, monkeypatch):
+    """The robust rule acts on ``average_uploads``: a server whose ``aggregate`` never calls it (here: one that
+    keeps its model) would silently ignore --aggregator, so the round stops with one line instead."""
+    from flcore.servers.serverbase import Server
+    from runtime import loop
+    from test_executors import build
+    from utils.errors import FLError
+
+    server = build(digits_tiny_root, "FedAvg", "--aggregator", "median")
+    monkeypatch.setattr(Server, "aggregate", lambda self, uploads: None)
+    with pytest.raises(FLError, match="does not go through average_uploads; it must declare averaging_refusal"):
+        loop.run_round(server, 0)
