@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import main
@@ -250,6 +250,111 @@ def test_sweep_file_reader(spec):
             return
         with contextlib.suppress(sweep.SweepError):
             sweep.load_config_file(Path(d) / "s.json")
+
+
+# ---- archives: generated members unpack inside their folder or are refused with one line ------------------------
+# mostly names and kinds that unpack, so that both outcomes are common (repeats weight the draw)
+KINDS = ("file",) * 5 + ("dir",) * 2 + ("symlink", "hardlink", "fifo", "device")
+COMPONENTS = ("a", "b", "c.txt", "x y", "é") * 4 + ("..", ".", "", "a\nb", "d\\e", "n" * 201)
+member_names = (st.lists(st.sampled_from(COMPONENTS), min_size=1, max_size=4).map("/".join)
+                | st.sampled_from(["/abs", "/", "../../outside/evil", ""]))
+members = st.lists(st.tuples(member_names, st.sampled_from(KINDS), st.integers(0, 3000)), min_size=1, max_size=6)
+
+
+def build_archive(path: Path, fmt: str, entries) -> None:
+    import stat
+    import tarfile
+    import warnings
+    import zipfile
+
+    if fmt == "zip":
+        with warnings.catch_warnings(), zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+            warnings.simplefilter("ignore")  # a name given twice: zipfile says so, and keeps both
+            for name, kind, size in entries:
+                info = zipfile.ZipInfo(name + ("/" if kind == "dir" and not name.endswith("/") else ""))
+                info.create_system = 3
+                info.external_attr = {"file": stat.S_IFREG, "dir": stat.S_IFDIR, "symlink": stat.S_IFLNK,
+                                      "hardlink": stat.S_IFREG, "fifo": stat.S_IFIFO, "device": stat.S_IFCHR}[kind] << 16
+                z.writestr(info, b"" if kind == "dir" else (b"z" * size if kind != "symlink" else b"../outside"))
+        return
+    with tarfile.open(path, "w:gz" if fmt == "tar.gz" else "w", format=tarfile.PAX_FORMAT) as t:
+        for name, kind, size in entries:
+            m = tarfile.TarInfo(name)
+            m.type = {"file": tarfile.REGTYPE, "dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE,
+                      "hardlink": tarfile.LNKTYPE, "fifo": tarfile.FIFOTYPE, "device": tarfile.CHRTYPE}[kind]
+            if kind == "file":
+                m.size = size
+                t.addfile(m, io.BytesIO(b"t" * size))
+            else:
+                m.linkname = "../outside/victim.txt" if kind in ("symlink", "hardlink") else ""
+                t.addfile(m)
+
+
+@budget(150)
+@given(fmt=st.sampled_from(["zip", "tar", "tar.gz"]), entries=members, ratio=st.sampled_from([0.5, 5.0, 200.0]),
+       max_members=st.integers(1, 8), planted=st.booleans())
+def test_archive_extractor(fmt, entries, ratio, max_members, planted):
+    """Generated member names, kinds and sizes: the archive unpacks its files inside the target folder (each
+    with its bytes), or is refused with one line; nothing outside the target is written or removed, and no
+    link, FIFO or device appears inside it."""
+    with tempfile.TemporaryDirectory() as d:
+        top = Path(d)
+        (top / "outside").mkdir()
+        (top / "outside" / "victim.txt").write_text("keep me")
+        target = top / "run" / "target"
+        target.mkdir(parents=True)
+        if planted:  # a symlink planted in the target before it is unpacked into
+            (target / "a").symlink_to(top / "outside")
+        path = top / f"a.{fmt}"
+        try:
+            build_archive(path, fmt, entries)
+        except (ValueError, UnicodeEncodeError):  # a name the archive format itself cannot hold
+            return
+        before = snapshot(top, {"run"})
+        try:
+            written = fileio.extract(path, fileio.Folder(target, create=False), "archive", ratio=ratio,
+                                     max_members=max_members)
+        except fileio.FileIOError as e:
+            assert "\n" not in str(e) and str(e), str(e)
+            written = None
+        event("unpacked" if written is not None else "refused")
+        assert snapshot(top, {"run"}) == before  # nothing outside the target written, replaced or removed
+        assert sorted(os.listdir(top / "run")) == ["target"]
+        for dirpath, dirnames, filenames in os.walk(target):
+            for name in dirnames + filenames:
+                p = Path(dirpath) / name
+                assert p == target / "a" and planted or not p.is_symlink(), p
+                assert p.is_symlink() or p.is_file() or p.is_dir(), p  # no FIFO, no device
+        if written is not None:  # accepted: every member, as the standard library reads the archive back, a
+            files = {}           # plain file or folder with a name inside the target, each file with its bytes
+            for name, kind, data in stored(path, fmt):
+                parts = [c for c in name.split("/") if c not in ("", ".")]
+                assert kind in ("file", "dir"), (name, kind)
+                assert ".." not in parts and not name.startswith("/"), name
+                if kind == "file":
+                    files["/".join(parts)] = data
+            assert written == sum(1 for _, kind, _ in stored(path, fmt) if kind == "file")
+            for rel, data in files.items():
+                assert (target / rel).read_bytes() == data, rel
+
+
+def stored(path: Path, fmt: str) -> list[tuple[str, str, bytes]]:
+    """(name, kind, bytes) of every member as Python's zipfile / tarfile read the archive back."""
+    import stat
+    import tarfile
+    import zipfile
+
+    if fmt == "zip":
+        with zipfile.ZipFile(path) as z:
+            out = []
+            for i in z.infolist():
+                mode = stat.S_IFMT(i.external_attr >> 16)
+                kind = ("dir" if i.filename.endswith("/") else "file" if mode in (0, stat.S_IFREG) else "other")
+                out.append((i.filename, kind, z.read(i) if kind == "file" else b""))
+            return out
+    with tarfile.open(path) as t:
+        return [(m.name, "file" if m.isreg() else "dir" if m.isdir() else "other",
+                 t.extractfile(m).read() if m.isreg() else b"") for m in t.getmembers()]
 
 
 # ---- the command line: a FIFO, a symlink or a folder in every path position ----------------------------------------------

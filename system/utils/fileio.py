@@ -650,7 +650,7 @@ def _member_parts(name: str, what: str) -> list[str]:
 def _zip_members(z: zipfile.ZipFile, what: str):
     for i in z.infolist():
         mode = stat.S_IFMT(i.external_attr >> 16) if i.create_system == 3 else 0  # Unix: the file's type
-        kind = "dir" if i.is_dir() else "file"
+        kind = "dir" if i.filename.endswith("/") else "file"  # (ZipInfo.is_dir fails on an empty name)
         if mode and mode not in (stat.S_IFREG, stat.S_IFDIR):
             kind = _kind(mode)
         if i.flag_bits & 0x1:
