@@ -273,8 +273,9 @@ def build_archive(path: Path, fmt: str, entries) -> None:
             for name, kind, size in entries:
                 info = zipfile.ZipInfo(name + ("/" if kind == "dir" and not name.endswith("/") else ""))
                 info.create_system = 3
-                info.external_attr = {"file": stat.S_IFREG, "dir": stat.S_IFDIR, "symlink": stat.S_IFLNK,
-                                      "hardlink": stat.S_IFREG, "fifo": stat.S_IFIFO, "device": stat.S_IFCHR}[kind] << 16
+                mode = {"file": stat.S_IFREG, "dir": stat.S_IFDIR, "symlink": stat.S_IFLNK, "hardlink": stat.S_IFREG,
+                        "fifo": stat.S_IFIFO, "device": stat.S_IFCHR}[kind]
+                info.external_attr = mode << 16
                 z.writestr(info, b"" if kind == "dir" else (b"z" * size if kind != "symlink" else b"../outside"))
         return
     with tarfile.open(path, "w:gz" if fmt == "tar.gz" else "w", format=tarfile.PAX_FORMAT) as t:

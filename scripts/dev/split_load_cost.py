@@ -1,5 +1,6 @@
 """What validating a split on load costs: per client, the checked read (``utils.data_utils``) against a
-bare ``np.load`` of the same files (opened by the I/O layer: a regular file, no header checked), best of ``--repeat`` passes.
+bare ``np.load`` of the same files (opened by the I/O layer: a regular file, no header checked), best of
+``--repeat`` passes.
 
     python scripts/dev/split_load_cost.py -data FMNIST_dir0.1_s2000
 """
