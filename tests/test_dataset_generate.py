@@ -335,3 +335,34 @@ def test_subsample_keeps_class_shares_and_is_recorded(tmp_path):
                                  "--subsample", "400"]) == 0
     cfg = json.loads((tmp_path / "Digits" / "config.json").read_text())
     assert cfg["subsample"] == 400 and sum(cfg["train_samples"]) + sum(cfg["test_samples"]) == 400
+
+
+def test_a_failed_download_removes_only_the_folders_it_made(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("torchvision.datasets")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep me")
+
+    class Offline:  # a partial download: a file and a link out, then the network fails
+        def __init__(self, root, train, download):
+            (Path(root) / "MNIST").mkdir(exist_ok=True)
+            (Path(root) / "MNIST" / "part").write_bytes(b"x")
+            if not (Path(root) / "link").is_symlink():
+                (Path(root) / "link").symlink_to(outside)
+            raise urllib.error.URLError("Name or service not known")
+
+    monkeypatch.setattr(datasets, "MNIST", Offline)
+    fresh = tmp_path / "fresh"  # --root itself is made by this download: all of it goes again
+    with pytest.raises(du.DatasetError, match="could not download MNIST"):
+        du.download_torchvision("MNIST", fresh / "MNIST" / "rawdata", "MNIST")
+    assert not fresh.exists()
+    (tmp_path / "had" / "MNIST").mkdir(parents=True)  # --out was there, with a file of its own: kept
+    (tmp_path / "had" / "MNIST" / "config.json").write_text("{}")
+    with pytest.raises(du.DatasetError, match="could not download MNIST"):
+        du.download_torchvision("MNIST", tmp_path / "had" / "MNIST" / "rawdata", "MNIST")
+    assert sorted(p.name for p in (tmp_path / "had" / "MNIST").iterdir()) == ["config.json"]
+    (tmp_path / "had" / "MNIST" / "rawdata").mkdir()  # a download folder that was there: left as it is
+    with pytest.raises(du.DatasetError, match="could not download MNIST"):
+        du.download_torchvision("MNIST", tmp_path / "had" / "MNIST" / "rawdata", "MNIST")
+    assert (tmp_path / "had" / "MNIST" / "rawdata" / "MNIST" / "part").is_file()
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]  # the link was removed, never followed
