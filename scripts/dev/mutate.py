@@ -58,11 +58,21 @@ EQUIVALENT = RESULTS / "equivalent.json"
 
 # Test files that guard a module without importing it (or beyond the ones that do).
 PRIVACY_TESTS = ["tests/test_privacy.py", "tests/test_dp_client.py", "tests/test_dp_registry.py"]
+# The attacks are exercised through the plug-in by tests that import the update math, the backdoor or the
+# rules they are run against, not the plug-in modules themselves.
+ATTACK_TESTS = ["tests/test_attacks.py", "tests/test_update_attacks.py", "tests/test_backdoor.py",
+                "tests/test_robust.py", "tests/test_defenses.py"]
 EXTRA = {
     **{f"system/utils/{m}.py": PRIVACY_TESTS for m in ("dp_sgd", "dp_client", "dp_support", "privacy_monitor")},
     "system/utils/aggregate.py": ["tests/test_aggregate.py", "tests/test_bn_stats.py", "tests/test_fedbn.py"],
     "system/utils/ALA.py": ["tests/test_ala.py"],
     "system/utils/dlg.py": ["tests/test_privacy.py", "tests/test_ig.py"],
+    **{f"system/plugins/{m}.py": ATTACK_TESTS for m in ("attack", "attacks")},
+    "system/plugins/robust.py": ["tests/test_no_bypass.py", "tests/test_robust.py", "tests/test_defenses.py"],
+    **{f"system/plugins/{m}.py": PRIVACY_TESTS for m in ("dp_client", "dp_sample")},
+    "system/plugins/dlg.py": ["tests/test_privacy.py", "tests/test_ig.py"],
+    "system/plugins/ala.py": ["tests/test_ala.py"],
+    "system/plugins/server_opt.py": ["tests/test_server_opt.py"],
     "system/runtime/executors.py": ["tests/test_executors.py", "tests/test_faults.py"],
     "system/runtime/fork.py": ["tests/test_executors.py", "tests/test_faults.py"],
     "system/runtime/parking.py": ["tests/test_executors.py"],
