@@ -272,6 +272,21 @@ def test_an_archive_unpacks_its_files_and_folders_and_follows_no_symlink_planted
     assert (dest.path / "link.txt").read_bytes() == b"new" and not (dest.path / "link.txt").is_symlink()
 
 
+def test_a_symlink_planted_where_a_generator_unpacks_an_archive_is_refused_not_followed(tmp_path, outside):
+    from dataset.utils import dataset_utils as du
+    from dataset.utils.readers import find_dir
+
+    src = tmp_path / "src"
+    src.mkdir()
+    archive = crafted_zip(src / "a.zip", [("marker.txt", b"x", 0)])
+    (src / "a_files").symlink_to(outside)  # where find_dir unpacks a.zip
+    with pytest.raises(du.DatasetError, match="is a symlink"):
+        find_dir(archive, "marker.txt")
+    assert sorted(p.name for p in outside.iterdir()) == ["victim.txt"]
+    (src / "a_files").unlink()
+    assert find_dir(archive, "marker.txt") == src / "a_files" and (src / "a_files" / "marker.txt").read_bytes() == b"x"
+
+
 def test_a_cut_or_foreign_archive_is_one_line(tmp_path):
     z = crafted_zip(tmp_path / "a.zip", [("a.txt", os.urandom(3000), 0)])
     z.write_bytes(z.read_bytes()[:1500])

@@ -38,12 +38,13 @@ def extract(archive, dest):
     Through the I/O layer (``fileio.extract``): every member's header is checked before anything is written.
     Members that would land outside ``dest`` (absolute paths, ``..``) or are not plain files and folders
     (symlinks, hard links, devices, FIFOs) are refused, and so are more than ``fileio.ARCHIVE_MEMBERS`` members
-    or more than ``--max-unpack-ratio`` times the archive's size; no symlink inside ``dest`` is followed.
+    or more than ``--max-unpack-ratio`` times the archive's size; no symlink at ``dest`` or inside it is followed.
     """
     archive, dest = Path(archive), Path(dest)
     marker = f".{archive.name}.extracted"
     try:
-        folder = fileio.Folder(dest, what="archive folder")
+        # the archive's folder a real one: a symlink planted at its name is refused, never followed
+        folder = fileio.Folder(dest.parent, what="archive folder").sub(dest.name)
         if folder.is_file(marker):
             return dest
         fileio.extract(archive, folder, "archive", ratio=UNPACK_LIMIT["ratio"],

@@ -12,6 +12,17 @@ opened relative to that descriptor, one component at a time with ``O_NOFOLLOW``,
 anywhere inside the folder is refused, never followed. A file is written to a temporary name created
 exclusively (``O_EXCL``) beside its target and renamed into place within the folder (atomic). A folder
 removes only what its caller names (entries the library itself created and recorded), never by glob.
+``write_file`` and ``write_figure`` do the same for the scripts' outputs.
+
+Folders: every folder the layer makes (``Folder``, ``Folder.sub``, and ``make_private``: a new folder of the
+run's own, created exclusively with mode 0700) is recorded with its device and inode; ``remove_made`` removes
+a folder's tree only where this process made it and it is still that folder, relative to descriptors and
+without following a link inside it. Writers from other packages (TensorBoard, torchvision, Ray) are given
+such folders.
+
+Archives (``extract``): every member's header is checked before a byte is written (names inside the target,
+regular files and folders only, member count and total size capped), then each file is written through the
+target ``Folder``.
 
 Every failure is an ``FLError``: one line, exit code 2 (docs/security.md).
 """
