@@ -685,6 +685,28 @@ def _tar_members(t, what: str, limit: int):
         yield m.name, kind, m.size if m.isreg() else 0, m
 
 
+def _put(folder: Folder, name: str, write: Callable) -> None:
+    """``Folder.replace`` of one file, in one open: ``write(file)`` into a new temporary file created
+    exclusively beside ``name`` (no symlink followed), renamed into place; the temporary file is removed
+    when the write fails."""
+    for _ in range(100):
+        tmp = f"{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = _new_file(tmp, folder.fd)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileIOError(f"no free temporary name beside {folder.path / name}")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
+    except BaseException:
+        folder._drop([tmp])
+        raise
+
+
 def extract(path, folder: Folder, what: str = "archive", ratio: float = UNPACK_RATIO, cap: int = ARCHIVE_CAP,
             max_members: int = ARCHIVE_MEMBERS, hint: str = "") -> int:
     """Unpack the zip or tar archive ``path`` into ``folder``; returns the number of files written.
@@ -760,7 +782,7 @@ def extract(path, folder: Folder, what: str = "archive", ratio: float = UNPACK_R
                                     raise FileIOError(f"{label}: {member[:80]} is cut short; is the download complete?")
                                 out.write(chunk)
                                 left -= len(chunk)
-                        here[1].replace([(parts[-1], copy)])
+                        _put(here[1], parts[-1], copy)
                 except FileIOError:
                     raise
                 except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError, RuntimeError, ValueError) as e:
