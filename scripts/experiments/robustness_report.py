@@ -39,7 +39,8 @@ if __name__ == "__main__":  # run as a file: _paths.py puts the repository's cod
 
 from scripts.experiments.benchmark_report import write_block  # noqa: E402
 
-from plugins.attacks import DEFAULT_FRACTION, malicious_clients  # noqa: E402
+from plugins.attack import DEFAULT_FRACTION  # noqa: E402
+from plugins.attacks import malicious_clients  # noqa: E402
 from utils import fileio  # noqa: E402
 from utils.errors import FLError  # noqa: E402
 from utils.results import read_h5, read_sidecar  # noqa: E402

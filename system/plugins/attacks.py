@@ -7,7 +7,8 @@ round's uploads after training, and returns the malicious clients' poisoned para
 function gets a malicious client's ``ClientData`` once, before training, and returns its training inputs
 and labels poisoned); an attack may register one function of each role under its name (``backdoor``).
 ``scale`` is the default of ``--attack_scale`` (an attack without one takes no ``--attack_scale``, unless it
-says ``scalable=True``).
+says ``scalable=True``); these two are read from this file's source only (plugins/attack.py), the decorator
+itself registers the function under its name and role.
 
 The malicious set: round(f N) of the N clients (f = ``--attack_frac``), drawn once per run without
 replacement from the (seed, run, "malicious") stream, which no other draw uses, so a run without an
@@ -48,11 +49,11 @@ from utils.errors import FLError
 from utils.seeding import np_rng, torch_gen
 
 ATTACKS: dict[str, dict[str, Callable]] = {}  # name -> {role: function}
-DEFAULT_FRACTION = 0.2
 
 
-def attack(name: str, role: str = "upload", scale: float | None = None, scalable: bool = False):
-    """Register the decorated function as ``--attack name``'s ``role`` (see the module docstring)."""
+def attack(name: str, role: str = "upload", **declared):
+    """Register the decorated function as ``--attack name``'s ``role`` (see the module docstring); ``declared``
+    (``scale``, ``scalable``) is read from this file's source by plugins/attack.py, not here."""
     def register(fn):
         ATTACKS.setdefault(name, {})[role] = fn
         return fn
@@ -72,13 +73,13 @@ class AttackRound:
     n: int
     scale: float | None
     noise: Callable[[int], torch.Generator]
-    round_idx: int = 0
-    cfg: object = None
+    round_idx: int
+    cfg: object
 
     def benign_rows(self) -> torch.Tensor:
         """The benign uploads' updates W_i - W (parameters only, float64), one row each, in upload order."""
         bad = set(self.malicious)
-        return torch.stack([torch.cat([(s[k].to(torch.float64) - w.detach().to(torch.float64)).reshape(-1)
+        return torch.stack([torch.cat([(s[k].to(torch.float64) - w.to(torch.float64)).reshape(-1)
                                        for k, w in self.reference.items()])
                             for c, s in self.uploads.items() if c not in bad])
 
@@ -86,7 +87,6 @@ class AttackRound:
         """W + ``delta`` (a flat float64 update over ``reference``'s entries), in W's dtypes."""
         out, at = {}, 0
         for k, w in self.reference.items():
-            w = w.detach()
             out[k] = (w.to(torch.float64) + delta[at:at + w.numel()].view(w.shape)).to(w.dtype)
             at += w.numel()
         return out
@@ -129,8 +129,7 @@ def omniscient(kind: str, r: AttackRound) -> dict:
     if len(r.malicious) == len(r.uploads):
         return {}
     try:
-        delta = malicious_update(kind, r.benign_rows(), r.n, len(r.malicious), r.scale or 0.0,
-                                 getattr(r.cfg, "minmax_perturbation", "std"))
+        delta = malicious_update(kind, r.benign_rows(), r.n, len(r.malicious), r.scale, r.cfg.minmax_perturbation)
     except ValueError as e:  # ALIE with a malicious majority this round
         raise FLError(f"--attack {kind}, round {r.round_idx}: {e}; lower --attack_frac or select more "
                       f"clients (-jr); results so far are kept") from None
@@ -193,9 +192,10 @@ def malicious_clients(seed: int, run: int, num_clients: int, fraction: float) ->
 
 
 def poison(kind: str, uploads: list, reference, malicious: set[int], scale: float | None, seed: int, run: int,
-           round_idx: int, cfg=None) -> list:
+           round_idx: int, cfg) -> list:
     """The round's uploads with each malicious one's parameters replaced by upload attack ``kind``'s
-    (``reference``: the global model); other entries and benign uploads as sent."""
+    (``reference``: the global model, whose ``state_dict`` tensors are detached); other entries and benign
+    uploads as sent."""
     fn = ATTACKS[kind]["upload"]
     ref = reference.state_dict()
     params = {n for n, _ in reference.named_parameters()}
@@ -208,7 +208,7 @@ def poison(kind: str, uploads: list, reference, malicious: set[int], scale: floa
     bad = [u.id for u in uploads if u.id in malicious and u.id in trained]
     if not bad:
         return uploads
-    weights = {n: ref[n].detach() for n in trained[bad[0]]}
+    weights = {n: ref[n] for n in trained[bad[0]]}
     r = AttackRound(weights, trained, bad, len(uploads), scale,
                     lambda cid: torch_gen(seed, run, "attack-noise", round_idx, cid), round_idx, cfg)
     poisoned = fn(r)
