@@ -291,3 +291,20 @@ def test_a_fraction_that_makes_every_client_malicious_is_one_exact_line():
         attack.Attack("signflip", 0.9, None, 0, 0, 4)
     assert str(e.value) == ("--attack_frac 0.9 makes all 4 clients malicious; give a fraction that leaves at least "
                             "one benign client (below 0.875)")
+
+
+def test_the_benign_summary_by_hand():
+    """Clients 0, 1, 2, client 1 malicious. Per client (correct, tested, AUC) and (loss sum, trained):
+    0: (3, 4, 0.5), (2, 4); 1: (9, 9, 0.9), (7, 7); 2: (1, 2, 0.7), (3, 2). Over clients 0 and 2: accuracy
+    4 / 6, mean of 0.75 and 0.5 = 0.625, std 0.125, worst 0.5, 10th percentile 0.5 + 0.1 x 0.25 = 0.525,
+    AUC (0.5 x 4 + 0.7 x 2) / 6 = 3.4 / 6, train loss (2 + 3) / (4 + 2) = 5 / 6."""
+    a = attack.Attack("signflip", 0.25, None, 0, 0, 3)
+    a.malicious = [1]
+    server = SimpleNamespace(clients=[SimpleNamespace(id=i) for i in range(3)])
+    tests = np.array([[3, 4, 0.5], [9, 9, 0.9], [1, 2, 0.7]])
+    trains = np.array([[2.0, 4], [7, 7], [3, 2]])
+    want = {"benign_test_acc": 4 / 6, "benign_test_acc_mean": 0.625, "benign_test_acc_std": 0.125,
+            "benign_test_acc_min": 0.5, "benign_test_acc_p10": 0.525, "benign_test_auc": 3.4 / 6,
+            "benign_train_loss": 5 / 6}
+    got = a.metrics(server, tests, trains)
+    assert got.keys() == want.keys() and all(got[k] == pytest.approx(v, abs=1e-12) for k, v in want.items())
