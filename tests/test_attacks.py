@@ -308,3 +308,25 @@ def test_the_benign_summary_by_hand():
             "benign_train_loss": 5 / 6}
     got = a.metrics(server, tests, trains)
     assert got.keys() == want.keys() and all(got[k] == pytest.approx(v, abs=1e-12) for k, v in want.items())
+
+
+class CornerReader(torch.nn.Module):
+    """Class 2 when the bottom-right pixel is white (1), else class 0 (logits over 3 classes)."""
+
+    def forward(self, x):
+        return torch.nn.functional.one_hot(2 * (x[:, 0, -1, -1] == 1).long(), 3).float()
+
+
+def test_backdoor_metrics_counts_by_hand_and_restores_the_training_mode():
+    """Target 2, a 1 x 1 trigger: the test images labelled 0, 1, 0 are eligible (the one labelled 2 is not)
+    and a model that reads the corner sends all 3 to class 2: (3, 3). The model is left in the mode it was
+    in (training here), as the client's next local round expects."""
+    model = CornerReader().train()
+    client = SimpleNamespace(cfg=SimpleNamespace(amp="off", eval_batch_size=2, backdoor_target=2, trigger_size=1),
+                             eval_model=lambda: model, device=torch.device("cpu"), x_test=torch.zeros(4, 1, 3, 3),
+                             y_test=torch.tensor([0, 2, 1, 0]), white=torch.ones(1, 1, 1))
+    assert attack.backdoor_metrics(client) == (3, 3)
+    assert model.training
+    model.eval()
+    attack.backdoor_metrics(client)
+    assert not model.training
