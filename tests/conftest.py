@@ -190,6 +190,29 @@ def build_server(root: Path, out: Path, *flags: str, clients: int | None = None,
     return get_server_class(cfg.algorithm)(cfg.replace(num_classes=data.num_classes), data, run, recorder)
 
 
+_SEQUENTIAL_RUNS: dict = {}
+
+
+def sequential_series(root: Path, tmp_path_factory, *flags: str) -> dict:
+    """The recorded series (all but the wall times) of a run through ``main.main`` on the split under ``root``
+    with ``flags`` (``cli``'s quiet defaults added), each (split, flags) run once per test process: the
+    undisturbed sequential run that tests/test_executors.py compares every executor with, and the first of the
+    two runs of tests/test_algorithms.py's determinism check, are one run where their flags are the same.
+    Callers must not change what it returns."""
+    import main
+    from cli import algorithm_arg
+    from utils.results import read_h5
+
+    key = (str(root), flags)
+    if key not in _SEQUENTIAL_RUNS:
+        out = tmp_path_factory.mktemp("seq")
+        argv = cli(root, out, *flags)
+        assert main.main(argv) == 0
+        _SEQUENTIAL_RUNS[key] = {k: v for k, v in read_h5(out / f"Digits_{algorithm_arg(argv)}_test_0.h5").items()
+                                 if k != "rs_round_time"}
+    return _SEQUENTIAL_RUNS[key]
+
+
 @pytest.fixture(scope="module")
 def digits_images():
     """sklearn's digits as the splits store them: pixels in [0, 1] (x / 16), the same normalised to [-1, 1],

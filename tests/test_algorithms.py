@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import main
-from conftest import cli
+from conftest import cli, sequential_series
 from flcore.registry import ALGORITHMS
 from utils.results import read_h5
 
@@ -26,15 +26,15 @@ def test_algorithm_learns(algo, digits_root, tmp_path):
 
 
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
-def test_algorithm_is_deterministic(algo, digits_tiny_root, tmp_path):
-    runs = []
-    for sub in ("a", "b"):
-        out = tmp_path / sub
-        flags = ("-algo", algo, "-gr", "2", "-lr", "0.1", "--executor", "sequential", *FLAGS.get(algo, ()))
-        assert main.main(cli(digits_tiny_root, out, *flags)) == 0
-        runs.append(read_h5(out / f"Digits_{algo}_test_0.h5"))
-    a, b = runs
+def test_algorithm_is_deterministic(algo, digits_tiny_root, tmp_path, tmp_path_factory):
+    """Two runs in this process with the same seed give the same numbers. The first is this process's run
+    of these flags if one was made already (tests/test_executors.py's sequential run of each algorithm has
+    the same flags: conftest's ``sequential_series``), else made here; the second is made now, after it."""
+    flags = ("-lr", "0.1", "-lbs", "20", "-algo", algo, "-gr", "2", "--executor", "sequential", *FLAGS.get(algo, ()))
+    a = sequential_series(digits_tiny_root, tmp_path_factory, *flags)
+    assert main.main(cli(digits_tiny_root, tmp_path, *flags)) == 0
+    b = read_h5(tmp_path / f"Digits_{algo}_test_0.h5")
     assert len(a["rs_round"]) == 3
+    assert a.keys() == b.keys() - {"rs_round_time"}
     for key in a:
-        if key != "rs_round_time":
-            assert np.array_equal(a[key], b[key], equal_nan=True), key
+        assert np.array_equal(a[key], b[key], equal_nan=True), key

@@ -19,7 +19,7 @@ import torch
 
 import main
 from cli import algorithm_arg, parse_config
-from conftest import build_server, cli
+from conftest import build_server, cli, sequential_series
 from flcore.clients.clientavg import FedAvgClient
 from flcore.registry import ALGORITHMS, get_server_class
 from flcore.servers.serveravg import FedAvgServer
@@ -98,13 +98,10 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def sequential_run(digits_tiny_root, tmp_path_factory):
-    """Undisturbed sequential runs on the tiny split, each set of flags run once per module."""
-    done: dict = {}
-
+    """Undisturbed sequential runs on the tiny split, each set of flags run once per test process
+    (conftest's ``sequential_series``, which tests/test_algorithms.py's determinism check shares)."""
     def get(*flags) -> dict:
-        if flags not in done:
-            done[flags] = run_main(digits_tiny_root, tmp_path_factory.mktemp("seq"), *flags, *SEQUENTIAL)
-        return done[flags]
+        return sequential_series(digits_tiny_root, tmp_path_factory, *FAST, *flags, *SEQUENTIAL)
 
     return get
 

@@ -5,6 +5,7 @@ writes; -gr 0 evaluates the initial model as round 0."""
 import ipaddress
 import json
 import os
+import runpy
 import signal
 import socket
 import subprocess
@@ -54,9 +55,82 @@ def test_no_train_loss_printed_when_it_is_not_computed(digits_tiny_root, tmp_pat
 
 # ---- signals and worker processes --------------------------------------------------------------------
 def start(root, out, *flags):
+    """``python system/main.py <flags>`` as a process of its own session (its group is what Ctrl-C signals),
+    stdout and stderr piped, unbuffered."""
     cmd = [sys.executable, str(REPO / "system" / "main.py"), *cli(root, out, *flags)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+class Forked:
+    """What ``start`` gives, without starting Python and importing torch again (about 2 CPU-seconds a
+    process): this test process forks, and the child runs system/main.py as a program (``runpy`` with
+    ``__name__ == "__main__"``, so the script's own signal set-up runs) in a session of its own, stdout and
+    stderr piped and line-buffered, its exit code main's. The child ends with ``os._exit``: the exit
+    handlers this test process registered are not the run's. Popen's interface as the tests use it."""
+
+    def __init__(self, argv: list[str]):
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = 1
+            try:
+                os.setsid()
+                null = os.open(os.devnull, os.O_RDONLY)
+                for fd, target in ((null, 0), (out_w, 1), (err_w, 2)):
+                    os.dup2(fd, target)
+                for fd in (null, out_r, out_w, err_r, err_w):
+                    os.close(fd)
+                sys.stdin = open(0, closefd=False)
+                sys.stdout = open(1, "w", buffering=1, closefd=False)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)
+                sys.argv = [str(REPO / "system" / "main.py"), *argv]
+                runpy.run_path(sys.argv[0], run_name="__main__")
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (e.code is not None)
+            except BaseException:  # noqa: BLE001  (a child's error ends the child, as in a real process)
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                for f in (sys.stdout, sys.stderr):
+                    try:
+                        f.flush()
+                    except Exception:  # noqa: BLE001
+                        pass
+                os._exit(code)
+        os.close(out_w)
+        os.close(err_w)
+        self.pid, self.returncode = pid, None
+        self.stdout, self.stderr = open(out_r), open(err_r)
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.time() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.time() > deadline:
+                raise subprocess.TimeoutExpired(f"main.py (pid {self.pid})", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def send_signal(self, sig):
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+
+def forked(root, out, *flags) -> Forked:
+    return Forked(cli(root, out, *flags))
 
 
 def wait_for_round(proc, n=1):
@@ -95,7 +169,7 @@ needs_proc = pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="n
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_keeps_the_rounds_done_and_says_how_to_resume(digits_tiny_root, tmp_path, sig, repeat):
     flags = ("-gr", "200", "--executor", "fork", "--workers", "2", "--checkpoint_every", "1", "--no-progress")
-    proc = start(digits_tiny_root, tmp_path, *flags)
+    proc = forked(digits_tiny_root, tmp_path, *flags)
     wait_for_round(proc, 3)  # the third evaluation printed: at least two are saved
     workers = children(proc.pid)
     for _ in range(repeat):  # an impatient user presses Ctrl-C again while the run saves and ends
@@ -144,7 +218,7 @@ def test_a_run_stopped_by_a_signal_resumes_to_the_uninterrupted_numbers(digits_t
 
 @needs_proc
 def test_workers_die_with_a_killed_server(digits_tiny_root, tmp_path):
-    proc = start(digits_tiny_root, tmp_path, "-gr", "500", "--executor", "fork", "--workers", "2", "--no-progress")
+    proc = forked(digits_tiny_root, tmp_path, "-gr", "500", "--executor", "fork", "--workers", "2", "--no-progress")
     wait_for_round(proc, 1)
     workers = children(proc.pid)
     assert len(workers) == 2
