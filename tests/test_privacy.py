@@ -84,6 +84,13 @@ def stub_split(shape, num_classes=10, config=None):
     return SimpleNamespace(input_shape=shape, num_classes=num_classes, config=config or {}, name="Stub")
 
 
+def test_the_monitors_defaults_are_pfllibs_and_the_dlg_papers():
+    """-dlgg 100 and -bnpc 2 as PFLlib's flags; 300 L-BFGS iterations on one image as the DLG paper; two
+    clients attacked per attacked round (this library's, PFLlib attacks every upload)."""
+    cfg = parse_config(["-dlg"])
+    assert (cfg.dlg_gap, cfg.batch_num_per_client, cfg.dlg_iters, cfg.dlg_batch, cfg.dlg_clients) == (100, 2, 300, 1, 2)
+
+
 def test_each_round_attacks_k_distinct_clients_drawn_among_all_active():
     cfg = parse_config(["-dlg", "--dlg_clients", "2", "-dlgg", "2"])
     monitor = privacy_monitor.PrivacyMonitor(cfg, 0, stub_split([1, 8, 8]))

@@ -71,7 +71,7 @@ EXTRA = {
     "system/plugins/robust.py": ["tests/test_no_bypass.py", "tests/test_robust.py", "tests/test_defenses.py"],
     **{f"system/plugins/{m}.py": PRIVACY_TESTS for m in ("dp_client", "dp_sample")},
     "system/plugins/dlg.py": ["tests/test_privacy.py", "tests/test_ig.py"],
-    "system/plugins/ala.py": ["tests/test_ala.py"],
+    "system/plugins/ala.py": ["tests/test_ala.py", "tests/test_serverbase.py", "tests/test_eval_rule.py"],
     "system/plugins/server_opt.py": ["tests/test_server_opt.py"],
     "system/runtime/executors.py": ["tests/test_executors.py", "tests/test_faults.py"],
     "system/runtime/fork.py": ["tests/test_executors.py", "tests/test_faults.py"],
