@@ -790,3 +790,20 @@ def test_the_grid_draws_off_screen_tensors_that_require_grad_tightly_laid_out(tm
         matplotlib.use(before)
     box = shown[0].axes[0].get_position()
     assert box.x0 < matplotlib.rcParams["figure.subplot.left"] and box.y1 > matplotlib.rcParams["figure.subplot.top"]
+
+
+def test_dp_defaults_and_a_missing_accountant_named_only_with_dp(monkeypatch):
+    """-dps 1.0, --dp_clip 1.0, --dp_delta 1e-5 (the README's table); without opacus, -dp stops with one line
+    naming the install command, and a run without -dp does not need opacus."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "opacus" else real(name, *a))
+    with pytest.raises(FLError, match=r"^-dp reports epsilon with opacus' RDP accountant, which is not installed: "
+                                      r"pip install -r requirements-optional.txt$"):
+        parse_config(["-dp"])
+    assert parse_config([]).privacy is False
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    if real("opacus") is not None:
+        cfg = parse_config(["-dp"])
+        assert (cfg.dp_sigma, cfg.dp_clip, cfg.dp_delta) == (1.0, 1.0, 1e-5)
