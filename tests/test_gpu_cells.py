@@ -27,3 +27,13 @@ def test_bad_rounds_and_no_cells_exit_2(tmp_path, capsys):
     assert gpu_cells.main([str(tmp_path), "--rounds", "a,b"]) == 2
     assert gpu_cells.main([str(tmp_path)]) == 2
     assert "no gpu-cell runs" in capsys.readouterr().err
+
+
+def test_a_malformed_result_file_is_one_warning_line_and_the_cells_still_print(tmp_path, capsys):
+    write_run(tmp_path, "Local", 0, [0.1, 0.6, 0.7], goal="gpu-cell", status="interrupted", global_rounds=2000,
+              dataset="D")
+    (tmp_path / "D_FedAvg_test_0.h5").write_bytes(b"not HDF5")
+    (tmp_path / "D_FedAvg_test_0.json").write_text("{}")
+    assert gpu_cells.main([str(tmp_path), "--rounds", "2"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: D_FedAvg_test_0.h5 left out"), err

@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         at = [int(r) for r in args.rounds.split(",")]
-        runs = [r for r in table.load_runs([args.folder], incomplete=True, warn=lambda m: None)
+        runs = [r for r in table.load_runs([args.folder], incomplete=True)
                 if r.config.get("goal") == "gpu-cell" and len(r.series.get("rs_round", []))]
     except ValueError:
         print(f"error: --rounds {args.rounds}: expected comma-separated integers", file=sys.stderr)
