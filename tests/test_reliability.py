@@ -76,6 +76,14 @@ class Forked:
         if pid == 0:  # the child: never returns
             code = 1
             try:
+                # The progress bar's lock is shared with this test process (a multiprocessing lock
+                # inherited over fork): a child killed by the test while it holds it would leave it held
+                # and this process waiting forever on its next bar. The child takes a lock of its own.
+                import threading
+
+                from tqdm import tqdm
+
+                tqdm.set_lock(threading.RLock())
                 os.setsid()
                 null = os.open(os.devnull, os.O_RDONLY)
                 for fd, target in ((null, 0), (out_w, 1), (err_w, 2)):
