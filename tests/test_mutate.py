@@ -383,3 +383,33 @@ def test_the_killer_is_read_whole_from_the_summary_line():
     assert mutate.first_failure(log) == "tests/t.py::test_x[Ditto -mu -0.5]"
     assert mutate.first_failure("ERROR tests/t.py::test_z\n") == "tests/t.py::test_z"
     assert mutate.first_failure("1 passed\n") == ""
+
+
+def test_the_coverage_run_is_kept_until_the_module_or_its_tests_change(tmp_path, monkeypatch):
+    from scripts.dev import mutate
+
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "pkg" / "mod.py").write_text("x = 1\n")
+    (root / "tests" / "test_a.py").write_text("def test_a():\n    pass\n")
+    runs = []
+
+    def coverage_map(root, module, args, tmp):
+        runs.append(args)
+        return {1: {"tests/test_a.py::test_a"}, 3: {mutate.ALL}}, 2.5, {"tests/test_a.py::test_a": 0.5}
+
+    monkeypatch.setattr(mutate, "coverage_map", coverage_map)
+    cache = tmp_path / "cache"
+    args = ["tests/test_a.py"]
+    first = mutate.cached_coverage_map(root, "pkg/mod.py", args, tmp_path, cache)
+    assert first == ({1: {"tests/test_a.py::test_a"}, 3: {mutate.ALL}}, 2.5, {"tests/test_a.py::test_a": 0.5})
+    assert mutate.cached_coverage_map(root, "pkg/mod.py", args, tmp_path, cache) == first  # read back, same types
+    assert len(runs) == 1
+    (root / "tests" / "test_a.py").write_text("def test_a():\n    assert True\n")  # a guarding test changed
+    mutate.cached_coverage_map(root, "pkg/mod.py", args, tmp_path, cache)
+    (root / "pkg" / "mod.py").write_text("x = 2\n")  # the module changed
+    mutate.cached_coverage_map(root, "pkg/mod.py", args, tmp_path, cache)
+    mutate.cached_coverage_map(root, "pkg/mod.py", ["tests/test_a.py::test_a"], tmp_path, cache)  # other tests
+    assert len(runs) == 4
+    assert not list(cache.glob("*.part"))

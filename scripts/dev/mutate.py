@@ -17,8 +17,9 @@ module's guarding tests run against it with ``-x`` in a process forked from one 
 one mutant costs only its tests, and the tests that killed the module's earlier mutants run first (a mutant
 is usually killed by the test that killed its neighbour, and ``-x`` then stops there). Of the guarding tests,
 a mutant runs only those that execute its line (``coverage_map``: one run of them under coverage.py, each test
-its own context, followed into the processes it forks or starts); a line that runs at import or in a
-fixture's set-up runs them all, and a line that none runs survives without a run (in a ``REMOTE`` module, whose
+its own context, followed into the processes it forks or starts; kept across runs while the module and its
+tests are unchanged: ``cached_coverage_map``); a line that runs at import or in a fixture's set-up runs them
+all, and a line that none runs survives without a run (in a ``REMOTE`` module, whose
 code also runs where coverage.py does not follow, it runs the tests that ran the module). ``--all-tests`` runs every
 guarding test for every mutant instead; ``--verify`` reruns each survivor with all of them. Which tests guard
 a module is decided in one place, ``guards()`` below: the test files that import the module and the explicit
@@ -505,6 +506,38 @@ def coverage_map(root: Path, module: str, args: list[str],
             seconds, json.loads(durations_file(rc).read_text()))
 
 
+def coverage_key(root: Path, module: str, args: list[str]) -> str:
+    """What a coverage run of ``module`` under the guarding tests ``args`` depends on and a later run can
+    compare: the module's source, the test files the node ids name and the tests' conftest."""
+    files = sorted({a.split("::")[0] for a in args} | {"tests/conftest.py"})
+    text = "\0".join([module, (root / module).read_text(), *args,
+                      *(f + "\0" + (root / f).read_text() for f in files if (root / f).exists())])
+    return sha(text)
+
+
+def cached_coverage_map(root: Path, module: str, args: list[str], tmp: Path,
+                        cache: Path | None = None) -> tuple[dict[int, set[str]], float, dict[str, float]]:
+    """``coverage_map``, kept in ``cache`` (``$MUTATE_CACHE``, else ``~/.cache/pfl-mutate``) under
+    ``coverage_key``, so an interrupted run resumes without repeating the coverage run (half an hour for a
+    module most tests run). Only the module and its tests are in the key: a change elsewhere that makes a test
+    run a line it did not run before leaves that test out of the line's selection until the module or its tests
+    change. That can only turn a kill into a survivor, never the reverse (a kill is always a test seen failing),
+    and ``--verify`` reruns every survivor with all the guarding tests."""
+    cache = cache or Path(os.environ.get("MUTATE_CACHE") or Path.home() / ".cache" / "pfl-mutate")
+    path = cache / f"{dotted(module)}-{coverage_key(root, module, args)}.json"
+    if path.exists():
+        kept = json.loads(path.read_text())
+        return ({int(line): set(tests) for line, tests in kept["map"].items()}, kept["seconds"],
+                kept["durations"])
+    cmap, seconds, durations = coverage_map(root, module, args, tmp)
+    cache.mkdir(parents=True, exist_ok=True)
+    part = path.with_suffix(".part")
+    part.write_text(json.dumps({"map": {str(line): sorted(tests) for line, tests in cmap.items()},
+                                "seconds": seconds, "durations": durations}))
+    part.replace(path)
+    return cmap, seconds, durations
+
+
 def statement_lines(source: str) -> dict[int, range | None]:
     """line -> the lines whose execution can show a mutant on it: those of the innermost statement that holds
     it (of a compound statement, its header: ``if``/``for`` up to its body; coverage.py records a statement
@@ -607,7 +640,7 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
                 sys.stdout.write(log.read_text()[-3000:])
                 raise SystemExit(f"mutate: the guarding tests fail on the unmutated code ({outcome})")
         else:  # the unmutated run, under coverage: which test runs which line
-            cmap, base, durations = coverage_map(root, module, guard, Path(tmp))
+            cmap, base, durations = cached_coverage_map(root, module, guard, Path(tmp))
         print(f"{module}: {len(found)} mutants; {len(files)} test files + {len(nodes)} test nodes, "
               f"{base:.0f} s unmutated" + ("" if all_tests else " under coverage")
               + (f"; survivors against {len(only)} test(s) given" if only is not None else ""), flush=True)
