@@ -8,6 +8,12 @@ import pytest
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("cosmic_ray") is None,
                                 reason="needs cosmic-ray (pip install -r requirements-dev.txt)")
 
+
+@pytest.fixture(autouse=True)
+def coverage_cache_in_tmp(tmp_path, monkeypatch):
+    """A mutation run keeps its coverage map (``cached_coverage_map``); under test, in the test's folder."""
+    monkeypatch.setenv("MUTATE_CACHE", str(tmp_path / "mutate-cache"))
+
 SOURCE = '''def f(a, b, opt, out):
     total = a + b
     total += 2
