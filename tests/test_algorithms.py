@@ -1,10 +1,8 @@
 """Every registered algorithm, for free: 2 rounds on a small Digits split must learn and write its results
-(the quick tier, ``python3 -m pytest -m quick``: each algorithm once, on the sequential executor: the fork
-executor's workers double the CPU time of runs this small, 127 against 64 CPU-seconds for the 48 measured
-at one thread, and tests/test_executors.py's ``test_fork_matches_sequential`` runs every algorithm on them),
-and a run repeats itself exactly with the same seed (on the tiny split, in the full suite: both runs in this
-process, so a run that draws from a random state it did not seed, which the first run moved on, differs;
-tests/test_executors.py checks that the fork workers give these numbers)."""
+(the quick tier, ``python3 -m pytest -m quick``: each algorithm once), and a run repeats itself exactly with
+the same seed (on the tiny split, in the full suite: both runs in this process, so a run that draws from a
+random state it did not seed, which the first run moved on, differs; tests/test_executors.py checks that the fork
+workers give these numbers)."""
 import numpy as np
 import pytest
 
@@ -19,7 +17,7 @@ FLAGS = {"FedCP": ("-lam", "1")}  # FedCP's default λ 5 holds Digits' small fea
 @pytest.mark.quick
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
 def test_algorithm_learns(algo, digits_root, tmp_path):
-    flags = ("-algo", algo, "-gr", "2", "-lr", "0.1", "--executor", "sequential", *FLAGS.get(algo, ()))
+    flags = ("-algo", algo, "-gr", "2", "-lr", "0.1", *FLAGS.get(algo, ()))
     assert main.main(cli(digits_root, tmp_path, *flags)) == 0
     a = read_h5(tmp_path / f"Digits_{algo}_test_0.h5")
     assert list(a["rs_round"]) == [0, 1, 2]
