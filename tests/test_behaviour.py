@@ -109,9 +109,14 @@ def one_thread():
 
 
 def curve(algo: str, split: str, setting: str, roots, tmp_path_factory) -> np.ndarray:
-    """The run's accuracy series (rounds 0 to ROUNDS[split]), each (algorithm, split, setting) run once per
-    session (a run that stops with an error, e.g. a NaN loss, fails every check that reads it). Every run also
-    keeps what ``evaluated_and_global`` measures at its final evaluation (``_GAPS``)."""
+    """The run's accuracy series (rounds 0 to ROUNDS[split]): ``run_series``'s ``rs_test_acc``."""
+    return run_series(algo, split, setting, roots, tmp_path_factory)["rs_test_acc"]
+
+
+def run_series(algo: str, split: str, setting: str, roots, tmp_path_factory) -> dict:
+    """The run's recorded series, each (algorithm, split, setting) run once per test process (a run that
+    stops with an error, e.g. a NaN loss, fails every check that reads it). Every run also keeps what
+    ``evaluated_and_global`` measures at its final evaluation (``_GAPS``)."""
     flags = FLAGS.get(algo, ()) if setting == "harness" else ()
     key = (algo, split, flags)
     if key not in _RUNS:
@@ -131,7 +136,7 @@ def curve(algo: str, split: str, setting: str, roots, tmp_path_factory) -> np.nd
             ok = main.main(argv) == 0
         finally:
             loop.evaluate = evaluate
-        _RUNS[key] = read_h5(out / f"Digits_{algo}_test_0.h5")["rs_test_acc"] if ok else None
+        _RUNS[key] = read_h5(out / f"Digits_{algo}_test_0.h5") if ok else None
     assert _RUNS[key] is not None, f"{algo} ({setting}) stopped with an error on the {split} split"
     return _RUNS[key]
 
@@ -153,6 +158,22 @@ def cases(algos, check: str) -> list:
                                     marks=[pytest.mark.xfail(reason=why, strict=(algo, check, setting)
                                                              not in STRADDLING)] if why else []))
     return out
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_algorithm_learns(algo, roots, tmp_path_factory):
+    """The quick tier (``python3 -m pytest -m quick``, for a researcher who has just added an algorithm):
+    every registered algorithm's IID run of the harness (its flags, 5 rounds, sequential executor) finishes,
+    records every round with a finite train loss and learns: its best accuracy is above 0.3 (chance is 0.1).
+    The best, not the last: APPLE at the harness's flags reaches 0.52 after 3 rounds and then diverges (its
+    known figure, APPLE_IID), which the checks below report. In the full suite it reads the run those checks read (``collection_key`` puts them
+    side by side), so the run is trained once; the fork executor's numbers for every algorithm are
+    tests/test_executors.py's ``test_fork_matches_sequential``."""
+    run = run_series(algo, "iid", "harness", roots, tmp_path_factory)
+    assert list(run["rs_round"]) == list(range(int(ROUNDS["iid"]) + 1))
+    assert np.all(np.isfinite(run["rs_train_loss"])), run["rs_train_loss"]
+    assert max(run["rs_test_acc"]) > 0.3, run["rs_test_acc"]
 
 
 def test_fedavg_and_local_give_their_measured_figures(roots, tmp_path_factory):

@@ -59,7 +59,7 @@ def test_guards_of_a_utility_module_are_its_importers_and_the_listed_files():
     assert "tests/test_baselines_a.py" not in files
     assert {"tests/test_baselines_a.py::test_ditto_personal_step_by_hand",
             "tests/test_baselines_a.py::test_ditto_personal_model_is_pulled_toward_the_global_model",
-            "tests/test_algorithms.py::test_algorithm_learns[Ditto]",
+            "tests/test_behaviour.py::test_algorithm_learns[Ditto]",
             "tests/test_flag_bounds.py::test_each_bound_refuses_just_past_it_and_accepts_it[Ditto-pls=0]"} <= set(nodes)
     assert not any("fedrep" in n or "FedRep" in n or "[ray]" in n for n in nodes)
 
