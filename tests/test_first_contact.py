@@ -60,17 +60,22 @@ def nan_predict(model, x, batch_size):
     return torch.full((len(x), 10), float("nan"))
 
 
-@pytest.mark.parametrize("where", ["outputs", "train loss"])
+@pytest.mark.parametrize("where", ["outputs", "test outputs", "train loss"])
 def test_a_non_finite_evaluation_ends_the_run_as_diverged(where, digits_tiny_root, tmp_path, capsys, monkeypatch):
+    """"test outputs": the test split's check alone (no train loss evaluated, so its own check cannot stand
+    in for it)."""
     from runtime import client_steps
 
-    if where == "outputs":  # the model's outputs: accuracy would be argmax over NaN
+    flags = ("--train_loss_eval", "off") if where == "test outputs" else ()
+    if where != "train loss":  # the model's outputs: accuracy would be argmax over NaN
         monkeypatch.setattr(client_steps, "predict", nan_predict)
     else:  # a client's training loss evaluated as non-finite
         monkeypatch.setattr(client_steps, "train_metrics", lambda client: (float("inf"), client.train_samples))
-    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "2", "--executor", "sequential")) == 2
+    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "2", "--executor", "sequential", *flags)) == 2
     line = error_line(capsys)
-    assert ("not finite" if where == "outputs" else "evaluated train loss is inf") in line, line
+    want = {"outputs": "not finite", "test outputs": "outputs on its test split are not finite",
+            "train loss": "evaluated train loss is inf"}[where]
+    assert want in line, line
     sidecar = json.loads((tmp_path / "Digits_FedAvg_test_0.json").read_text())
     assert sidecar["status"] == "diverged", sidecar["status"]
 
