@@ -17,7 +17,9 @@ class FineTunedEval:
     The copy is made lazily, once per broadcast, when the client is first evaluated after receiving (so
     rounds without evaluation cost nothing), and its batches come from the client's own "fine-tune"
     stream: the federated model, the batch stream of training and the upload are exactly the base
-    algorithm's."""
+    algorithm's. The fine-tune stream runs on from one evaluation to the next, so a round's figure depends
+    on how many evaluations came before it (``-eg``; the README's evaluation paragraph gives a measured
+    example)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
