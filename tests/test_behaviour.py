@@ -167,9 +167,9 @@ def test_algorithm_learns(algo, roots, tmp_path_factory):
     every registered algorithm's IID run of the harness (its flags, 5 rounds, sequential executor) finishes,
     records every round with a finite train loss and learns: its best accuracy is above 0.3 (chance is 0.1).
     The best, not the last: APPLE at the harness's flags reaches 0.52 after 3 rounds and then diverges (its
-    known figure, APPLE_IID), which the checks below report. In the full suite it reads the run those checks read (``collection_key`` puts them
-    side by side), so the run is trained once; the fork executor's numbers for every algorithm are
-    tests/test_executors.py's ``test_fork_matches_sequential``."""
+    known figure, APPLE_IID), which the checks below report. In the full suite it reads the run those checks
+    read (``collection_key`` puts them side by side), so the run is trained once; the fork executor's numbers
+    for every algorithm are tests/test_executors.py's ``test_fork_matches_sequential``."""
     run = run_series(algo, "iid", "harness", roots, tmp_path_factory)
     assert list(run["rs_round"]) == list(range(int(ROUNDS["iid"]) + 1))
     assert np.all(np.isfinite(run["rs_train_loss"])), run["rs_train_loss"]

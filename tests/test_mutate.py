@@ -14,6 +14,7 @@ def coverage_cache_in_tmp(tmp_path, monkeypatch):
     """A mutation run keeps its coverage map (``cached_coverage_map``); under test, in the test's folder."""
     monkeypatch.setenv("MUTATE_CACHE", str(tmp_path / "mutate-cache"))
 
+
 SOURCE = '''def f(a, b, opt, out):
     total = a + b
     total += 2
