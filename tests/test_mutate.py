@@ -392,6 +392,17 @@ def test_the_killer_is_read_whole_from_the_summary_line():
     assert mutate.first_failure("1 passed\n") == ""
 
 
+def test_a_mutants_time_limit_follows_the_tests_it_runs():
+    from scripts.dev import mutate
+
+    durations = {"tests/t.py::test_a": 2.0, "tests/t.py::test_b[x]": 10.0, "tests/u.py::test_c": 50.0}
+    assert mutate.time_limit(["tests/t.py::test_a", "tests/t.py::test_b[x]"], durations, 500.0) == 3 * 12 + 120
+    assert mutate.time_limit(["tests/u.py::test_c"], durations, 500.0) == 3 * 50 + 120
+    # a guard given as a file, or no coverage run: the whole unmutated run's time
+    assert mutate.time_limit(["tests/t.py"], durations, 500.0) == 3 * 500 + 120
+    assert mutate.time_limit(["tests/t.py::test_a"], None, 500.0) == 3 * 500 + 120
+
+
 def test_the_coverage_run_is_kept_until_the_module_or_its_tests_change(tmp_path, monkeypatch):
     from scripts.dev import mutate
 

@@ -580,6 +580,15 @@ def select(cmap: dict[int, set[str]] | None, lines: dict[int, range | None], lin
     return [t for t in sorted(ran) if t in tests or t.split("::")[0] in tests]
 
 
+def time_limit(tests: list[str], durations: dict[str, float] | None, base: float) -> float:
+    """Seconds a mutant's run of ``tests`` may take before it counts as a timeout (a kill): three times what
+    those tests took in the unmutated run under coverage, which is the slower, plus two minutes of start-up;
+    three times the whole unmutated run where a test's own time is unknown (a file given as a guard, or no
+    coverage run)."""
+    known = [durations.get(t) for t in tests] if durations else [None]
+    return 3 * (base if None in known else sum(known)) + 120
+
+
 def equivalent_notes(module: str) -> dict:
     notes = json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
     return {(n["op"], n["from"], n["to"]): n["why"] for n in notes.get(module, [])}
@@ -662,9 +671,11 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
             chosen = only if only is not None else select(cmap, lines, m["line"], guard, module in REMOTE)
             killers = [r["by"] for r in record["mutants"] if r.get("by")]
             (root / module).write_text(m["code"])
-            outcome, seconds, by = run_mutant(root, chosen, 3 * base + 120, log, killers, durations)
+            outcome, seconds, by = run_mutant(root, chosen, time_limit(chosen, durations, base), log, killers,
+                                              durations)
             if outcome == "survived" and verify and chosen != guard:
-                outcome, more, by = run_mutant(root, guard, 3 * base + 120, log, killers, durations)
+                outcome, more, by = run_mutant(root, guard, time_limit(guard, durations, base), log, killers,
+                                               durations)
                 seconds += more
             (root / module).write_text(source)
             row = {k: m[k] for k in ("line", "op", "from", "to")} | {"outcome": outcome, "s": round(seconds, 1),
