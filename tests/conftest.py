@@ -36,6 +36,7 @@ from runtime import loop
 torch.set_num_threads(1)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the ``xdist_group`` marks ``regroup`` adds
 def pytest_collection_modifyitems(config, items):
     """A test marked ``optional_deps("opacus", ...)`` needs those packages of requirements-optional.txt; it
     skips with a reason where one is absent (``pytest -m optional_deps`` runs just these, as .ci/run does).
@@ -53,20 +54,52 @@ def pytest_collection_modifyitems(config, items):
 
 
 def regroup(items) -> None:
-    """A test module that defines ``collection_key(item)`` has its own tests reordered by that key (stably,
-    where the module's tests stand): tests that share a result cached in the test process (e.g. one training
-    run read by several checks) then sit side by side, and a test process that takes a run of neighbouring
-    tests (pytest-xdist) computes the result once instead of each process computing it."""
+    """Tests that read one result cached in the test process (a training run read by several checks:
+    ``sequential_series``, the behaviour harness's ``run_series``) run in one test process, which computes
+    it once. A test module says which cached result each of its tests reads with ``shared_run(item)`` (a
+    name, the same in every module that reads it; None for a test that reads none). Each named test gets
+    pytest-xdist's ``xdist_group`` mark of that name: under ``--dist loadgroup`` (pytest.ini) the tests of one
+    name go to one test process, whichever modules they are in. Within its module a test also moves beside
+    the others of its name (stably, where the module's tests stand), so a run in one process (``-n 0``, or
+    another ``--dist``) computes it once as well."""
     start = 0
     while start < len(items):
         module = getattr(items[start], "module", None)
         end = start + 1
         while end < len(items) and getattr(items[end], "module", None) is module:
             end += 1
-        key = getattr(module, "collection_key", None)
-        if key is not None:
-            items[start:end] = sorted(items[start:end], key=key)
+        shared = getattr(module, "shared_run", None)
+        if shared is not None:
+            named = [(item, shared(item)) for item in items[start:end]]
+            first: dict = {}  # a name's place: where its first test stands (a test without one keeps its own)
+            place = [first.setdefault(name, i) if name is not None else i for i, (_, name) in enumerate(named)]
+            order = sorted(range(len(named)), key=place.__getitem__)
+            items[start:end] = [named[i][0] for i in order]
+            for item, name in named:
+                if name is not None:
+                    item.add_marker(pytest.mark.xdist_group(name))
         start = end
+
+
+_RUNNING: list = [None]  # the test being run in this process
+# Every test on tests/test_executors.py's one Ray session (``ray_pool``): starting Ray is the slow part, so one
+# test process takes them all, and reads the sequential runs they compare with there.
+RAY_POOL = "ray-pool"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _RUNNING[0] = item
+
+
+def reading_shared(name: str) -> None:
+    """Called by a result cached in the test process (``sequential_series``, the behaviour harness's
+    ``run_series``) as a test reads it: that test's module must name it (``shared_run``), or the result
+    would be computed again by every test process that takes one of its readers."""
+    item = _RUNNING[0]
+    declared = [m.args[0] for m in item.iter_markers("xdist_group")]
+    assert declared in ([name], [RAY_POOL]), (f"{item.nodeid} reads the cached run {name!r}; its module's shared_run(item) "
+                                f"must return that name (it gives {declared[0] if declared else None!r})")
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -193,6 +226,12 @@ def build_server(root: Path, out: Path, *flags: str, clients: int | None = None,
 _SEQUENTIAL_RUNS: dict = {}
 
 
+def sequential_name(*flags: str) -> str:
+    """The name, for ``regroup``, of ``sequential_series``'s run of ``flags`` on the tiny split: the same
+    flags, the same run, the same name."""
+    return "sequential " + " ".join(flags)
+
+
 def sequential_series(root: Path, tmp_path_factory, *flags: str) -> dict:
     """The recorded series (all but the wall times) of a run through ``main.main`` on the split under ``root``
     with ``flags`` (``cli``'s quiet defaults added), each (split, flags) run once per test process: the
@@ -204,6 +243,7 @@ def sequential_series(root: Path, tmp_path_factory, *flags: str) -> dict:
     from utils.results import read_h5
 
     key = (str(root), flags)
+    reading_shared(sequential_name(*flags))
     if key not in _SEQUENTIAL_RUNS:
         out = tmp_path_factory.mktemp("seq")
         argv = cli(root, out, *flags)

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import main
-from conftest import cli
+from conftest import cli, reading_shared
 from flcore.registry import ALGORITHMS, get_server_class
 from utils.results import read_h5
 from runtime import loop
@@ -119,6 +119,7 @@ def run_series(algo: str, split: str, setting: str, roots, tmp_path_factory) -> 
     ``evaluated_and_global`` measures at its final evaluation (``_GAPS``)."""
     flags = FLAGS.get(algo, ()) if setting == "harness" else ()
     key = (algo, split, flags)
+    reading_shared(harness_runs(algo))
     if key not in _RUNS:
         out = tmp_path_factory.mktemp(f"behaviour_{split}")
         argv = cli(roots[split], out, "-algo", algo, "-gr", ROUNDS[split], "-lr", "0.1", "--executor", "sequential",
@@ -141,11 +142,16 @@ def run_series(algo: str, split: str, setting: str, roots, tmp_path_factory) -> 
     return _RUNS[key]
 
 
-def collection_key(item) -> tuple:
-    """The order the checks run in (tests/conftest.py's ``regroup``): the checks that read one algorithm's
-    runs side by side, so the test process that runs them trains each once."""
-    params = item.callspec.params if hasattr(item, "callspec") else {}
-    return params.get("algo", ""), params.get("setting", "harness")
+def shared_run(item) -> str:
+    """The harness runs a check reads (tests/conftest.py's ``regroup``): ``harness_runs`` of its algorithm
+    (FedAvg's for the check of the bars' sources)."""
+    return harness_runs(item.callspec.params["algo"] if hasattr(item, "callspec") else "FedAvg")
+
+
+def harness_runs(algo: str) -> str:
+    """The name of an algorithm's harness runs, both settings and both splits, so the test process that
+    takes its checks trains each once; Local's go with FedAvg's, as the check of the bars' sources reads both."""
+    return f"behaviour-{'FedAvg' if algo == 'Local' else algo}"
 
 
 def cases(algos, check: str) -> list:
@@ -168,7 +174,7 @@ def test_algorithm_learns(algo, roots, tmp_path_factory):
     records every round with a finite train loss and learns: its best accuracy is above 0.3 (chance is 0.1).
     The best, not the last: APPLE at the harness's flags reaches 0.52 after 3 rounds and then diverges (its
     known figure, APPLE_IID), which the checks below report. In the full suite it reads the run those checks
-    read (``collection_key`` puts them side by side), so the run is trained once; the fork executor's numbers
+    read (``shared_run`` puts them in one test process), so the run is trained once; the fork executor's numbers
     for every algorithm are tests/test_executors.py's ``test_fork_matches_sequential``."""
     run = run_series(algo, "iid", "harness", roots, tmp_path_factory)
     assert list(run["rs_round"]) == list(range(int(ROUNDS["iid"]) + 1))

@@ -19,7 +19,7 @@ import torch
 
 import main
 from cli import algorithm_arg, parse_config
-from conftest import build_server, cli, sequential_series
+from conftest import RAY_POOL, build_server, cli, sequential_name, sequential_series
 from flcore.clients.clientavg import FedAvgClient
 from flcore.registry import ALGORITHMS, get_server_class
 from flcore.servers.serveravg import FedAvgServer
@@ -41,9 +41,35 @@ ON = {"sequential": SEQUENTIAL, "fork": FORK, "ray": RAY}
 WITH_RAY = pytest.param("ray", marks=pytest.mark.optional_deps("ray"))  # the executor parameter "ray"
 
 
+KILLED = ("-algo", "FedALA", "-gr", "3", "--checkpoint_every", "1")  # a worker killed in round 2
+PARKED = ("-algo", "FedALA", "-gr", "2", "-jr", "0.4", "--ala_max_epochs", "2")  # clients parked between rounds
+
+
+def shared_run(item) -> str | None:
+    """The sequential run a test compares with (``sequential_run``), named by its flags (tests/conftest.py's
+    ``regroup``): every test that reads it, tests/test_algorithms.py's determinism check of the same flags
+    included, runs in the test process that makes it. The tests on the shared Ray pool run in one test
+    process instead (``RAY_POOL``)."""
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    if params.get("executor") == "ray" or item.originalname == "test_ray_matches_sequential":
+        return RAY_POOL
+    flags = {"test_fork_matches_sequential": lambda: two_rounds(params["algo"]),
+             "test_resume_after_crash_equals_uninterrupted_run": lambda: resumed(params["case"]),
+             "test_killed_worker_resumes_from_checkpoint": lambda: KILLED,
+             "test_killed_worker_without_checkpoint_replays_from_round_0": lambda: two_rounds("Ditto"),
+             "test_parked_clients_give_the_same_run_with_a_round_of_memory": lambda: PARKED}.get(item.originalname)
+    return None if flags is None else sequential_name(*FAST, *flags(), *SEQUENTIAL)
+
+
 # ---- helpers -----------------------------------------------------------------------------------------
 def two_rounds(algo: str) -> tuple:
     return ("-algo", algo, "-gr", "2")
+
+
+def resumed(case: tuple) -> tuple:
+    """The flags of a ``RESUMED`` case's run, checkpointed every 2 rounds."""
+    algo, *extra = case
+    return ("-algo", algo, "-gr", "3", "-jr", "0.6", *extra, "--checkpoint_every", "2")
 
 
 def series(out, algo: str) -> dict:
@@ -171,8 +197,8 @@ RESUMED = [("FedAMP",), ("FedFomo",), ("APPLE",), ("FedALA", "--client_state", "
 @pytest.mark.parametrize("case", RESUMED, ids=lambda c: "-".join(c))
 def test_resume_after_crash_equals_uninterrupted_run(case, executor, digits_tiny_root, tmp_path, sequential_run,
                                                      stop_in_round, capsys, one_thread):
-    algo, *extra = case
-    flags = ("-algo", algo, "-gr", "3", "-jr", "0.6", *extra, "--checkpoint_every", "2")
+    algo = case[0]
+    flags = resumed(case)
     base = sequential_run(*flags)
 
     stop_in_round(2)
@@ -239,7 +265,7 @@ def kill_worker_at(monkeypatch, round_idx: int, worker: int, every_time: bool = 
 def test_killed_worker_resumes_from_checkpoint(executor, digits_tiny_root, tmp_path, sequential_run, monkeypatch,
                                                capsys, request, one_thread):
     pool = pool_for(executor, request)
-    flags = ("-algo", "FedALA", "-gr", "3", "--checkpoint_every", "1")
+    flags = KILLED
     base = sequential_run(*flags)
     killed = kill_worker_at(monkeypatch, round_idx=2, worker=1)
     got = run_main(digits_tiny_root, tmp_path, *flags, *ON[executor], executor=pool)
@@ -572,7 +598,7 @@ def test_parking_by_hand(digits_tiny_root, tmp_path, monkeypatch):
 @pytest.mark.parametrize("mode", ["cpu", "disk"])
 def test_parked_clients_give_the_same_run_with_a_round_of_memory(mode, executor, digits_tiny_root, tmp_path,
                                                                  sequential_run, one_thread):
-    flags = ("-algo", "FedALA", "-gr", "2", "-jr", "0.4", "--ala_max_epochs", "2")
+    flags = PARKED
     got = run_main(digits_tiny_root, tmp_path, *flags, "--client_state", mode, *ON[executor])
     assert_same(sequential_run(*flags), got)  # bit for bit the run with every client live
     if executor == "sequential":
