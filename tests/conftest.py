@@ -98,8 +98,9 @@ def reading_shared(name: str) -> None:
     would be computed again by every test process that takes one of its readers."""
     item = _RUNNING[0]
     declared = [m.args[0] for m in item.iter_markers("xdist_group")]
-    assert declared in ([name], [RAY_POOL]), (f"{item.nodeid} reads the cached run {name!r}; its module's shared_run(item) "
-                                f"must return that name (it gives {declared[0] if declared else None!r})")
+    assert declared in ([name], [RAY_POOL]), (f"{item.nodeid} reads the cached run {name!r}; its module's "
+                                              f"shared_run(item) must return that name (it gives "
+                                              f"{declared[0] if declared else None!r})")
 
 
 def pytest_sessionfinish(session, exitstatus):
