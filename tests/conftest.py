@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -222,6 +223,51 @@ def build_server(root: Path, out: Path, *flags: str, clients: int | None = None,
     cfg = parse_config(cli(root, out, *QUICK, *flags))
     data = load_split("Digits", root, clients, new_clients=new)
     return get_server_class(cfg.algorithm)(cfg.replace(num_classes=data.num_classes), data, run, recorder)
+
+
+_OBSERVED: dict = {}
+
+
+def observed_name(algo: str) -> str:
+    """The name, for ``regroup``, of ``two_observed_rounds``'s run of ``algo``."""
+    return f"observed {algo}"
+
+
+def two_observed_rounds(root: Path, algo: str) -> SimpleNamespace:
+    """Rounds 0 and 1 of ``algo`` on the split under ``root``, built by ``build_server`` (FedBN on its
+    BNCNN) and run by ``loop.run_round``, with what crossed the wire: ``rounds``, for each round, every
+    uploading client's personal entries (its ``personal_keys``) as they were when it uploaded, after
+    training, and the uploads; ``broadcasts``, round 1's payloads (``Server.broadcast``), by client id; and
+    the ``server`` after both rounds. Made once per test process (tests/test_comm.py and
+    tests/test_executors.py read it); callers must not change it."""
+    reading_shared(observed_name(algo))
+    if algo not in _OBSERVED:
+        server = build_server(root, root, "-algo", algo, "-gr", "2", *(("-m", "BNCNN") if algo == "FedBN" else ()))
+        rounds, broadcasts = [], {}
+        receive, broadcast = loop.receive, server.broadcast
+
+        def receive_and_keep(srv, clients):
+            personal = {c.id: {k: v.detach().clone() for k, v in c.model.state_dict().items()
+                               if k.startswith(c.personal_keys)} for c in clients}
+            uploads = receive(srv, clients)
+            rounds.append(SimpleNamespace(personal=personal, uploads=uploads))
+            return uploads
+
+        def broadcast_and_keep(client):
+            payload = broadcast(client)
+            if server.round_idx == 1:
+                broadcasts[client.id] = payload
+            return payload
+
+        loop.receive, server.broadcast = receive_and_keep, broadcast_and_keep  # restored below
+        try:
+            loop.run_round(server, 0)
+            loop.run_round(server, 1)
+        finally:
+            loop.receive = receive
+            del server.broadcast
+        _OBSERVED[algo] = SimpleNamespace(rounds=rounds, broadcasts=broadcasts, server=server)
+    return _OBSERVED[algo]
 
 
 _SEQUENTIAL_RUNS: dict = {}

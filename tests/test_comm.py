@@ -7,10 +7,9 @@ import pytest
 import torch
 
 import main
-from cli import parse_config
-from conftest import cli
+from conftest import cli, observed_name, two_observed_rounds
 from flcore.clients.clientbase import Upload
-from flcore.registry import ALGORITHMS, get_server_class
+from flcore.registry import ALGORITHMS
 from flcore.trainmodel.models import build_model
 from flcore.trainmodel.parts import split_head
 from utils.comm import payload_bytes
@@ -113,36 +112,33 @@ def graphs_in(obj, path="client", seen=None):
             yield from graphs_in(v, f"{path}.{k}", seen)
 
 
+def shared_run(item) -> str | None:
+    """The observed rounds a test reads (tests/conftest.py's ``regroup``: one test process makes them)."""
+    if item.originalname != "test_payload_tensors_own_their_storage_and_hold_no_graph":
+        return None
+    return observed_name(item.callspec.params["algo"])
+
+
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
-def test_payload_tensors_own_their_storage_and_hold_no_graph(algo, digits_tiny_root, monkeypatch):
+def test_payload_tensors_own_their_storage_and_hold_no_graph(algo, digits_tiny_root):
     """What the wire carries is what the bytes count: a payload tensor that is a view of a larger one
     (a row of a stacked matrix) would be pickled with its whole storage, once per client. And neither a
     broadcast nor an upload, nor what the server and its clients keep after a round, carries an autograd
     graph (a tensor computed from a parameter and not detached: SCAFFOLD's Δc_i from the trained model, a
     prototype from a forward pass), which would keep the graph alive beyond the round, move gradients
-    across clients, and not cross a process boundary."""
-    from runtime.executors import SequentialExecutor
-    from utils.data_utils import load_split
-
-    flags = ("-m", "BNCNN") if algo == "FedBN" else ()
-    cfg = parse_config(cli(digits_tiny_root, digits_tiny_root, "-algo", algo, "-gr", "2", *flags))
-    server = get_server_class(algo)(cfg.replace(num_classes=10), load_split("Digits", digits_tiny_root), 0, None,
-                                    SequentialExecutor())
-    loop.run_round(server, 0)
-    server.round_idx = 1
-    server.selected = server.select_clients()
-    server.prepare_broadcast(server.selected)
-    for c in server.clients:
-        for t in tensors_in(server.broadcast(c)):
-            assert t.untyped_storage().nbytes() == t.nelement() * t.element_size(), (algo, c.id, t.shape)
-            assert not t.requires_grad, (algo, c.id, t.shape)
-    uploads, aggregate = [], loop.aggregate
-    monkeypatch.setattr(loop, "aggregate", lambda srv, ups: (uploads.extend(ups), aggregate(srv, ups)))
-    loop.run_round(server, 1)
+    across clients, and not cross a process boundary. Read from the rounds conftest's
+    ``two_observed_rounds`` ran (tests/test_executors.py reads them too)."""
+    seen = two_observed_rounds(digits_tiny_root, algo)
+    assert sorted(seen.broadcasts) == list(range(5)), algo  # round 1's payload to every client
+    for cid, payload in seen.broadcasts.items():
+        for t in tensors_in(payload):
+            assert t.untyped_storage().nbytes() == t.nelement() * t.element_size(), (algo, cid, t.shape)
+            assert not t.requires_grad, (algo, cid, t.shape)
+    uploads = [u for r in seen.rounds for u in r.uploads]
     assert uploads, algo
     for upload in uploads:
         for t in tensors_in([upload.state or {}, upload.extras]):
             assert not t.requires_grad, (algo, upload.id, t.shape)
     # nor does what a client or the server keeps after a round (state, models, gradients, optimizer
     # buffers): a graph kept across rounds grows with them and holds every step's activations
-    assert list(graphs_in(server, "server")) == [], algo
+    assert list(graphs_in(seen.server, "server")) == [], algo

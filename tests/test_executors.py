@@ -19,7 +19,8 @@ import torch
 
 import main
 from cli import algorithm_arg, parse_config
-from conftest import RAY_POOL, build_server, cli, sequential_name, sequential_series
+from conftest import (RAY_POOL, build_server, cli, observed_name, sequential_name, sequential_series,
+                      two_observed_rounds)
 from flcore.clients.clientavg import FedAvgClient
 from flcore.registry import ALGORITHMS, get_server_class
 from flcore.servers.serveravg import FedAvgServer
@@ -49,10 +50,12 @@ def shared_run(item) -> str | None:
     """The sequential run a test compares with (``sequential_run``), named by its flags (tests/conftest.py's
     ``regroup``): every test that reads it, tests/test_algorithms.py's determinism check of the same flags
     included, runs in the test process that makes it. The tests on the shared Ray pool run in one test
-    process instead (``RAY_POOL``)."""
+    process instead (``RAY_POOL``); the check of personal entries reads conftest's ``two_observed_rounds``."""
     params = item.callspec.params if hasattr(item, "callspec") else {}
     if params.get("executor") == "ray" or item.originalname == "test_ray_matches_sequential":
         return RAY_POOL
+    if item.originalname == "test_personal_entries_never_reach_the_server":
+        return observed_name(params["algo"])
     flags = {"test_fork_matches_sequential": lambda: two_rounds(params["algo"]),
              "test_resume_after_crash_equals_uninterrupted_run": lambda: resumed(params["case"]),
              "test_killed_worker_resumes_from_checkpoint": lambda: KILLED,
@@ -406,35 +409,22 @@ def test_personal_keys_are_declared():
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-def test_personal_entries_never_reach_the_server(algo, digits_tiny_root, monkeypatch):
-    server = build(digits_tiny_root, algo)
-    receive = loop.receive
-    seen = []
-
-    def receive_and_keep(srv, clients):
-        # The personal entries of each client's model as they are when it uploads (after training).
-        personal = {c.id: {k: v.detach().clone() for k, v in c.model.state_dict().items()
-                           if k.startswith(c.personal_keys)} for c in clients}
-        uploads = receive(srv, clients)
-        seen.append((personal, uploads))
-        return uploads
-
-    monkeypatch.setattr(loop, "receive", receive_and_keep)
-    loop.run_round(server, 0)
-    loop.run_round(server, 1)
-    assert len(seen) == 2
-    for personal, uploads in seen:
-        assert sorted(u.id for u in uploads) == list(range(5))
-        for u in uploads:
-            keys = server.clients[u.id].personal_keys
+def test_personal_entries_never_reach_the_server(algo, digits_tiny_root):
+    """Read from the rounds conftest's ``two_observed_rounds`` ran (tests/test_comm.py reads them too)."""
+    seen = two_observed_rounds(digits_tiny_root, algo)
+    assert len(seen.rounds) == 2
+    for r in seen.rounds:
+        assert sorted(u.id for u in r.uploads) == list(range(5))
+        for u in r.uploads:
+            keys = seen.server.clients[u.id].personal_keys
             if "" in keys:  # the whole model is personal: no model crosses the wire
                 assert u.state is None
                 continue
             if keys:  # not vacuous: the model has personal entries and something else is uploaded
-                assert personal[u.id] and u.state
+                assert r.personal[u.id] and u.state
             assert not [k for k in u.state or {} if k.startswith(keys)], keys
             sent = list(tensors(u.state)) + list(tensors(u.extras))
-            for name, p in personal[u.id].items():
+            for name, p in r.personal[u.id].items():
                 assert not any(torch.equal(p, t) for t in sent), f"client {u.id} uploads its personal {name}"
 
 
