@@ -265,6 +265,23 @@ def test_a_late_joiner_receives_as_a_participant_and_fine_tunes_in_training_mode
     assert got == []
 
 
+def test_a_late_joiner_tests_the_model_its_algorithm_declares(digits_tiny_root, tmp_path):
+    """Ditto declares ``new_client_model = "model"``: a client that joins after training is tested on the
+    model it received, not on its personal model (which it never trained), here after two rounds in which
+    the personal models moved away from it."""
+    server = build(digits_tiny_root, tmp_path, "-algo", "Ditto")
+    loop.run_round(server, 0)
+    loop.run_round(server, 1)
+    c = server.clients[2]
+    personal = c.eval_model()
+    assert personal is not c.model
+    correct, n, _ = client_steps.join_late(c, server.global_model, 0)
+    with torch.no_grad():
+        by_hand = int((c.model(c.x_test).argmax(1) == c.y_test).sum())
+        on_personal = int((personal(c.x_test).argmax(1) == c.y_test).sum())
+    assert (correct, n) == (by_hand, c.test_samples) and on_personal != by_hand
+
+
 def test_the_sampled_training_loss_is_the_clients_own_seeded_draw(digits_tiny_root, tmp_path):
     from utils.seeding import torch_gen
 

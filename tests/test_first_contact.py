@@ -80,6 +80,21 @@ def test_a_non_finite_evaluation_ends_the_run_as_diverged(where, digits_tiny_roo
     assert sidecar["status"] == "diverged", sidecar["status"]
 
 
+def test_non_finite_outputs_on_one_clients_training_data_name_that_client_and_split(digits_tiny_root):
+    """A NaN in client 2's training data (its test data finite): the evaluation of the training split says
+    which client and which split, not only that the round's summed train loss is NaN."""
+    from conftest import build_server
+    from runtime import loop
+    from utils.errors import Diverged
+
+    server = build_server(digits_tiny_root, digits_tiny_root)
+    c = server.clients[2]
+    c.x_train = c.x_train.clone()
+    c.x_train[0] = float("nan")
+    with pytest.raises(Diverged, match="^client 2: the evaluated model's outputs on its training split are not finite"):
+        loop.evaluate(server)
+
+
 def test_gr_0_is_marked_untrained_and_tables_leave_it_out(digits_tiny_root, tmp_path):
     assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "0")) == 0
     assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", "-go", "trained")) == 0
