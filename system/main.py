@@ -317,6 +317,7 @@ def main(argv=None) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        results.reset_interrupt()  # the exit code has read it; a later loop in this process starts clean
     return 0
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import main
-from conftest import REPO, cli
+from conftest import REPO, build_server, cli
 from runtime import loop
 from utils.results import read_h5
 
@@ -222,6 +222,39 @@ def test_a_run_stopped_by_a_signal_resumes_to_the_uninterrupted_numbers(digits_t
     assert len(whole["rs_test_acc"]) == 4
     for key in ("rs_test_acc", "rs_train_loss", "rs_test_auc"):
         assert np.array_equal(resumed[key], whole[key]), key
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("rounds", ["4", "2"])  # before the next round; before the final evaluation
+def test_a_signal_whose_interrupt_a_finalizer_swallowed_still_ends_the_run(rounds, digits_tiny_root, tmp_path,
+                                                                          monkeypatch, capsys):
+    """A signal that arrives while a finalizer runs (an object's ``__del__``: a result folder closing its
+    descriptor) raises its KeyboardInterrupt there, where Python prints "Exception ignored" and goes on:
+    the run still ends before its next round, interrupted, with 128 + the signal (seen in CI: a SIGTERM lost
+    in ``Folder.__del__`` let a Ray run train to its end and exit 0)."""
+    from flcore.servers.serverbase import Server
+    from utils import results
+
+    class Finalized:
+        def __del__(self):
+            results.interrupt(signal.SIGTERM, None)  # what the signal handler does, here inside __del__
+
+    after_round = Server.after_round
+
+    def signal_in_a_finalizer(self):
+        if self.round_idx == 1:
+            Finalized()  # made and collected at once: its __del__ runs here
+        after_round(self)
+
+    monkeypatch.setattr(Server, "after_round", signal_in_a_finalizer)
+    assert main.main(cli(digits_tiny_root, tmp_path, "-gr", rounds, "--executor", "sequential")) == 128 + signal.SIGTERM
+    assert "interrupted in round 1" in capsys.readouterr().err
+    assert sidecar(tmp_path)["status"] == "interrupted"
+    assert list(read_h5(tmp_path / f"{STEM}.h5")["rs_round"]) == [0, 1]
+    assert results.stopped_by() is None  # main forgets the signal once its exit code is read
+    server = build_server(digits_tiny_root, tmp_path, "-gr", "1")
+    loop.train(server)  # so a later run in this process is not stopped by it
+    assert server.round_idx == 1
 
 
 @needs_proc

@@ -33,6 +33,7 @@ from runtime.executors import WorkerLost
 from utils.comm import payload_bytes
 from utils.errors import Diverged, FLError
 from utils.metrics import summarize
+from utils.results import raise_if_stopped
 
 
 class PhaseTimer:
@@ -75,15 +76,18 @@ def train(server) -> None:
 
 def run_rounds(server, first: int) -> None:
     """Rounds ``first`` .. ``-gr``-1, then the final evaluation (of round ``-gr``, or of the round ``-ab``
-    stopped before; ``-gr 0`` evaluates the initial model as round 0)."""
+    stopped before; ``-gr 0`` evaluates the initial model as round 0). A signal ends the run by the next
+    of these at the latest (``raise_if_stopped``)."""
     cfg = server.cfg
     done = first
     for t in tqdm(range(first, cfg.global_rounds), desc=f"{cfg.algorithm} run {server.run}", leave=False,
                   disable=not cfg.progress, initial=first, total=cfg.global_rounds):
+        raise_if_stopped()  # a signal whose KeyboardInterrupt a finalizer swallowed
         if should_stop(server):  # checked before a round, so a resumed run stops where it stopped
             break
         run_round(server, t)
         done = t + 1
+    raise_if_stopped()
     final_evaluation(server, done)
 
 

@@ -34,6 +34,16 @@ def interrupt(signum, frame) -> None:
         raise KeyboardInterrupt
 
 
+def raise_if_stopped() -> None:
+    """A safe point (the round loop calls it before each round and before the final evaluation): once a
+    signal has been recorded, a run still going ends here. ``interrupt`` raises its KeyboardInterrupt in
+    whatever code runs when the signal arrives; in a finalizer (an object's ``__del__``, a weakref or
+    garbage-collector callback) Python prints it as "Exception ignored" and goes on, and the run would
+    otherwise train to its end and report success."""
+    if _writing["signal"] is not None and not _writing["now"]:
+        raise KeyboardInterrupt
+
+
 def reset_interrupt() -> None:
     """Forget an earlier run's signal (main.py, before it installs ``interrupt``)."""
     _writing["signal"] = None
