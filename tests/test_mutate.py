@@ -403,6 +403,13 @@ def test_a_mutants_time_limit_follows_the_tests_it_runs():
     assert mutate.time_limit(["tests/t.py::test_a"], None, 500.0) == 3 * 500 + 120
 
 
+def test_time_the_lane_spent_stopped_is_not_the_mutants():
+    from scripts.dev import mutate
+
+    assert mutate.running_time(0.06) == 0.06 and mutate.running_time(mutate.STOPPED_S) == mutate.STOPPED_S
+    assert mutate.running_time(738.0) == 0.0  # the wait loop itself was stopped (kill -STOP, then -CONT)
+
+
 def test_the_coverage_run_is_kept_until_the_module_or_its_tests_change(tmp_path, monkeypatch):
     from scripts.dev import mutate
 

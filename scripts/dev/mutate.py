@@ -375,7 +375,6 @@ def forked_pytest(root: Path, argv: list[str], timeout: float, log: Path, plugin
     """Run pytest on ``argv`` in ``root``, in a child forked from this process (torch already imported), its
     output in ``log``; under coverage.py with the configuration ``cover`` when given, each test its own context
     (``TestContexts``), and the processes it starts measured too. (exit code or None after ``timeout``, seconds)."""
-    start = time.monotonic()
     pid = os.fork()
     if pid == 0:
         code = 99
@@ -406,15 +405,30 @@ def forked_pytest(root: Path, argv: list[str], timeout: float, log: Path, plugin
                     cov.save()
         finally:
             os._exit(code)
+    elapsed, last = 0.0, time.monotonic()
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
+        now = time.monotonic()
+        elapsed += running_time(now - last)
+        last = now
         if done:
-            return os.waitstatus_to_exitcode(status), time.monotonic() - start
-        if time.monotonic() - start > timeout:
+            return os.waitstatus_to_exitcode(status), elapsed
+        if elapsed > timeout:
             os.killpg(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            return None, time.monotonic() - start
+            return None, elapsed
         time.sleep(0.05)
+
+
+STOPPED_S = 10.0  # a wait of 0.05 s that took longer than this was the lane being stopped (SIGSTOP)
+
+
+def running_time(step: float) -> float:
+    """The part of one step of the wait loop that counts toward a mutant's time limit: all of it, unless
+    the step took over ``STOPPED_S``, which only happens when the lane was stopped (``kill -STOP`` to give
+    a measurement a quiet machine, then ``-CONT``): that pause is not the mutant's, and counting it turned
+    mutants that were running across it into timeouts (kills)."""
+    return step if step <= STOPPED_S else 0.0
 
 
 def run_tests(root: Path, args: list[str], timeout: float, log: Path,
