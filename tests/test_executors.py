@@ -10,6 +10,7 @@ order whichever process runs a client. The Ray tests share one local Ray session
 import copy
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import torch
 
 import main
 from cli import algorithm_arg, parse_config
-from conftest import (RAY_POOL, build_server, cli, observed_name, sequential_name, sequential_series,
+from conftest import (REPO, RAY_POOL, build_server, cli, observed_name, sequential_name, sequential_series,
                       two_observed_rounds)
 from flcore.clients.clientavg import FedAvgClient
 from flcore.registry import ALGORITHMS, get_server_class
@@ -358,6 +359,19 @@ def test_lost_worker_beyond_max_restarts_stops_with_clear_message(digits_tiny_ro
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert "worker 1 died" in line and "2 time(s)" in line and "--max_restarts 1" in line and "--resume" in line
     assert len(read_h5(tmp_path / "Digits_FedAvg_test_0.h5")["rs_round"]) == 1  # round 0's evaluation kept
+
+
+def test_the_server_imports_what_a_forked_worker_would_import_before_forking():
+    """A client's first optimizer imports ``torch._dynamo`` lazily (about a CPU-second); the fork executor
+    imports it in the server process before it forks, so the workers inherit it. In a fresh interpreter,
+    as this test process has long imported it."""
+    code = ("import sys, torch\n"
+            "from runtime import fork\n"
+            "assert 'torch._dynamo' not in sys.modules\n"
+            "fork._import_what_a_worker_would()\n"
+            "assert 'torch._dynamo' in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO / "system", capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_a_closed_fork_pool_leaves_no_pipe_open_and_its_workers_are_daemons(digits_tiny_root, tmp_path):
