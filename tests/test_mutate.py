@@ -381,6 +381,29 @@ def test_survivors_rerun_against_the_tests_given_without_the_coverage_run(tmp_pa
         mutate.mutate("pkg/mod.py", full=False, fresh=False, only=["tests/test_new.py"])
 
 
+def test_a_changed_module_runs_each_mutant_against_its_earlier_killer_first(tmp_path, monkeypatch):
+    """Both tests kill every mutant; test_f is the faster, so a first run records it as every killer. Once an
+    earlier run says the slow test killed "x - 1", a run on the changed file tries that test first for that
+    mutant, and the later killers first for the others."""
+    import json
+
+    from scripts.dev import mutate
+
+    repo = one_line_repo(tmp_path, monkeypatch, "assert mod.f(1) == 2", {})
+    (repo / "tests" / "test_slow.py").write_text("import time\n\nfrom pkg import mod\n\n\ndef test_slow():\n"
+                                                 "    time.sleep(0.3)\n    assert mod.f(1) == 2\n")
+    first = mutate.mutate("pkg/mod.py", full=False, fresh=True)
+    assert {m["to"]: m["by"] for m in first["mutants"]} == dict.fromkeys(
+        ["return x - 1", "return x + 2", "return x + 0"], "tests/test_mod.py::test_f")
+    first["mutants"][0]["by"] = "tests/test_slow.py::test_slow"
+    mutate.result_path("pkg/mod.py").write_text(json.dumps(first))
+    (repo / "pkg" / "mod.py").write_text("def f(x):\n    return x + 1\n\n\nNAME = 'changed elsewhere'\n")
+    record = mutate.mutate("pkg/mod.py", full=False, fresh=False)
+    assert {m["to"]: m["by"] for m in record["mutants"]} == {
+        "return x - 1": "tests/test_slow.py::test_slow", "return x + 2": "tests/test_mod.py::test_f",
+        "return x + 0": "tests/test_mod.py::test_f"}
+
+
 def test_the_killer_is_read_whole_from_the_summary_line():
     from scripts.dev import mutate
 

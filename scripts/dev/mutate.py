@@ -645,6 +645,9 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
     # changed elsewhere, so a mutant that a test written since kills keeps saying so.
     survivors = {(m["op"], m["from"], m["to"]) for m in previous.get("mutants", [])
                  if m["outcome"] == "survived" or m.get("was") == "survived"}
+    # The test that killed each mutant in the earlier run, tried first when the mutant runs again (a changed
+    # file runs all its mutants again, and most fall to the same test): the order changes, never the set.
+    earlier = {(m["op"], m["from"], m["to"]): m["by"] for m in previous.get("mutants", []) if m.get("by")}
     for name in PREIMPORT:
         try:
             __import__(name)
@@ -683,7 +686,7 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
                 write(record)
                 continue
             chosen = only if only is not None else select(cmap, lines, m["line"], guard, module in REMOTE)
-            killers = [r["by"] for r in record["mutants"] if r.get("by")]
+            killers = [r["by"] for r in record["mutants"] if r.get("by")] + [earlier.get(key[:3], "")]
             (root / module).write_text(m["code"])
             outcome, seconds, by = run_mutant(root, chosen, time_limit(chosen, durations, base), log, killers,
                                               durations)
