@@ -381,10 +381,12 @@ def test_survivors_rerun_against_the_tests_given_without_the_coverage_run(tmp_pa
         mutate.mutate("pkg/mod.py", full=False, fresh=False, only=["tests/test_new.py"])
 
 
-def test_a_changed_module_runs_each_mutant_against_its_earlier_killer_first(tmp_path, monkeypatch):
-    """Both tests kill every mutant; test_f is the faster, so a first run records it as every killer. Once an
-    earlier run says the slow test killed "x - 1", a run on the changed file tries that test first for that
-    mutant, and the later killers first for the others."""
+def test_a_changed_module_runs_each_mutant_against_its_earlier_killer_alone_first(tmp_path, monkeypatch):
+    """Both tests kill every mutant; test_f is the faster, so a first run records it as every killer. On the
+    module changed elsewhere, each mutant runs against its earlier killer alone first: the slow test for
+    "x - 1", as an edited record says, and test_f for "x + 0"; "x + 2", whose recorded killer no longer
+    exists, runs its coverage selection instead (the latest killer, the slow test, first). When every earlier killer kills again, no coverage run is
+    made at all."""
     import json
 
     from scripts.dev import mutate
@@ -396,12 +398,20 @@ def test_a_changed_module_runs_each_mutant_against_its_earlier_killer_first(tmp_
     assert {m["to"]: m["by"] for m in first["mutants"]} == dict.fromkeys(
         ["return x - 1", "return x + 2", "return x + 0"], "tests/test_mod.py::test_f")
     first["mutants"][0]["by"] = "tests/test_slow.py::test_slow"
+    first["mutants"][1]["by"] = "tests/test_mod.py::test_gone"
     mutate.result_path("pkg/mod.py").write_text(json.dumps(first))
     (repo / "pkg" / "mod.py").write_text("def f(x):\n    return x + 1\n\n\nNAME = 'changed elsewhere'\n")
+    runs = []
+    monkeypatch.setattr(mutate, "coverage_map", lambda *a, real=mutate.coverage_map: runs.append(a) or real(*a))
     record = mutate.mutate("pkg/mod.py", full=False, fresh=False)
-    assert {m["to"]: m["by"] for m in record["mutants"]} == {
-        "return x - 1": "tests/test_slow.py::test_slow", "return x + 2": "tests/test_mod.py::test_f",
-        "return x + 0": "tests/test_mod.py::test_f"}
+    assert {m["to"]: (m["by"], m["ran"]) for m in record["mutants"]} == {
+        "return x - 1": ("tests/test_slow.py::test_slow", 1), "return x + 2": ("tests/test_slow.py::test_slow", 2),
+        "return x + 0": ("tests/test_mod.py::test_f", 1)}
+    assert len(runs) == 1 and record["baseline_s"] > 0
+    (repo / "pkg" / "mod.py").write_text("def f(x):\n    return x + 1\n\n\nNAME = 'changed again'\n")
+    again = mutate.mutate("pkg/mod.py", full=False, fresh=False)
+    assert [(m["outcome"], m["ran"]) for m in again["mutants"]] == [("killed", 1)] * 3
+    assert len(runs) == 1 and again["baseline_s"] == record["baseline_s"]  # kept: no unmutated run this time
 
 
 def test_the_killer_is_read_whole_from_the_summary_line():

@@ -20,7 +20,10 @@ a mutant runs only those that execute its line (``coverage_map``: one run of the
 its own context, followed into the processes it forks or starts; kept across runs while the module and its
 tests are unchanged: ``cached_coverage_map``); a line that runs at import or in a fixture's set-up runs them
 all, and a line that none runs survives without a run (in a ``REMOTE`` module, whose
-code also runs where coverage.py does not follow, it runs the tests that ran the module). ``--all-tests`` runs every
+code also runs where coverage.py does not follow, it runs the tests that ran the module). A module changed since its
+last record runs each mutant first against the test that killed it then, alone, where that test passes alone
+on the unmutated code; only the mutants it does not kill need the coverage run, so a change that leaves every
+earlier kill standing costs no run of all the guarding tests. ``--all-tests`` runs every
 guarding test for every mutant instead; ``--verify`` reruns each survivor with all of them. Which tests guard
 a module is decided in one place, ``guards()`` below: the test files that import the module and the explicit
 ``EXTRA`` files, and for every algorithm whose server is (or imports) the module, the tests parametrized with
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import datetime
 import hashlib
 import json
@@ -612,6 +616,53 @@ def result_path(module: str) -> Path:
     return RESULTS / f"{dotted(module)}.json"
 
 
+@contextlib.contextmanager
+def mutated(path: Path, code: str, source: str):
+    """``path`` holds the mutant ``code`` inside the block and its own ``source`` again after it."""
+    path.write_text(code)
+    try:
+        yield
+    finally:
+        path.write_text(source)
+
+
+class Selection:
+    """Which of the guarding tests a mutant runs (``pick``) and how long it may take (``limit``). The unmutated
+    run that decides both (under coverage, or of every guarding test with ``all_tests``; none with ``only``,
+    the tests given) is made the first time a mutant needs it, not before."""
+
+    def __init__(self, root: Path, module: str, guard: list[str], tmp: Path, lines: dict, all_tests: bool,
+                 only: list[str] | None, earlier_base: float | None):
+        self.root, self.module, self.guard, self.tmp, self.lines = root, module, guard, tmp, lines
+        self.all_tests, self.only = all_tests, only
+        self.cmap, self.durations, self.base = None, None, None
+        if only is not None:
+            self.base = earlier_base
+
+    def ready(self) -> None:
+        if self.base is not None:
+            return
+        if self.all_tests:
+            outcome, self.base = run_tests(self.root, self.guard, 3600, self.tmp / "pytest.log")
+            if outcome != "survived":
+                sys.stdout.write((self.tmp / "pytest.log").read_text()[-3000:])
+                raise SystemExit(f"mutate: the guarding tests fail on the unmutated code ({outcome})")
+        else:  # the unmutated run, under coverage: which test runs which line
+            self.cmap, self.base, self.durations = cached_coverage_map(self.root, self.module, self.guard, self.tmp)
+        print(f"{self.module}: {len(self.guard)} guarding test files and nodes, {self.base:.0f} s unmutated"
+              + ("" if self.all_tests else " under coverage"), flush=True)
+
+    def pick(self, line: int, remote: bool) -> list[str]:
+        if self.only is not None:
+            return self.only
+        self.ready()
+        return self.guard if self.all_tests else select(self.cmap, self.lines, line, self.guard, remote)
+
+    def limit(self, tests: list[str]) -> float:
+        self.ready()
+        return time_limit(tests, self.durations, self.base)
+
+
 def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify: bool = False,
            only: list[str] | None = None) -> dict:
     """Run the module's mutants (the survivors of an earlier run on the same source, unless ``fresh``) and
@@ -645,8 +696,8 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
     # changed elsewhere, so a mutant that a test written since kills keeps saying so.
     survivors = {(m["op"], m["from"], m["to"]) for m in previous.get("mutants", [])
                  if m["outcome"] == "survived" or m.get("was") == "survived"}
-    # The test that killed each mutant in the earlier run, tried first when the mutant runs again (a changed
-    # file runs all its mutants again, and most fall to the same test): the order changes, never the set.
+    # The test that killed each mutant in the earlier run: a changed file runs all its mutants again, and most
+    # fall to the same test.
     earlier = {(m["op"], m["from"], m["to"]): m["by"] for m in previous.get("mutants", []) if m.get("by")}
     for name in PREIMPORT:
         try:
@@ -657,22 +708,18 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
         root = copy_repo(Path(tmp))
         log = Path(tmp) / "pytest.log"
         guard = files + nodes
-        if only is not None:
-            cmap, durations, base = None, None, previous["baseline_s"]
-        elif all_tests:
-            cmap, durations = None, None
-            outcome, base = run_tests(root, guard, 3600, log)
-            if outcome != "survived":
-                sys.stdout.write(log.read_text()[-3000:])
-                raise SystemExit(f"mutate: the guarding tests fail on the unmutated code ({outcome})")
-        else:  # the unmutated run, under coverage: which test runs which line
-            cmap, base, durations = cached_coverage_map(root, module, guard, Path(tmp))
-        print(f"{module}: {len(found)} mutants; {len(files)} test files + {len(nodes)} test nodes, "
-              f"{base:.0f} s unmutated" + ("" if all_tests else " under coverage")
-              + (f"; survivors against {len(only)} test(s) given" if only is not None else ""), flush=True)
+        tests = Selection(root, module, guard, Path(tmp), lines, all_tests, only, previous.get("baseline_s"))
+        # A changed module's mutants run against their earlier killer alone first, where that test still passes
+        # alone on the unmutated code (timed there): a mutant it kills needs no selection, and a run whose every
+        # mutant falls that way makes no unmutated run of all the guarding tests.
+        first = {} if same or only is not None else earlier
+        passing = {t: seconds for t in sorted(set(first.values()))
+                   for outcome, seconds in [run_tests(root, [t], 3600, log)] if outcome == "survived"}
         record = {"module": module, "tool": "cosmic-ray " + version(), "date": str(datetime.date.today()),
                   "commit": commit, "sha": sha(source), "tests": guard,
-                  "baseline_s": round(base, 1), "mutants": []}
+                  "baseline_s": previous.get("baseline_s"), "mutants": []}
+        print(f"{module}: {len(found)} mutants, {len(done)} kept from the earlier run on this source, "
+              f"{len(passing)} earlier killers to try first", flush=True)
         for i, m in enumerate(found):
             key = (m["op"], m["from"], m["to"], m["line"])
             if key in done:
@@ -685,16 +732,23 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
                       flush=True)
                 write(record)
                 continue
-            chosen = only if only is not None else select(cmap, lines, m["line"], guard, module in REMOTE)
-            killers = [r["by"] for r in record["mutants"] if r.get("by")] + [earlier.get(key[:3], "")]
-            (root / module).write_text(m["code"])
-            outcome, seconds, by = run_mutant(root, chosen, time_limit(chosen, durations, base), log, killers,
-                                              durations)
-            if outcome == "survived" and verify and chosen != guard:
-                outcome, more, by = run_mutant(root, guard, time_limit(guard, durations, base), log, killers,
-                                               durations)
-                seconds += more
-            (root / module).write_text(source)
+            outcome, seconds, by, chosen = "survived", 0.0, "", None
+            if first.get(key[:3]) in passing:
+                chosen = [first[key[:3]]]
+                with mutated(root / module, m["code"], source):
+                    outcome, seconds, by = run_mutant(root, chosen, time_limit(chosen, passing, 0.0), log, [])
+            if outcome == "survived":
+                chosen = tests.pick(m["line"], module in REMOTE)  # on the unmutated code, its first time
+                killers = [r["by"] for r in record["mutants"] if r.get("by")] + [earlier.get(key[:3], "")]
+                with mutated(root / module, m["code"], source):
+                    outcome, more, by = run_mutant(root, chosen, tests.limit(chosen), log, killers,
+                                                   tests.durations)
+                    seconds += more
+                    if outcome == "survived" and verify and chosen != guard:
+                        outcome, more, by = run_mutant(root, guard, tests.limit(guard), log, killers,
+                                                       tests.durations)
+                        seconds += more
+                record["baseline_s"] = round(tests.base, 1)
             row = {k: m[k] for k in ("line", "op", "from", "to")} | {"outcome": outcome, "s": round(seconds, 1),
                                                                     "ran": "all" if chosen == guard else len(chosen)}
             if outcome == "killed":
@@ -705,8 +759,8 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
             print(f"[{i + 1}/{len(found)}] {outcome:8s} {seconds:5.1f}s  L{m['line']} {m['op']}: {m['to']}",
                   flush=True)
             write(record)
-        if cmap is not None or only is not None:
-            recheck_killers(root, module, found, record, guard, 3 * base + 120, log)
+        recheck_killers(root, module, found, record, guard, 3 * (record["baseline_s"] or 0) + 120, log,
+                        set(passing))
     # The kill rate before the tests written against this run's survivors: kept from the first run.
     killed = sum(m["outcome"] != "survived" for m in record["mutants"])
     record["first"] = previous.get("first") or {"mutants": len(record["mutants"]), "killed": killed,
@@ -732,12 +786,14 @@ def first_failure(log: str) -> str:
 
 
 def recheck_killers(root: Path, module: str, found: list[dict], record: dict, guard: list[str], timeout: float,
-                    log: Path) -> None:
+                    log: Path, passing: set[str] = frozenset()) -> None:
     """A mutant killed by a selection of the tests counts only if its killer passes on the unmutated code when
     run as selected (alone, not after the tests that ran before it in the full run); the mutants of a killer
-    that does not are run again with every guarding test. ``found``: the module's mutants (``mutants()``)."""
+    that does not are run again with every guarding test. ``found``: the module's mutants (``mutants()``);
+    ``passing``: tests already seen passing alone on the unmutated code in this run."""
     selected = [m for m in record["mutants"] if m.get("by") and m.get("ran") not in (None, "all")]
-    bad = {test for test in {m["by"] for m in selected} if run_tests(root, [test], timeout, log)[0] != "survived"}
+    bad = {test for test in {m["by"] for m in selected} - set(passing)
+           if run_tests(root, [test], timeout, log)[0] != "survived"}
     source = (root / module).read_text()
     code = {(m["op"], m["from"], m["to"], m["line"]): m["code"] for m in found}
     for row in selected:
