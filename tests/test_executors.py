@@ -363,13 +363,16 @@ def test_lost_worker_beyond_max_restarts_stops_with_clear_message(digits_tiny_ro
 
 def test_the_server_imports_what_a_forked_worker_would_import_before_forking():
     """A client's first optimizer imports ``torch._dynamo`` lazily (about a CPU-second); the fork executor
-    imports it in the server process before it forks, so the workers inherit it. In a fresh interpreter,
-    as this test process has long imported it."""
+    imports it in the server process as it launches its workers, before it forks, so they inherit it. In a
+    fresh interpreter, as this test process has long imported it; a launch of no workers, so only the
+    import is seen."""
     code = ("import sys, torch\n"
             "from runtime import fork\n"
             "assert 'torch._dynamo' not in sys.modules\n"
-            "fork._import_what_a_worker_would()\n"
-            "assert 'torch._dynamo' in sys.modules\n")
+            "pool = fork.ForkExecutor(1)\n"
+            "pool.placement, pool.datas, pool.factory = [], [], None\n"
+            "pool._launch()\n"
+            "assert 'torch._dynamo' in sys.modules and pool.procs == []\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO / "system", capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
