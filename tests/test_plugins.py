@@ -136,3 +136,54 @@ def test_an_aggregate_that_ignores_the_uploads_under_a_rule_stops_the_round(digi
     monkeypatch.setattr(Server, "aggregate", lambda self, uploads: None)
     with pytest.raises(FLError, match="does not go through average_uploads; it must declare averaging_refusal"):
         loop.run_round(server, 0)
+
+
+def test_a_plugin_acts_at_every_round_point_in_order(digits_tiny_root, tmp_path):
+    """The loop calls a run's plug-ins at the named round points, in the round's order: the broadcast (the
+    payloads sent), the evaluation (its figures join the summary), before training (the active clients), on
+    the uploads (what it returns is what is aggregated), the aggregation (wrapped, then, through
+    ``average_uploads``, ``combine`` and ``step``) and after the round. No plug-in of the library uses every
+    point; one written against any of them is called there."""
+    from conftest import build_server
+    from runtime import loop
+
+    calls = []
+
+    class Recording(plugins.Plugin):
+        def on_broadcast(self, server, payloads):
+            calls.append(("broadcast", len(payloads)))
+
+        def metrics(self, server, tests, trains):
+            calls.append(("metrics", len(tests)))
+            return {"recorded": 1.0}
+
+        def before_training(self, server, active):
+            calls.append(("before_training", [c.id for c in active]))
+
+        def on_uploads(self, server, active, uploads):
+            calls.append(("uploads", len(uploads)))
+            return uploads[:1]
+
+        def wrap_aggregate(self, server, step):
+            def wrapped(uploads):
+                calls.append(("aggregate", len(uploads)))
+                step(uploads)
+            return wrapped
+
+        def combine(self, server, uploads, keys, reference, target, prefix):
+            calls.append(("combine", len(uploads)))
+
+        def step(self, server, current, aggregate, params):
+            calls.append(("step", len(params)))
+            return aggregate
+
+        def after_round(self, server):
+            calls.append(("after_round", server.round_idx))
+
+    server = build_server(digits_tiny_root, tmp_path, "-algo", "FedAvg", clients=3)
+    server.plugins.append(Recording())
+    loop.run_round(server, 0)
+    params = len(list(server.global_model.parameters()))
+    assert calls == [("broadcast", 3), ("metrics", 3), ("before_training", [0, 1, 2]), ("uploads", 3),
+                     ("aggregate", 1), ("combine", 1), ("step", params), ("after_round", 0)]
+    assert loop.evaluate(server)["recorded"] == 1.0
