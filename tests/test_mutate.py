@@ -65,6 +65,15 @@ def test_guards_of_a_utility_module_are_its_importers_and_the_listed_files():
     assert not any("fedrep" in n or "FedRep" in n or "[ray]" in n for n in nodes)
 
 
+def test_a_packages_init_is_guarded_by_the_files_that_import_the_package():
+    from scripts.dev import mutate
+
+    assert mutate.dotted("system/plugins/__init__.py") == "plugins"
+    assert mutate.dotted("system/plugins/robust.py") == "plugins.robust"
+    files, nodes = mutate.guards("system/plugins/__init__.py")
+    assert "tests/test_plugins.py" in files and nodes == []  # ``import plugins``
+
+
 def test_the_tests_that_name_an_algorithm_in_their_code_or_through_a_helper():
     import re
 

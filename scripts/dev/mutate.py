@@ -259,9 +259,11 @@ def mutants(source: str) -> list[dict]:
 
 
 def dotted(module: str) -> str:
+    """The name ``module`` is imported by: a package's ``__init__.py`` by the package's own name (``import
+    plugins``, ``from plugins import robust`` both run it)."""
     path = Path(module).with_suffix("")
     parts = path.parts[1:] if path.parts[0] == "system" else path.parts
-    return ".".join(parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def algorithms_of(module: str) -> list[str]:
