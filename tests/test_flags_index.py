@@ -74,3 +74,21 @@ def test_a_fedavg_run_imports_one_algorithm(digits_tiny_root, tmp_path):
     loaded = ast.literal_eval(done.stdout.strip().splitlines()[-1])
     assert loaded == ["flcore.clients.clientavg", "flcore.clients.clientbase", "flcore.servers.serveravg",
                       "flcore.servers.serverbase"], loaded
+
+
+def test_a_declaration_read_from_source_keeps_its_string_names_and_falls_back_to_the_first():
+    """``_spec`` on add_argument calls written by hand: only string constants are names (a stray number is
+    not), the dest is the first ``--`` name's, else the first name's; a spec is frozen and hashable."""
+    import dataclasses
+
+    from flcore import flags
+
+    def spec(code: str):
+        return flags._spec(ast.parse(code).body[0].value)
+
+    got = spec('p.add_argument("-x", 3, "--long-name", type=int)')
+    assert (got.names, got.dest, got.type) == (("-x", "--long-name"), "long_name", "int")
+    assert spec('p.add_argument("-a", "-b")').dest == "a"
+    assert len({got, spec('p.add_argument("-x", 3, "--long-name", type=int)')}) == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.dest = "other"
