@@ -92,3 +92,33 @@ def test_a_declaration_read_from_source_keeps_its_string_names_and_falls_back_to
     assert len({got, spec('p.add_argument("-x", 3, "--long-name", type=int)')}) == 1
     with pytest.raises(dataclasses.FrozenInstanceError):
         got.dest = "other"
+
+
+def test_a_subclass_reads_its_bases_flags_only_through_super_and_each_dest_once(tmp_path, monkeypatch):
+    """On a made-up module: a class whose ``add_args`` calls ``super().add_args`` gets its base's flags
+    first, one that does not (though it calls a method on a call's result) gets only its own, and an
+    algorithm's list keeps each dest once, the first declaration's."""
+    from flcore import flags
+
+    (tmp_path / "madeup_flags.py").write_text(
+        "class Base:\n"
+        "    def add_args(parser):\n"
+        "        parser.add_argument('--alpha', type=float)\n\n\n"
+        "class Child(Base):\n"
+        "    def add_args(parser):\n"
+        "        super().add_args(parser)\n"
+        "        parser.add_argument('--beta')\n"
+        "        parser.add_argument('--alpha', type=int)\n\n\n"
+        "class Alone(Base):\n"
+        "    def add_args(parser):\n"
+        "        parser.flag_group('x').set_defaults(gamma=1)\n"
+        "        parser.add_argument('--gamma')\n")
+    monkeypatch.setattr(flags, "SYSTEM", tmp_path)
+    monkeypatch.setitem(flags.ALGORITHMS, "MadeUpChild", "madeup_flags:Child")
+
+    def dests(name):
+        return [(s.dest, s.type) for s in flags._class_flags(*flags._class_def("madeup_flags", name))]
+
+    assert dests("Child") == [("alpha", "float"), ("beta", "str"), ("alpha", "int")]
+    assert dests("Alone") == [("gamma", "str")]
+    assert [(s.dest, s.type) for s in flags.algorithm_flags("MadeUpChild")] == [("alpha", "float"), ("beta", "str")]
