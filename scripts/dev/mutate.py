@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -714,7 +715,8 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
         # A changed module's mutants run against their earlier killer alone first, where that test still passes
         # alone on the unmutated code (timed there): a mutant it kills needs no selection, and a run whose every
         # mutant falls that way makes no unmutated run of all the guarding tests.
-        first = {} if same or only is not None else earlier
+        wanted = {(m["op"], m["from"], m["to"]) for m in found}  # an earlier killer of a mutant that is gone: none
+        first = {} if same or only is not None else {k: t for k, t in earlier.items() if k in wanted}
         passing = {t: seconds for t in sorted(set(first.values()))
                    for outcome, seconds in [run_tests(root, [t], 3600, log)] if outcome == "survived"}
         record = {"module": module, "tool": "cosmic-ray " + version(), "date": str(datetime.date.today()),
@@ -761,8 +763,7 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
             print(f"[{i + 1}/{len(found)}] {outcome:8s} {seconds:5.1f}s  L{m['line']} {m['op']}: {m['to']}",
                   flush=True)
             write(record)
-        recheck_killers(root, module, found, record, guard, 3 * (record["baseline_s"] or 0) + 120, log,
-                        set(passing))
+        recheck_killers(root, module, found, record, guard, 3 * (record["baseline_s"] or 0) + 120, log, passing)
     # The kill rate before the tests written against this run's survivors: kept from the first run.
     killed = sum(m["outcome"] != "survived" for m in record["mutants"])
     record["first"] = previous.get("first") or {"mutants": len(record["mutants"]), "killed": killed,
@@ -788,7 +789,7 @@ def first_failure(log: str) -> str:
 
 
 def recheck_killers(root: Path, module: str, found: list[dict], record: dict, guard: list[str], timeout: float,
-                    log: Path, passing: set[str] = frozenset()) -> None:
+                    log: Path, passing: Iterable[str] = ()) -> None:
     """A mutant killed by a selection of the tests counts only if its killer passes on the unmutated code when
     run as selected (alone, not after the tests that ran before it in the full run); the mutants of a killer
     that does not are run again with every guarding test. ``found``: the module's mutants (``mutants()``);
@@ -801,10 +802,9 @@ def recheck_killers(root: Path, module: str, found: list[dict], record: dict, gu
     for row in selected:
         if row["by"] in bad:
             print(f"mutate: {row['by']} fails alone on the unmutated code: L{row['line']} rerun with every test")
-            (root / module).write_text(code[(row["op"], row["from"], row["to"], row["line"])])
-            row["outcome"], seconds, row["by"] = run_mutant(root, guard, timeout, log, [])
+            with mutated(root / module, code[(row["op"], row["from"], row["to"], row["line"])], source):
+                row["outcome"], seconds, row["by"] = run_mutant(root, guard, timeout, log, [])
             row["s"], row["ran"] = round(row["s"] + seconds, 1), "all"
-            (root / module).write_text(source)
             write(record)
 
 
