@@ -1,6 +1,7 @@
 """scripts/dev/mutate.py (mutation testing; cosmic-ray from requirements-dev.txt): the mutants this file's own
 operators make on a small source, and which tests guard a module."""
 import importlib.util
+import time
 from pathlib import Path
 
 import pytest
@@ -443,6 +444,41 @@ def test_a_mutants_time_limit_follows_the_tests_it_runs():
     # a guard given as a file, or no coverage run: the whole unmutated run's time
     assert mutate.time_limit(["tests/t.py"], durations, 500.0) == 3 * 500 + 120
     assert mutate.time_limit(["tests/t.py::test_a"], None, 500.0) == 3 * 500 + 120
+
+
+def test_each_tests_limit_is_three_times_its_files_longest_plus_two_minutes():
+    from scripts.dev import mutate
+
+    durations = {"tests/t.py::test_a": 2.0, "tests/t.py::test_b[x::y]": 10.0, "tests/u.py::test_c": 50.0}
+    assert mutate.limits_per_test(durations) == {"tests/t.py::test_a": 3 * 10 + 120,
+                                                 "tests/t.py::test_b[x::y]": 3 * 10 + 120,
+                                                 "tests/u.py::test_c": 3 * 50 + 120}
+
+
+def test_a_test_that_hangs_is_stopped_at_its_own_limit_not_the_runs(tmp_path, monkeypatch):
+    from scripts.dev import mutate
+
+    (tmp_path / "test_t.py").write_text("import time\n\n"
+                                        "def test_quick():\n    time.sleep(0.3)\n\n"
+                                        "def test_hangs():\n    while True:\n        time.sleep(0.01)\n")
+    log = tmp_path / "log"
+    # each test within its limit: the run ends by itself
+    code, _ = mutate.forked_pytest(tmp_path, ["test_t.py::test_quick"], 60, log,
+                                   allowed={"test_t.py::test_quick": 5.0})
+    assert code == 0
+    started = time.monotonic()
+    code, seconds = mutate.forked_pytest(tmp_path, ["test_t.py"], 60, log,
+                                         allowed={"test_t.py::test_quick": 5.0, "test_t.py::test_hangs": 1.0})
+    assert code is None and 1.0 < seconds < 10 and time.monotonic() - started < 10
+    # run_tests gives each test its limit from the unmutated run's durations
+    monkeypatch.setattr(mutate, "SLACK_S", 1.0)
+    started = time.monotonic()
+    assert mutate.run_tests(tmp_path, ["test_t.py"], 60, log, durations={"test_t.py::test_quick": 0.3,
+                                                                         "test_t.py::test_hangs": 0.1})[0] == "timeout"
+    assert time.monotonic() - started < 10
+    # a test with no limit of its own runs to the whole run's
+    code, seconds = mutate.forked_pytest(tmp_path, ["test_t.py"], 3, log, allowed={"test_t.py::test_quick": 5.0})
+    assert code is None and seconds >= 3
 
 
 def test_time_the_lane_spent_stopped_is_not_the_mutants():

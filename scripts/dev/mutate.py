@@ -15,7 +15,9 @@ operator base: augmented assignments flipped (``+=`` -> ``-=``), a statement-lev
 Each mutant is written into a private copy of the repository (the working tree is never touched) and the
 module's guarding tests run against it with ``-x`` in a process forked from one that already imported torch, so
 one mutant costs only its tests, and the tests that killed the module's earlier mutants run first (a mutant
-is usually killed by the test that killed its neighbour, and ``-x`` then stops there). Of the guarding tests,
+is usually killed by the test that killed its neighbour, and ``-x`` then stops there); a test that runs
+past three times its file's longest unmutated time (plus two minutes) stops the run as a timeout, a kill
+(``limits_per_test``). Of the guarding tests,
 a mutant runs only those that execute its line (``coverage_map``: one run of them under coverage.py, each test
 its own context, followed into the processes it forks or starts; kept across runs while the module and its
 tests are unchanged: ``cached_coverage_map``); a line that runs at import or in a fixture's set-up runs them
@@ -42,6 +44,7 @@ import contextlib
 import datetime
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -377,15 +380,36 @@ class KillersFirst:
                                      self.durations.get(item.nodeid, 0.0)))
 
 
+class Deadlines:
+    """A pytest plugin that tells the parent, through the pipe ``fd``, each test's own time limit as the test
+    starts (``allowed``: seconds per node id, for set-up, call and teardown; a test not listed has none) and
+    ``inf`` as it ends, so that a mutant which hangs in one test is stopped at that test's limit instead of
+    the limit of the whole run."""
+
+    def __init__(self, fd: int, allowed: dict[str, float]):
+        self.fd, self.allowed = fd, allowed
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        os.write(self.fd, f"{self.allowed.get(item.nodeid, math.inf)}\n".encode())
+        yield
+        os.write(self.fd, b"inf\n")
+
+
 def forked_pytest(root: Path, argv: list[str], timeout: float, log: Path, plugins: list = (),
-                  cover: Path | None = None) -> tuple[int | None, float]:
+                  cover: Path | None = None, allowed: dict[str, float] | None = None) -> tuple[int | None, float]:
     """Run pytest on ``argv`` in ``root``, in a child forked from this process (torch already imported), its
     output in ``log``; under coverage.py with the configuration ``cover`` when given, each test its own context
-    (``TestContexts``), and the processes it starts measured too. (exit code or None after ``timeout``, seconds)."""
+    (``TestContexts``), and the processes it starts measured too. (exit code or None after ``timeout``, or
+    after one test ran past its own limit in ``allowed`` (``Deadlines``), seconds)."""
+    read, write = os.pipe() if allowed else (None, None)
     pid = os.fork()
     if pid == 0:
         code = 99
         try:
+            if allowed:
+                os.close(read)
+                plugins = [*plugins, Deadlines(write, allowed)]
             os.setpgid(0, 0)
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(fd, 1)
@@ -412,15 +436,33 @@ def forked_pytest(root: Path, argv: list[str], timeout: float, log: Path, plugin
                     cov.save()
         finally:
             os._exit(code)
-    elapsed, last = 0.0, time.monotonic()
+    if allowed:
+        os.close(write)
+        os.set_blocking(read, False)
+    try:
+        return wait_for(pid, timeout, read)
+    finally:
+        if allowed:
+            os.close(read)
+
+
+def wait_for(pid: int, timeout: float, deadlines: int | None) -> tuple[int | None, float]:
+    """(exit code, seconds) of the child ``pid``, or (None, seconds) once it ran past ``timeout`` or its test
+    of the moment past the limit last read from the pipe ``deadlines`` (``Deadlines``); it is killed then."""
+    elapsed, last, pending, in_test, limit = 0.0, time.monotonic(), b"", 0.0, math.inf
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         now = time.monotonic()
-        elapsed += running_time(now - last)
-        last = now
+        step = running_time(now - last)
+        elapsed, in_test, last = elapsed + step, in_test + step, now
         if done:
             return os.waitstatus_to_exitcode(status), elapsed
-        if elapsed > timeout:
+        with contextlib.suppress(BlockingIOError):
+            while deadlines is not None and (chunk := os.read(deadlines, 4096)):
+                *lines, pending = (pending + chunk).split(b"\n")
+                if lines:
+                    in_test, limit = 0.0, float(lines[-1])
+        if elapsed > timeout or in_test > limit:
             os.killpg(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             return None, elapsed
@@ -440,9 +482,11 @@ def running_time(step: float) -> float:
 
 def run_tests(root: Path, args: list[str], timeout: float, log: Path,
               killers: list[str] = (), durations: dict[str, float] | None = None) -> tuple[str, float]:
-    """Run the tests ``args`` with ``-x``, ``killers`` first, then fastest first (``KillersFirst``);
+    """Run the tests ``args`` with ``-x``, ``killers`` first, then fastest first (``KillersFirst``), the whole
+    run within ``timeout`` and each test within its own limit where ``durations`` know it (``limits_per_test``);
     outcome, seconds."""
-    code, seconds = forked_pytest(root, ["-x", *args], timeout, log, [KillersFirst(list(killers), durations)])
+    code, seconds = forked_pytest(root, ["-x", *args], timeout, log, [KillersFirst(list(killers), durations)],
+                                  allowed=limits_per_test(durations) if durations else None)
     if code is None:
         return "timeout", seconds
     if code == 0:
@@ -601,13 +645,27 @@ def select(cmap: dict[int, set[str]] | None, lines: dict[int, range | None], lin
     return [t for t in sorted(ran) if t in tests or t.split("::")[0] in tests]
 
 
+SLACK_S = 120.0  # added to a time limit: start-up, and a slow run on a loaded machine, never count as a hang
+
+
 def time_limit(tests: list[str], durations: dict[str, float] | None, base: float) -> float:
     """Seconds a mutant's run of ``tests`` may take before it counts as a timeout (a kill): three times what
     those tests took in the unmutated run under coverage, which is the slower, plus two minutes of start-up;
     three times the whole unmutated run where a test's own time is unknown (a file given as a guard, or no
     coverage run)."""
     known = [durations.get(t) for t in tests] if durations else [None]
-    return 3 * (base if None in known else sum(known)) + 120
+    return 3 * (base if None in known else sum(known)) + SLACK_S
+
+
+def limits_per_test(durations: dict[str, float]) -> dict[str, float]:
+    """Seconds each test may take on a mutant, set-up to teardown, before the run counts as a timeout: three
+    times the longest test of its file in the unmutated run, plus two minutes. The file's longest, not the
+    test's own time: a module-scoped fixture is paid by whichever of the file's tests runs first, and the
+    order of a mutant's run (``KillersFirst``) is not the unmutated run's."""
+    longest: dict[str, float] = {}
+    for node, seconds in durations.items():
+        longest[node.split("::")[0]] = max(longest.get(node.split("::")[0], 0.0), seconds)
+    return {node: 3 * longest[node.split("::")[0]] + SLACK_S for node in durations}
 
 
 def equivalent_notes(module: str) -> dict:
