@@ -3,14 +3,20 @@ names none of them, and a rule's degenerate round says so."""
 from __future__ import annotations
 
 import ast
+import keyword
+import tempfile
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cli
 import plugins
 from plugins import aggregators, attack, attacks, optimizers, robust, server_opt
+from utils.errors import FLError
 
 SYSTEM = Path(__file__).resolve().parents[1] / "system"
 
@@ -29,6 +35,48 @@ def test_names_read_without_torch_are_the_registered_ones():
     assert choices["aggregator"] == list(aggregators.RULES)
     assert choices["attack"] == list(attacks.ATTACKS)
     assert choices["server_opt"] == ["off", *optimizers.OPTIMIZERS]
+
+
+IDENT = st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True).filter(lambda k: k not in keyword.kwlist)
+LITERAL = st.one_of(st.booleans(), st.integers(-5, 5), st.floats(0.001, 100.0), st.text("abc", max_size=3))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(IDENT, st.dictionaries(IDENT, LITERAL, max_size=3)), max_size=4))
+def test_declarations_read_exactly_what_each_decorator_is_given(decls):
+    """Names and defaults are read from the source without torch (``plugins.declarations``): every
+    ``@rule("name", key=literal)`` comes back as written, in order, and nothing else in the file counts."""
+    source = "import x\n\n"
+    for i, (name, keys) in enumerate(decls):
+        args = "".join(f", {k}={v!r}" for k, v in keys.items())
+        source += f"@other({name!r})\n@rule({name!r}{args})\ndef f{i}(a):\n    return rule(a, 1)\n\n"
+    with tempfile.TemporaryDirectory() as folder, mock.patch.object(plugins, "__file__", f"{folder}/__init__.py"):
+        (Path(folder) / "fake.py").write_text(source)
+        assert plugins.declarations("fake", "rule") == [(name, keys) for name, keys in decls]
+
+
+@pytest.mark.parametrize("form", ['@rule("krum", True)', '@rule(NAME)', '@rule("krum", **KEYS)', "@rule",
+                                  '@rule("krum", takes_f=TAKES)', '@rule(name="krum")', '@rule("a", "b")'])
+def test_a_declaration_the_source_reader_cannot_read_whole_is_refused_with_its_line(tmp_path, monkeypatch, form):
+    """A positional default (``@rule("krum", True)``) would register at run time while ``-h`` and the checks
+    read ``takes_f`` as False: such a form stops at start-up instead, naming the line."""
+    (tmp_path / "fake.py").write_text(f"import x\n\n\n{form}\ndef f(a):\n    return a\n")
+    monkeypatch.setattr(plugins, "__file__", str(tmp_path / "__init__.py"))
+    with pytest.raises(FLError, match=r"^fake.py line 4: write @rule\("):
+        plugins.declarations("fake", "rule")
+
+
+@pytest.mark.parametrize("decorate", [lambda: aggregators.rule("krum", True), lambda: attacks.attack("x", "data"),
+                                      lambda: optimizers.optimizer("adam", 0.01)])
+def test_the_decorators_take_their_defaults_by_keyword_only(decorate):
+    with pytest.raises(TypeError):
+        decorate()
+
+
+def test_the_plugins_that_act_on_the_averaging_seam_are_the_rule_and_the_optimizer():
+    """``averages``: an algorithm whose aggregate bypasses ``average_uploads`` stops under these two only
+    (the attack, DP, the privacy monitor and ALA do not need the seam)."""
+    assert [c.__name__ for c in plugins.plugin_classes() if c.averages] == ["RobustAggregation", "ServerOpt"]
 
 
 def test_each_plugin_declares_its_own_flags_and_cli_none_of_them():

@@ -40,6 +40,7 @@ import importlib
 from pathlib import Path
 
 from utils import fileio
+from utils.errors import FLError
 
 # The plug-ins, in the order the loop calls them at each point ("module:Class").
 PLUGINS = (
@@ -142,16 +143,31 @@ def setup_client(cfg, client) -> None:
 def declarations(module: str, decorator: str) -> list[tuple[str, dict]]:
     """(name, the decorator's keywords) for every ``@<decorator>("name", key=literal, ...)`` in
     ``plugins/<module>.py``, in source order, read with ``ast``: the module imports torch, and its names and
-    defaults are what ``-h`` lists, without torch."""
+    defaults are what ``-h`` lists, without torch. Any other form of the decorator (a second positional
+    argument, a name or a keyword that is not a literal) is refused, naming its line: what this reads must be
+    all the decorator is given, or a run would act on a declaration it did not read."""
     path = Path(__file__).with_name(f"{module}.py")
     found = []
     for node in ast.parse(fileio.read_text(path, "source file"), filename=str(path)).body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             for d in node.decorator_list:
-                if (isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == decorator
-                        and d.args and isinstance(d.args[0], ast.Constant)):
-                    found.append((d.args[0].value, {k.arg: ast.literal_eval(k.value) for k in d.keywords}))
+                match d:
+                    case ast.Call(func=ast.Name(id=called), args=[ast.Constant(value=str(name))], keywords=keys) \
+                            if called == decorator and all(k.arg and literal(k.value) for k in keys):
+                        found.append((name, {k.arg: ast.literal_eval(k.value) for k in keys}))
+                    case ast.Call(func=ast.Name(id=called)) | ast.Name(id=called) if called == decorator:
+                        raise FLError(f"{path.name} line {d.lineno}: write @{decorator}(\"name\", key=literal, ...): "
+                                      "its name alone as a string, then only keywords with literal values")
     return found
+
+
+def literal(node: ast.AST) -> bool:
+    """Whether ``node`` is a Python literal (what ``ast.literal_eval`` reads)."""
+    try:
+        ast.literal_eval(node)
+    except ValueError:
+        return False
+    return True
 
 
 def registered(module: str, decorator: str) -> dict[str, dict]:

@@ -56,7 +56,7 @@ from utils.aggregate import squared_distances, weighted_average
 RULES: dict[str, Callable] = {}
 
 
-def rule(name: str, takes_f: bool = False, on_updates: bool = False):
+def rule(name: str, *, takes_f: bool = False, on_updates: bool = False):
     """Register the decorated function as ``--aggregator name``; ``takes_f``: it reads f (``--krum_f`` applies);
     ``on_updates``: it works on updates, against the model the uploads are averaged into."""
     def register(fn):

@@ -51,7 +51,7 @@ from utils.seeding import np_rng, torch_gen
 ATTACKS: dict[str, dict[str, Callable]] = {}  # name -> {role: function}
 
 
-def attack(name: str, role: str = "upload", **declared):
+def attack(name: str, *, role: str = "upload", **declared):
     """Register the decorated function as ``--attack name``'s ``role`` (see the module docstring); ``declared``
     (``scale``, ``scalable``) is read from this file's source by plugins/attack.py, not here."""
     def register(fn):

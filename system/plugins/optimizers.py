@@ -37,7 +37,7 @@ import torch
 OPTIMIZERS: dict[str, Callable] = {}
 
 
-def optimizer(name: str, lr: float):
+def optimizer(name: str, *, lr: float):
     """Register the decorated step as ``--server_opt name`` (``lr``: its default -slr)."""
     def register(fn):
         OPTIMIZERS[name] = fn
