@@ -134,8 +134,11 @@ def test_the_local_solver_is_momentum_sgd_on_the_proximal_loss(digits_tiny_root,
 
 @pytest.mark.parametrize("flags, message", [
     (("-rho", "1"), "-rho must be in [0, 1)"),
+    (("-rho", "-0.5"), "-rho must be in [0, 1)"),
     (("-mu", "-0.1"), "-mu must be >= 0"),
     (("-mu", "20", "-lr", "0.1"), "-mu x -lr < 1"),
+    (("-mu", "15", "-lr", "0.1"), "-mu x -lr < 1"),
+    (("-mu", "10", "-lr", "0.1"), "-mu x -lr < 1"),  # exactly 1: the proximal step lands on x^t
     pytest.param(("-dp", "--dp_level", "client"), "--dp_level client: FedNova is refused",
                  marks=pytest.mark.optional_deps("opacus")),
     (("--aggregator", "median"), "--aggregator: FedNova cannot take it: its server rescales every update"),
@@ -143,3 +146,10 @@ def test_the_local_solver_is_momentum_sgd_on_the_proximal_loss(digits_tiny_root,
 def test_refused_settings_say_why(flags, message, tmp_path):
     with pytest.raises(FLError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         parse_config(cli(tmp_path, tmp_path, "-algo", "FedNova", *flags))
+
+
+@pytest.mark.parametrize("flags", [("-rho", "0"), ("-rho", "0.99"), ("-mu", "9", "-lr", "0.1")])
+def test_settings_inside_the_bounds_are_taken(flags, tmp_path):
+    cfg = parse_config(cli(tmp_path, tmp_path, "-algo", "FedNova", *flags))
+    assert (cfg.rho, cfg.mu) == (float(flags[1]) if flags[0] == "-rho" else 0.0,
+                                 float(flags[1]) if flags[0] == "-mu" else 0.0)
