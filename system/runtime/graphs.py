@@ -79,7 +79,7 @@ class StepGraph:
     """One captured step and the fixed buffers it works on: ``buffers`` (a tree of stacked tensors), the
     step's inputs ``x``, ``y`` and its row ``mask``."""
 
-    def __init__(self, buffers: dict, step, x: torch.Tensor, y: torch.Tensor, capture: bool = True):
+    def __init__(self, buffers: dict, step, x: torch.Tensor, y: torch.Tensor, capture: bool):
         self.buffers = _clone_tree(buffers)
         self.x, self.y = x.clone(), y.clone()
         self.mask = torch.zeros(len(x), dtype=torch.bool, device=x.device)
