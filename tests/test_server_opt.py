@@ -159,3 +159,11 @@ def test_the_constructors_defaults_are_the_papers_and_the_clis(digits_tiny_root,
 
     built = ServerOpt.build(parse_config(cli(digits_tiny_root, tmp_path, "-algo", "FedAdam")), None).optimizer
     assert (built.beta1, built.beta2, built.tau, built.lr) == (0.9, 0.99, 1e-3, 0.01)
+
+
+@pytest.mark.parametrize("name, rate", [("sgd", 1.0), ("avgm", 1.0), ("adagrad", 0.1), ("adam", 0.01), ("yogi", 0.01)])
+def test_each_optimizers_server_rate_defaults_to_the_documented_one(tmp_path, name, rate):
+    """-slr left out: the README's defaults (1 for sgd and avgm, 0.1 adagrad, 0.01 adam and yogi), which
+    plugins/optimizers.py declares in its ``@optimizer`` lines."""
+    cfg = parse_config(cli(tmp_path, tmp_path, "-algo", "FedAvg", "--server_opt", name))
+    assert cfg.server_learning_rate == rate
