@@ -67,6 +67,17 @@ def test_bulyan_matches_a_reference_loop(n, f):
     assert np.allclose(got, reference_bulyan(x, f), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("n, f, seed, high, d", [(7, 1, 8, 3, 64), (11, 2, 13, 3, 64), (21, 2, 23, 3, 64),
+                                                (20, 1, 21, 3, 64), (20, 1, 2, 2, 3), (21, 2, 5, 2, 3)])
+def test_bulyan_breaks_ties_as_the_reference_loop_does(n, f, seed, high, d):
+    """Small integer values: Krum scores and distances to the median tie often; ties go to the lower index
+    in the pool, then to the earlier chosen. (A sort that is not stable breaks them otherwise: on a CPU
+    torch's happens to keep the order up to 16 values, so θ = n - 2f of 17 or more is what shows it; the
+    0/1 cases tie Krum's scores where the choice changes the result.)"""
+    x = np.random.default_rng(seed).integers(0, high, size=(n, d)).astype(np.float64)
+    assert np.array_equal(robust.bulyan(torch.tensor(x), f).numpy(), reference_bulyan(x, f))
+
+
 def test_centered_clipping_by_hand():
     """Rows (3, 4), (0, 0), (0, 1) around 0 with τ = 1: (3, 4) has norm 5 and becomes (0.6, 0.8), the others
     are within τ; v = ((0.6, 0.8) + (0, 0) + (0, 1)) / 3 = (0.2, 0.6). A second iteration from there: (2.8, 3.4)
@@ -90,6 +101,13 @@ def test_norm_clip_by_hand():
     assert np.allclose(robust.norm_clip(x, w, 1.0).numpy(), [(0.6 + 1.2) / 4, (0.8 + 1 + 1.6) / 4])
     # even n: the median norm is the mean of the two middle ones, (1 + 5) / 2 = 3
     assert np.allclose(robust.norm_clip(x[:2], w[:2]).numpy(), [(1.8 + 0) / 2, (2.4 + 1) / 2])
+
+
+def test_norm_clip_scales_updates_shorter_than_one():
+    """Norms 0.5 and 0.1, bound 0.2: the first scaled by 0.2 / 0.5, the second kept; their mean."""
+    x = torch.tensor([[0.3, 0.4], [0.06, 0.08]], dtype=T)
+    got = robust.norm_clip(x, torch.ones(2, dtype=T), 0.2)
+    assert torch.allclose(got, torch.tensor([(0.12 + 0.06) / 2, (0.16 + 0.08) / 2], dtype=T), rtol=0, atol=1e-15)
 
 
 def test_centered_rules_act_on_updates_and_keep_integer_entries():

@@ -172,3 +172,76 @@ def test_too_few_uploads_for_krum_is_one_clear_line(digits_tiny_root, tmp_path, 
 def test_bad_option_values_are_refused(flags, digits_tiny_root, tmp_path, capsys):
     assert main.main(cli(digits_tiny_root, tmp_path, "-gr", "1", *flags)) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def rule_inputs(n: int, f: int, notes: list) -> robust.RuleInputs:
+    return robust.RuleInputs(torch.ones(n, dtype=torch.float64), f, 0.2, None, None, 10.0, 1, None, notes.append)
+
+
+BULYAN = ("{n} uploads, fewer than 4f + 3 = {m} (f = {f}); its guarantee is lost and it averages {b} value(s) per "
+          "coordinate")
+
+
+@pytest.mark.parametrize("rule, n, f, said", [
+    ("median", 1, 0, "the median of 1 upload(s) is their unweighted mean"),
+    ("median", 2, 0, "the median of 2 upload(s) is their unweighted mean"),
+    ("median", 3, 0, None),
+    ("multikrum", 5, 0, "f = 0: Multi-Krum keeps every upload (the weighted mean)"),
+    ("multikrum", 5, 1, None),
+    ("bulyan", 3, 1, BULYAN.format(n=3, m=7, f=1, b=1)),  # n - 4f = -1: one value
+    ("bulyan", 6, 1, BULYAN.format(n=6, m=7, f=1, b=2)),
+    ("bulyan", 7, 1, None),  # n = 4f + 3: the guarantee holds
+    ("bulyan", 5, 2, BULYAN.format(n=5, m=11, f=2, b=1)),
+    ("bulyan", 10, 2, BULYAN.format(n=10, m=11, f=2, b=2)),
+    ("bulyan", 11, 2, None),
+    ("bulyan", 3, 0, None),
+])
+def test_a_rule_that_degenerates_says_so_with_its_numbers(rule, n, f, said):
+    """The notes of the module docstring, at each side of their bounds (5 columns, so n and d differ)."""
+    notes = []
+    robust.RULES[rule](torch.arange(5.0 * n, dtype=torch.float64).reshape(n, 5), rule_inputs(n, f, notes))
+    assert notes == ([said] if said else [])
+
+
+def test_bulyan_with_n_at_2f_is_refused_without_a_note():
+    notes = []
+    with pytest.raises(ValueError, match="it needs n > 2f"):
+        robust.RULES["bulyan"](torch.zeros(2, 3, dtype=torch.float64), rule_inputs(2, 1, notes))
+    assert notes == []
+
+
+def test_the_mean_rule_is_the_sample_weighted_mean():
+    x = torch.tensor([[0.0, 4.0], [4.0, 0.0]], dtype=torch.float64)
+    inputs = rule_inputs(2, 0, [])
+    inputs.weights = torch.tensor([1.0, 3.0], dtype=torch.float64)
+    assert robust.RULES["mean"](x, inputs).tolist() == [3.0, 1.0]
+
+
+def test_a_bare_aggregate_call_takes_the_defaults_of_the_flags():
+    """``aggregate``'s keyword defaults are a run's with the flags left out (--krum_f left out and no attack:
+    no malicious upload, f = 0)."""
+    import inspect
+
+    import cli
+
+    defaults = {k: p.default for k, p in inspect.signature(robust.aggregate).parameters.items()
+                if k in ("trim_frac", "krum_f", "tau", "iters", "norm_bound")}
+    assert defaults == {"trim_frac": 0.2, "krum_f": 0, "tau": 10.0, "iters": 1, "norm_bound": None}
+    flags = {a.dest: a.default for a in cli.base_parser().flags}
+    assert (flags["trim_frac"], flags["cclip_tau"], flags["cclip_iters"], flags["norm_bound"], flags["krum_f"]) == \
+        (0.2, 10.0, 1, None, None)
+
+
+def test_integer_entries_alone_take_the_rounded_weighted_mean_under_any_rule():
+    states = [{"n": torch.tensor(3)}, {"n": torch.tensor(5)}, {"n": torch.tensor(10)}]
+    assert robust.aggregate(states, [1, 1, 2], "median")["n"].item() == 7  # (3 + 5 + 20) / 4
+
+
+def test_a_round_of_one_upload_under_a_rule_is_that_upload():
+    """-jr or drop-outs can leave one upload: every rule that takes the median's path gives it back whole,
+    integer entries too (the median of one upload says so)."""
+    state = {"w": torch.tensor([[1.0, -2.0]]), "b": torch.tensor([0.5]), "n": torch.tensor(7)}
+    notes = []
+    got = robust.aggregate([state], [3.0], "median", note=notes.append)
+    assert {k: v.tolist() for k, v in got.items()} == {k: v.tolist() for k, v in state.items()}
+    assert notes == ["the median of 1 upload(s) is their unweighted mean"]

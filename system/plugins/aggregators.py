@@ -56,9 +56,8 @@ from utils.aggregate import squared_distances, weighted_average
 RULES: dict[str, Callable] = {}
 
 
-def rule(name: str, *, takes_f: bool = False, on_updates: bool = False):
-    """Register the decorated function as ``--aggregator name``; ``takes_f``: it reads f (``--krum_f`` applies);
-    ``on_updates``: it works on updates, against the model the uploads are averaged into."""
+def rule(name: str, *, takes_f: bool = False):
+    """Register the decorated function as ``--aggregator name``; ``takes_f``: it reads f (``--krum_f`` applies)."""
     def register(fn):
         RULES[name] = fn
         return fn
@@ -72,14 +71,14 @@ class RuleInputs:
     None in a bare call), ``center`` / ``tau`` / ``iters`` (centered clipping), ``norm_bound`` (norm
     bounding) and ``note(text)``, which says once per run that the rule degenerates (a warning line)."""
     weights: torch.Tensor
-    f: int = 0
-    trim_frac: float = 0.2
-    reference: torch.Tensor | None = None
-    center: torch.Tensor | None = None
-    tau: float = 10.0
-    iters: int = 1
-    norm_bound: float | None = None
-    note: Callable[[str], None] = lambda text: None
+    f: int
+    trim_frac: float
+    reference: torch.Tensor | None
+    center: torch.Tensor | None
+    tau: float
+    iters: int
+    norm_bound: float | None
+    note: Callable[[str], None]
 
 
 @rule("mean")
@@ -130,14 +129,14 @@ def bulyan_rule(x: torch.Tensor, inputs: RuleInputs) -> torch.Tensor:
     return bulyan(x, f)
 
 
-@rule("cclip", on_updates=True)
+@rule("cclip")
 def cclip(x: torch.Tensor, inputs: RuleInputs) -> torch.Tensor:
     ref = inputs.reference
     center = torch.zeros_like(ref) if inputs.center is None else inputs.center
     return ref + centered_clip(x - ref, center, inputs.tau, inputs.iters)
 
 
-@rule("normclip", on_updates=True)
+@rule("normclip")
 def normclip(x: torch.Tensor, inputs: RuleInputs) -> torch.Tensor:
     ref = inputs.reference
     return ref + norm_clip(x - ref, inputs.weights, inputs.norm_bound)

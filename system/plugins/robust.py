@@ -20,7 +20,7 @@ import sys
 from plugins import Plugin, registered
 from utils.errors import FLError, require
 
-RULES = registered("aggregators", "rule")  # name -> {"takes_f": ..., "on_updates": ...}, read without torch
+RULES = registered("aggregators", "rule")  # name -> {"takes_f": True} or {}, read without torch
 AGGREGATORS = tuple(RULES)
 F_RULES = tuple(n for n, kw in RULES.items() if kw.get("takes_f"))
 
