@@ -70,12 +70,19 @@ def counted(monkeypatch):
     return seen
 
 
+def summary(server) -> dict:
+    """The round's evaluation, and each ALA's epochs and mean batch losses in it (what decides when its
+    start phase has converged)."""
+    return {**loop.evaluate(server), "ala": [(c.ala.last_epochs, c.ala.last_losses) for c in server.clients
+                                             if getattr(c, "ala", None) is not None]}
+
+
 def rounds(root, algo, executor, *flags, n=2):
     server = build_server(root, root, "-algo", algo, "--executor", executor, *flags)
     summaries = []
     for t in range(n):
         loop.run_round(server, t)
-        summaries.append(loop.evaluate(server))
+        summaries.append(summary(server))
     return server, summaries
 
 
@@ -89,6 +96,9 @@ def assert_close_runs(seq, bat) -> None:
     for x, y in zip(s_sum, b_sum):
         assert abs(x["test_acc"] - y["test_acc"]) * n_test <= 1 + 1e-9  # within one test sample
         assert x["train_loss"] == pytest.approx(y["train_loss"], rel=1e-5)
+        assert [e for e, _ in x["ala"]] == [e for e, _ in y["ala"]]
+        for (_, mine), (_, theirs) in zip(x["ala"], y["ala"]):
+            assert theirs == pytest.approx(mine, rel=1e-5)
 
 
 def test_the_issue_algorithms_declare_batching():
@@ -228,17 +238,19 @@ def test_a_phase_the_stack_cannot_express_runs_alone(digits_tiny_root, counted, 
 
 
 @pytest.mark.parametrize("algo, flags", [("FedAvg", ("-ls", "2", "-lbs", "16")), ("APFL", ("-al", "0.0")),
-                                         ("Ditto", ()), ("FedALA", ()), ("FedPer", ("-ala", "-p", "4"))])
+                                         ("Ditto", ()), ("FedALA", ()), ("FedPer", ("-ala", "-p", "4")),
+                                         ("FedALA", ("-lbs", "128")), ("FedALA", ("-jr", "0.2"))])
 def test_the_graphed_step_masks_clients_without_a_batch(algo, flags, digits_tiny_root):
     """The step CUDA graphs capture (every client of the stack, those without a full batch masked), run
-    eagerly on its fixed buffers: the same numbers, round after round with the buffers reused."""
+    eagerly on its fixed buffers: the same numbers, round after round with the buffers reused (``-lbs 128``:
+    ALA epochs of one step; ``-jr 0.2``: one client's ALA alone)."""
     seq = rounds(digits_tiny_root, algo, "sequential", *flags)
     server = build_server(digits_tiny_root, digits_tiny_root, "-algo", algo, "--executor", "batched", *flags)
     server.executor.graphs = graphs.CudaGraphs(capture=False)
     summaries = []
     for t in range(2):
         loop.run_round(server, t)
-        summaries.append(loop.evaluate(server))
+        summaries.append(summary(server))
     made = server.executor.graphs
     assert made.cache and not made.broken
     kinds = {key[0][0] for key in made.cache}  # the training step's keys, and ALA's W step's where ALA runs
