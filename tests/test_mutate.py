@@ -249,6 +249,19 @@ def test_statement_lines_give_each_line_its_statement_and_none_at_import():
     assert lines[26] == lines[27] == range(27, 28)
 
 
+def test_a_decorators_arguments_run_at_import_and_a_def_line_in_calls():
+    """A decorator registers its function when the module is imported, and its keywords may be read from the
+    source (plugins.declarations): every test can see them. The def line's defaults only a call sees."""
+    from scripts.dev import mutate
+
+    source = ("REG = {}\n\n\ndef rule(name, **kw):\n    return lambda f: REG.setdefault(name, f)\n\n\n"
+              "@rule('x',\n      lr=1.0)\ndef f(a=2):\n    return a\n")
+    lines = mutate.statement_lines(source)
+    assert lines[8] is None and lines[9] is None
+    assert lines[10] == lines[11] == range(11, 12)
+    assert lines[4] == range(5, 6)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("coverage") is None,
                     reason="needs coverage (pip install -r requirements-dev.txt)")
 def test_each_line_maps_to_the_tests_that_run_it_in_this_process_a_fork_or_a_subprocess(tmp_path):

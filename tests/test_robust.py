@@ -218,18 +218,21 @@ def test_the_mean_rule_is_the_sample_weighted_mean():
 
 
 def test_a_bare_aggregate_call_takes_the_defaults_of_the_flags():
-    """``aggregate``'s keyword defaults are a run's with the flags left out (--krum_f left out and no attack:
-    no malicious upload, f = 0)."""
-    import inspect
-
+    """``aggregate``'s keyword defaults are a run's with the flags left out: --cclip_tau 10 and --cclip_iters 1
+    (the flags' defaults, checked here too), and --krum_f left out without an attack (no malicious upload,
+    f = 0)."""
     import cli
 
-    defaults = {k: p.default for k, p in inspect.signature(robust.aggregate).parameters.items()
-                if k in ("trim_frac", "krum_f", "tau", "iters", "norm_bound")}
-    assert defaults == {"trim_frac": 0.2, "krum_f": 0, "tau": 10.0, "iters": 1, "norm_bound": None}
     flags = {a.dest: a.default for a in cli.base_parser().flags}
-    assert (flags["trim_frac"], flags["cclip_tau"], flags["cclip_iters"], flags["norm_bound"], flags["krum_f"]) == \
-        (0.2, 10.0, 1, None, None)
+    assert (flags["cclip_tau"], flags["cclip_iters"], flags["krum_f"]) == (10.0, 1, None)
+    # centered clipping from the zero center, τ = 10, one iteration: v = (min(1, 10 / 30) 30 + 0 + 0) / 3
+    ref = {"w": torch.zeros(1, dtype=torch.float64)}
+    states = [{"w": torch.tensor([v], dtype=torch.float64)} for v in (30.0, 0.0, 0.0)]
+    assert robust.aggregate(states, [1, 1, 1], "cclip", reference=ref)["w"].item() == pytest.approx(10 / 3, abs=1e-12)
+    # Krum over 0, 1, 2, 4, 9 with f = 0 scores each upload by its n - f - 2 = 3 nearest: 2 scores 1 + 4 + 4 = 9,
+    # the lowest (1 scores 11, 0 21, 4 29, 9 138); with f = 1 the upload 1 would win, with f = -1 the upload 4
+    states = [{"w": torch.tensor([v], dtype=torch.float64)} for v in (0.0, 1.0, 2.0, 4.0, 9.0)]
+    assert robust.aggregate(states, [1] * 5, "krum")["w"].item() == 2.0
 
 
 def test_integer_entries_alone_take_the_rounded_weighted_mean_under_any_rule():

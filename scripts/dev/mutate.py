@@ -606,9 +606,10 @@ def cached_coverage_map(root: Path, module: str, args: list[str], tmp: Path,
 def statement_lines(source: str) -> dict[int, range | None]:
     """line -> the lines whose execution can show a mutant on it: those of the innermost statement that holds
     it (of a compound statement, its header: ``if``/``for`` up to its body; coverage.py records a statement
-    under any of its lines); for the ``def`` line (defaults, annotations) and decorators of a function defined
-    at import, its body, since only a call can see them; None where the statement runs at import (constants,
-    class attributes), whose effect every later test shares, whichever test imported it."""
+    under any of its lines); for the ``def`` line (defaults, annotations) of a function defined at import,
+    its body, since only a call can see them; None where the statement runs at import (constants, class
+    attributes, a function's decorators: a registration, keywords read from the source), whose effect every
+    later test shares, whichever test imported it."""
     out: dict[int, range | None] = {}
     functions = (ast.FunctionDef, ast.AsyncFunctionDef)
 
@@ -622,7 +623,7 @@ def statement_lines(source: str) -> dict[int, range | None]:
                 if isinstance(child, functions) and not in_function:
                     shown = range(min(body), child.end_lineno + 1)
                 for line in range(first, end + 1):
-                    out[line] = shown
+                    out[line] = None if isinstance(child, functions) and line < child.lineno else shown
             visit(child, in_function or isinstance(child, (*functions, ast.Lambda)))
 
     visit(ast.parse(source), False)
