@@ -270,3 +270,22 @@ def test_auto_falls_back_to_the_sequential_loop_for_a_model_it_cannot_stack(digi
     assert executor.plain and "note: --executor auto: the sequential loop" in capsys.readouterr().out
     loop.run_round(server, 0)
     assert all(torch.equal(a, b) for a, b in zip(states(seq[0]).values(), states(server).values()))
+
+
+def test_a_model_with_active_dropout_is_refused_and_an_inactive_one_stacks():
+    from torch import nn
+
+    assert batched.model_refusal(nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.0))) == ""
+    for p in (0.5, 1.0):
+        assert batched.model_refusal(nn.Sequential(nn.Linear(2, 2), nn.Dropout(p))) == (
+            "the model has Dropout layers, whose masks vmap draws from the global generator, not from each "
+            "client's stream")
+
+
+def test_batch_clients_stacks_at_most_that_many_clients_at_a_time(digits_tiny_root, counted):
+    """--batch_clients 2 over 5 clients: each round's training runs as three stacked computations (2, 2, 1),
+    with the numbers of one stack."""
+    seq = rounds(digits_tiny_root, "FedAvg", "sequential", n=1)
+    bat = rounds(digits_tiny_root, "FedAvg", "batched", "--batch_clients", "2", n=1)
+    assert counted["train"] == 3 and counted["alone"] == 0, counted
+    assert_close_runs(seq, bat)

@@ -91,6 +91,8 @@ EXTRA = {
     "system/utils/proximal.py": ["tests/test_baselines_a.py", "tests/test_fedamp.py"],
     "system/utils/selection.py": ["tests/test_flags.py", "tests/test_run.py", "tests/test_fedcross.py"],
     "system/plugins/optimizers.py": ["tests/test_server_opt.py"],
+    # docs/performance.md's table is checked there, through scripts/dev/docs_tables.py's lazy import
+    "system/runtime/batched.py": ["tests/test_batched.py", "tests/test_documented_defaults.py"],
     # the base classes' own tests build their servers through tests/conftest.py and name no algorithm
     "system/flcore/servers/serverbase.py": ["tests/test_serverbase.py"],
     "system/flcore/clients/clientbase.py": ["tests/test_clientbase.py"],
