@@ -289,3 +289,12 @@ def test_batch_clients_stacks_at_most_that_many_clients_at_a_time(digits_tiny_ro
     bat = rounds(digits_tiny_root, "FedAvg", "batched", "--batch_clients", "2", n=1)
     assert counted["train"] == 3 and counted["alone"] == 0, counted
     assert_close_runs(seq, bat)
+
+
+def test_no_cuda_graphs_off_cuda(digits_tiny_root, capsys):
+    """--cuda_graphs is on by default and applies on CUDA only: on the CPU the batched executor builds none,
+    and says nothing about them."""
+    server = build_server(digits_tiny_root, digits_tiny_root, "-algo", "FedAvg", "--executor", "batched")
+    assert server.cfg.cuda_graphs and server.executor.graphs is None
+    loop.run_round(server, 0)
+    assert "CUDA graphs" not in capsys.readouterr().out
