@@ -51,7 +51,8 @@ def test_a_failed_capture_is_said_by_its_first_line_or_its_type(monkeypatch, mes
 
     monkeypatch.setattr(graphs, "StepGraph", fail)
     cache = graphs.CudaGraphs(capture=False)
-    assert cache.get("k", *step_inputs()[:1], None, *step_inputs()[1:]) is None and cache.broken == said
+    buffers, x, y = step_inputs()
+    assert cache.get("k", buffers, None, x, y) is None and cache.broken == said
 
 
 def test_trees_of_buffers_are_cloned_and_copied_entry_by_entry():

@@ -665,10 +665,11 @@ def limits_per_test(durations: dict[str, float]) -> dict[str, float]:
     times the longest test of its file in the unmutated run, plus two minutes. The file's longest, not the
     test's own time: a module-scoped fixture is paid by whichever of the file's tests runs first, and the
     order of a mutant's run (``KillersFirst``) is not the unmutated run's."""
+    file = {node: node.split("::")[0] for node in durations}
     longest: dict[str, float] = {}
     for node, seconds in durations.items():
-        longest[node.split("::")[0]] = max(longest.get(node.split("::")[0], 0.0), seconds)
-    return {node: 3 * longest[node.split("::")[0]] + SLACK_S for node in durations}
+        longest[file[node]] = max(longest.get(file[node], 0.0), seconds)
+    return {node: 3 * longest[file[node]] + SLACK_S for node in durations}
 
 
 def equivalent_notes(module: str) -> dict:
@@ -824,7 +825,8 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
             print(f"[{i + 1}/{len(found)}] {outcome:8s} {seconds:5.1f}s  L{m['line']} {m['op']}: {m['to']}",
                   flush=True)
             write(record)
-        recheck_killers(root, module, found, record, guard, 3 * (record["baseline_s"] or 0) + 120, log, passing)
+        recheck_killers(root, module, found, record, guard, time_limit(guard, None, record["baseline_s"] or 0), log,
+                        passing)
     # The kill rate before the tests written against this run's survivors: kept from the first run.
     killed = sum(m["outcome"] != "survived" for m in record["mutants"])
     record["first"] = previous.get("first") or {"mutants": len(record["mutants"]), "killed": killed,
