@@ -15,8 +15,10 @@ import h5py
 import numpy as np
 import pytest
 
+from conftest import REPO
 from scripts.run import sweep
 from flcore.registry import ALGORITHMS
+from utils import fileio
 
 
 def base(root, *extra):
@@ -253,6 +255,33 @@ def test_runs_held_by_the_export_are_not_rerun(tmp_path, monkeypatch, capsys):
     export.write_text("{not json")
     assert sweep.main(["--config", str(spec), "--dry-run"]) == 2
     assert "cannot read the export" in capsys.readouterr().err
+
+
+def test_runs_held_by_a_runs_list_export_are_not_rerun(tmp_path):
+    """The converged robustness export's form: a top-level ``runs`` list, each entry naming its ``goal`` and run
+    index ``seed``. Ended runs count; an unfinished one, one without a goal or with a non-integer index does not."""
+    jobs, _ = sweep.build_jobs(base(tmp_path, "-gr", "2"), [{"-algo": ["FedAvg"]}], [0, 1, 2], "t", tmp_path)
+    goal = jobs[0].key[0]
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps({"split": "Digits", "runs": [
+        {"goal": goal, "seed": 0, "status": "finished"}, {"goal": goal, "seed": 2, "status": "diverged"},
+        {"goal": goal, "seed": 1, "status": "interrupted"}, {"seed": 1, "status": "finished"},
+        {"goal": goal, "seed": "1", "status": "finished"}, {"goal": goal, "seed": True, "status": "finished"}]}))
+    exported = sweep.exported_runs(export)
+    assert exported == {(goal, 0), (goal, 2)}
+    assert [sweep.is_complete(j, exported) for j in jobs] == [True, False, True]
+    export.write_text(json.dumps({"runs": {"goal": goal}}))
+    with pytest.raises(sweep.SweepError, match="cannot read the export"):
+        sweep.exported_runs(export)
+
+
+def test_the_converged_robustness_sweep_resumes_from_its_committed_export():
+    """Every run the committed export holds is one of the sweep file's jobs (their names did not drift)."""
+    spec = fileio.read_json(REPO / "scripts" / "experiments" / "robustness_converged.json")
+    jobs, _ = sweep.build_jobs(spec["base"], spec["grids"], spec["seeds"], spec["tag"], Path("out"),
+                               spec.get("per_algorithm"))
+    exported = sweep.exported_runs(REPO / spec["export"])
+    assert len(exported) >= 100 and exported <= {j.key for j in jobs}
 
 
 def test_an_algorithms_resolved_default_stays_out_of_the_name(tmp_path):

@@ -9,7 +9,7 @@ items (the product of all of them is run); a flag without a value (``-ala``) tak
 ``--config`` reads a JSON file: ``base`` (flags for every job), ``grids`` (a list of grids, each a dict
 flag -> list of values; the jobs are the union of their products), ``per_algorithm`` (``-algo`` name ->
 flags its jobs need on top, e.g. FedBN's BatchNorm model), ``seeds``, ``tag``, ``out``, ``checkpoint_every``,
-``export`` (a committed benchmark export: its finished runs are not rerun, so a fresh clone resumes the
+``export`` (a committed export, see ``exported_runs``: its finished runs are not rerun, so a fresh clone resumes the
 sweep where the export stops; ``--export`` on the command line); the
 command line adds to it (its flags after ``base``, its ``--grid`` items override those keys in every
 grid, its ``--seeds``/``--tag``/``--out`` replace the file's).
@@ -113,21 +113,27 @@ def flag_value(argv: list[str], flag: str) -> str | None:
 
 
 def exported_runs(path: Path | None) -> frozenset:
-    """The (``-go``, run index) of every run an export (``scripts/experiments/benchmark_report.py``) holds as finished
-    or diverged: a sweep whose raw results are gone (another machine, a fresh clone) does not rerun them."""
+    """The (``-go``, run index) of every run an export holds as finished or diverged: a sweep whose raw results
+    are gone (another machine, a fresh clone) does not rerun them. Two forms: ``splits`` (the benchmark
+    exports, ``scripts/experiments/benchmark_report.py``: one ``command`` per entry, its runs by ``run``) and a
+    top-level ``runs`` list whose entries name their own ``goal`` and run index ``seed`` (the converged
+    robustness export, ``scripts/experiments/robustness_report.py``); an entry without a goal is not counted."""
     if path is None or not os.path.lexists(path):
         return frozenset()
+    ended = ("finished", "diverged")
     try:
-        data = fileio.read_json(path, "export")
+        data = _typed(fileio.read_json(path, "export"), dict, "export")
         done = set()
-        for entries in _typed(data, dict, "export").get("splits", {}).values():
+        for entries in _typed(data.get("splits", {}), dict, "splits").values():
             for entry in _typed(entries, dict, "export split").values():
                 command = _typed(_typed(entry, dict, "export entry").get("command", ""), str, "command")
                 goal = flag_value(shlex.split(command), "-go")
                 done |= {(goal, int(r["run"])) for r in _typed(entry.get("runs", []), list, "runs")
-                         if _typed(r, dict, "run").get("status") in ("finished", "diverged")
-                         and isinstance(r.get("run"), int)}
-    except (FLError, ValueError) as e:
+                         if _typed(r, dict, "run").get("status") in ended and isinstance(r.get("run"), int)}
+        done |= {(r["goal"], r["seed"]) for r in _typed(data.get("runs", []), list, "runs")
+                 if _typed(r, dict, "run").get("status") in ended and isinstance(r.get("goal"), str)
+                 and type(r.get("seed")) is int}
+    except (FLError, SweepError, ValueError) as e:
         raise SweepError(f"cannot read the export {path}: {' '.join(str(e).split())}") from None
     return frozenset(done)
 
