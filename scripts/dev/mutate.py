@@ -42,6 +42,7 @@ import argparse
 import ast
 import contextlib
 import datetime
+import gc
 import hashlib
 import json
 import math
@@ -130,7 +131,7 @@ CORE = ["ReplaceBinaryOperator_Add_Sub", "ReplaceBinaryOperator_Sub_Add", "Repla
         "ReplaceComparisonOperator_IsNot_Is", "ReplaceUnaryOperator_USub_UAdd", "ReplaceUnaryOperator_Delete_Not",
         "ReplaceTrueWithFalse", "ReplaceFalseWithTrue", "ReplaceAndWithOr", "ReplaceOrWithAnd", "AddNot",
         "NumberReplacer", "ZeroIterationForLoop", "ReplaceBreakWithContinue", "ReplaceContinueWithBreak"]
-PREIMPORT = ["torch", "numpy", "scipy", "sklearn.datasets", "h5py", "ujson", "matplotlib.pyplot", "pytest"]
+PREIMPORT = ["torch", "numpy", "scipy", "sklearn.datasets", "h5py", "ujson", "matplotlib.pyplot", "pytest", "hypothesis"]
 
 
 def operators() -> dict:
@@ -408,6 +409,7 @@ def forked_pytest(root: Path, argv: list[str], timeout: float, log: Path, plugin
     pid = os.fork()
     if pid == 0:
         code = 99
+        gc.freeze()  # the inherited heap is never garbage: pytest's collections at exit skip it (seconds each)
         try:
             if allowed:
                 os.close(read)
@@ -430,7 +432,9 @@ def forked_pytest(root: Path, argv: list[str], timeout: float, log: Path, plugin
                 cov.start()
                 plugins = [*plugins, TestContexts(cov, durations_file(cover))]
             try:
-                code = int(pytest.main(["-q", "--tb=short", "-p", "no:cacheprovider", "-o", "addopts=", *argv],
+                # hypothesis is imported before the fork (PREIMPORT): pytest cannot rewrite its asserts and says so
+                code = int(pytest.main(["-q", "--tb=short", "-p", "no:cacheprovider", "-o", "addopts=",
+                                        "-W", "ignore::pytest.PytestAssertRewriteWarning", *argv],
                                        plugins=list(plugins)))
             finally:
                 if cov is not None:
