@@ -1,6 +1,9 @@
 """scripts/experiments/robustness_report.py: cells from a hand-made export."""
 
+import pytest
+
 from scripts.experiments import robustness_report
+from utils.errors import FLError
 
 
 def entry(algo, attack, rule, seed, last, cpu=1.8, status="finished"):
@@ -117,3 +120,25 @@ def test_a_malformed_result_file_is_left_out_with_one_warning_line(tmp_path, cap
     warnings = capsys.readouterr().err.strip().splitlines()
     assert [w.split(" left out")[0] for w in warnings] == [
         "warning: b_not_json.json", "warning: c_a_list.json", "warning: d_no_h5.json", "warning: e_no_series.json"]
+
+
+def test_the_cpu_total_adds_a_fresh_folders_attempts_once(tmp_path):
+    """The export's total plus what the folder's CPU records gained since the last export: a fresh folder
+    (the export's own folder gone) adds all of its records, an export repeated adds nothing, a record that grew
+    adds its growth, a new run adds its own."""
+    logs = tmp_path / "logs"
+    assert robustness_report.cpu_total(logs, 100.0) == 100.0 and robustness_report.cpu_total(logs, None) is None
+    logs.mkdir()
+    (logs / "a.cpu.json").write_text('{"cpu_s": 10.0}')
+    (logs / "b.cpu.json").write_text('{"cpu_s": 2.5}')
+    assert robustness_report.cpu_total(logs, 100.0) == 112.5
+    assert robustness_report.cpu_total(logs, 112.5) == 112.5
+    (logs / "a.cpu.json").write_text('{"cpu_s": 14.0}')
+    (logs / "c.cpu.json").write_text('{"cpu_s": 1.0}')
+    assert robustness_report.cpu_total(logs, 112.5) == 117.5
+    assert robustness_report.cpu_total(logs, None) == 0.0
+    (logs / "b.cpu.json").write_text('{"cpu_s": 2.0}')  # started over: all of it is new
+    assert robustness_report.cpu_total(logs, 117.5) == 119.5
+    (logs / robustness_report.COUNTED).write_text('{"a": "14"}')
+    with pytest.raises(FLError, match="CPU seconds per run"):
+        robustness_report.cpu_total(logs, 117.5)

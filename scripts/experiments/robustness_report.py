@@ -244,6 +244,27 @@ def converged_markdown(entries: list[dict], cells: list[tuple], seeds: int, cpu_
     return "\n".join(lines)
 
 
+COUNTED = "exported_cpu.json"  # in the sweep's logs folder: each run's CPU seconds the export's total holds
+
+
+def cpu_total(logs: Path, earlier: float | None) -> float | None:
+    """The sweep's CPU seconds over every attempt: the export's ``earlier`` total plus what the folder's CPU
+    records (``logs/<stem>.cpu.json``, which grow with each attempt) gained since the total last took them in
+    (``COUNTED``, rewritten here). A fresh folder (a clone, another machine) so adds to the total, and an
+    export repeated on the same folder adds nothing twice. None where no attempt was recorded at all."""
+    now = {p.name.removesuffix(".cpu.json"): float(fileio.read_json(p, "CPU record")["cpu_s"])
+           for p in sorted(logs.glob("*.cpu.json"))}
+    if not now:
+        return earlier
+    counted = fileio.read_json(logs / COUNTED, "CPU already counted") if (logs / COUNTED).exists() else {}
+    if not isinstance(counted, dict) or not all(type(v) in (int, float) for v in counted.values()):
+        raise FLError(f"{logs / COUNTED}: not a JSON object of CPU seconds per run")
+    # a record smaller than its counted figure was started over (its log removed): all of it is new
+    gained = sum(cpu - counted.get(stem, 0.0) if cpu >= counted.get(stem, 0.0) else cpu for stem, cpu in now.items())
+    fileio.write_file(logs / COUNTED, json.dumps(now, indent=0) + "\n", "CPU already counted")
+    return (earlier or 0.0) + gained
+
+
 def report_converged(args) -> int:
     old = fileio.read_json(args.export, "--export") if args.export.exists() else {}
     if args.from_export:
@@ -257,9 +278,7 @@ def report_converged(args) -> int:
         test_samples = fileio.read_json(cfg_path, "config.json")["test_samples"]
         new = read_converged(args.results, test_samples)
         runs = {conv_key(e): e for e in old.get("runs", [])} | {conv_key(e): e for e in new}
-        logs = sorted((args.results / "logs").glob("*.cpu.json"))
-        cpu_all = (sum(fileio.read_json(p, "CPU record")["cpu_s"] for p in logs) if logs
-                   else old.get("cpu_s_all_attempts"))
+        cpu_all = cpu_total(args.results / "logs", old.get("cpu_s_all_attempts"))
         data = {"split": split, "test_samples": test_samples, "cpu_s_all_attempts": cpu_all,
                 "runs": [runs[k] for k in sorted(runs, key=str)]}
         body = ",\n".join(json.dumps(e) for e in data["runs"])
