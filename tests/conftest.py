@@ -282,8 +282,8 @@ def sequential_name(*flags: str) -> str:
 def sequential_series(root: Path, tmp_path_factory, *flags: str) -> dict:
     """The recorded series (all but the wall times) of a run through ``main.main`` on the split under ``root``
     with ``flags`` (``cli``'s quiet defaults added), each (split, flags) run once per test process: the
-    undisturbed sequential run that tests/test_executors.py compares every executor with, and the first of the
-    two runs of tests/test_algorithms.py's determinism check, are one run where their flags are the same.
+    undisturbed sequential run that tests/test_executors.py compares every executor with (and so the first of
+    the two runs of its determinism check, ``test_fork_matches_sequential``).
     Callers must not change what it returns."""
     import main
     from cli import algorithm_arg

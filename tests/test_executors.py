@@ -49,8 +49,7 @@ PARKED = ("-algo", "FedALA", "-gr", "2", "-jr", "0.4", "--ala_max_epochs", "2") 
 
 def shared_run(item) -> str | None:
     """The sequential run a test compares with (``sequential_run``), named by its flags (tests/conftest.py's
-    ``regroup``): every test that reads it, tests/test_algorithms.py's determinism check of the same flags
-    included, runs in the test process that makes it. The tests on the shared Ray pool run in one test
+    ``regroup``): every test that reads it runs in the test process that makes it. The tests on the shared Ray pool run in one test
     process instead (``RAY_POOL``); the check of personal entries reads conftest's ``two_observed_rounds``."""
     params = item.callspec.params if hasattr(item, "callspec") else {}
     if params.get("executor") == "ray" or item.originalname == "test_ray_matches_sequential":
@@ -129,7 +128,7 @@ def one_thread():
 @pytest.fixture(scope="module")
 def sequential_run(digits_tiny_root, tmp_path_factory):
     """Undisturbed sequential runs on the tiny split, each set of flags run once per test process
-    (conftest's ``sequential_series``, which tests/test_algorithms.py's determinism check shares)."""
+    (conftest's ``sequential_series``)."""
     def get(*flags) -> dict:
         return sequential_series(digits_tiny_root, tmp_path_factory, *FAST, *flags, *SEQUENTIAL)
 
@@ -157,6 +156,10 @@ def pool_for(executor: str, request):
 # ---- every algorithm gives the sequential numbers on every executor ------------------------------------
 @pytest.mark.parametrize("algo", ALGOS)
 def test_fork_matches_sequential(algo, digits_tiny_root, tmp_path, sequential_run, one_thread):
+    """Every registered algorithm on fork workers gives the sequential run's numbers exactly. It is also the
+    determinism check: the fork run is this process's second run of these flags, after the sequential one, so
+    a run that draws from a random state it did not seed (in the server or in a client: the workers inherit
+    the state the first run moved on), or that reads what an earlier run left behind, differs."""
     seq = sequential_run(*two_rounds(algo))
     assert len(seq["rs_round"]) == 3 and np.all(np.isfinite(seq["rs_train_loss"]))  # rounds 0, 1 and final
     assert_same(seq, run_main(digits_tiny_root, tmp_path, *two_rounds(algo), *FORK))
@@ -213,17 +216,15 @@ def test_resume_after_crash_equals_uninterrupted_run(case, executor, digits_tiny
     assert ckpt.exists() and not list(crash.glob("*.tmp"))
     assert len(read_h5(crash / f"Digits_{algo}_test_0.h5")["rs_round"]) == 3  # rounds 0-2 evaluated
     stop_in_round(None)
-    (tmp_path / "other").mkdir()
-    (tmp_path / "other" / ckpt.name).write_bytes(ckpt.read_bytes())
     capsys.readouterr()
 
-    assert_same(base, run_main(digits_tiny_root, crash, *flags, *ON[executor], "--resume"))
+    # Resumed on the other executor: what one executor writes the other reads (fork -> sequential and
+    # sequential -> fork are the two cases), so a checkpoint does not depend on where its clients lived.
+    other = "sequential" if executor == "fork" else "fork"
+    assert_same(base, run_main(digits_tiny_root, crash, *flags, *ON[other], "--resume"))
     assert "after round 1" in capsys.readouterr().out
     rounds = parse_config(cli(digits_tiny_root, crash, *flags)).global_rounds  # a case may set its own -gr
     assert len(read_h5(crash / f"Digits_{algo}_test_0.h5")["rs_round_time"]) == rounds
-    # A checkpoint does not depend on the executor: the same one resumed on the other executor.
-    other = "sequential" if executor == "fork" else "fork"
-    assert_same(base, run_main(digits_tiny_root, tmp_path / "other", *flags, *ON[other], "--resume"))
 
 
 def test_resume_checks_flags_and_starts_over_without_checkpoint(digits_tiny_root, tmp_path, capsys, one_thread):

@@ -13,7 +13,7 @@ from utils.entries import SealedUpload
 from utils.errors import FLError
 from runtime import loop
 
-FLAGS = {"FedCP": ["-lam", "1"]}  # as tests/test_algorithms.py: Digits' small features need a smaller λ
+FLAGS = {"FedCP": ["-lam", "1"]}  # as tests/test_behaviour.py: Digits' small features need a smaller λ
 
 
 @pytest.mark.parametrize("algo", list(ALGORITHMS))

@@ -106,7 +106,7 @@ REMOTE = {"system/runtime/raypool.py"}
 # the behaviour harness's training runs (seconds per algorithm; the full suite runs them).
 SLOW = re.compile(r"test_ray_|\[(?:[^\]]*-)?ray\]$"
                   r"|test_behaviour\.py::test_(learns|personalized_beats|no_algorithm_is_local)")
-REGISTRY_TESTS = ["tests/test_algorithms.py", "tests/test_behaviour.py", "tests/test_comm.py",
+REGISTRY_TESTS = ["tests/test_behaviour.py", "tests/test_comm.py",
                   "tests/test_documented_defaults.py", "tests/test_dp_client.py", "tests/test_dp_registry.py",
                   "tests/test_executors.py"]
 

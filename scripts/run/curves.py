@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # run as a file: _paths.py puts the repository's code on the search path
     import _paths  # noqa: F401
 
-FLAGS = {"FedCP": ["-lam", "1"]}  # as tests/test_algorithms.py: Digits' small features need a smaller λ
+FLAGS = {"FedCP": ["-lam", "1"]}  # as tests/test_behaviour.py: Digits' small features need a smaller λ
 
 
 def make_split(root: Path) -> None:
