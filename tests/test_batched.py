@@ -225,16 +225,102 @@ def test_auto_picks_batched_on_cuda_only(digits_tiny_root, tmp_path):
     assert executor_kind(cuda.replace(device_id="0,1"), avg) == "sequential"
 
 
-def test_a_phase_the_stack_cannot_express_runs_alone(digits_tiny_root, counted, monkeypatch):
-    """An optimizer other than plain SGD: that phase runs client by client, with the sequential numbers."""
-    def momentum(self):
-        return torch.optim.SGD(self.model.parameters(), lr=self.cfg.local_learning_rate, momentum=0.5)
+@pytest.mark.parametrize("algo", ["FedAvg", "Ditto"])
+def test_a_phase_the_stack_cannot_express_runs_alone(algo, digits_tiny_root, counted, monkeypatch):
+    """An optimizer other than plain SGD: that phase runs client by client, with the sequential numbers.
+    FedAvg: its one phase; Ditto: its personal phase, with its own optimizer and objective (passed through
+    as given), while its federated phase stays stacked."""
+    if algo == "FedAvg":
+        def momentum(self):
+            return torch.optim.SGD(self.model.parameters(), lr=self.cfg.local_learning_rate, momentum=0.5)
 
-    monkeypatch.setattr(FedAvgClient, "make_optimizer", momentum)
-    seq = rounds(digits_tiny_root, "FedAvg", "sequential")
-    bat = rounds(digits_tiny_root, "FedAvg", "batched")
-    assert counted["alone"] == 10 and counted["train"] == 0
+        monkeypatch.setattr(FedAvgClient, "make_optimizer", momentum)
+    else:
+        from flcore.clients.clientditto import DittoClient
+
+        made = DittoClient.__init__
+
+        def personal_momentum(self, *a, **k):
+            made(self, *a, **k)
+            self.poptimizer = torch.optim.SGD(self.pmodel.parameters(), lr=self.cfg.local_learning_rate, momentum=0.5)
+
+        monkeypatch.setattr(DittoClient, "__init__", personal_momentum)
+    seq = rounds(digits_tiny_root, algo, "sequential")
+    bat = rounds(digits_tiny_root, algo, "batched")
+    assert counted["alone"] == 10 and (counted["train"] == 0) == (algo == "FedAvg")
     assert_close_runs(seq, bat)
+
+
+def test_a_phase_with_another_optimizer_takes_plain_sgd_steps_batched_too(digits_tiny_root, counted, monkeypatch):
+    """``run_epochs`` applies ``after_backward`` to the client's own optimizer's phases only; batched, the
+    declared ``batch_step`` (its stacked form) follows the same rule: a client whose hook doubles every gradient
+    and whose phase trains with another optimizer takes plain SGD steps on both executors."""
+    import dataclasses
+
+    from flcore.clients.clientbase import ClientDeclares
+    from flcore.servers.serveravg import FedAvgServer
+
+    def doubled(params, grads, lrs):
+        return {n: p - 2 * lrs[n] * grads[n] for n, p in params.items()}
+
+    class Doubling(FedAvgClient):
+        declares = ClientDeclares(batch_state=(), batch_step=doubled)
+
+        def after_backward(self):
+            for p in self.model.parameters():
+                p.grad.mul_(2)
+
+        def local_update(self, round_idx):
+            other = torch.optim.SGD(self.model.parameters(), lr=self.cfg.local_learning_rate)
+            self.run_epochs(self.cfg.local_epochs, optimizer=other)
+
+    monkeypatch.setattr(FedAvgServer, "declares", dataclasses.replace(FedAvgServer.declares, client_class=Doubling))
+    seq = rounds(digits_tiny_root, "FedAvg", "sequential")
+    plain = rounds(digits_tiny_root, "FedAvg", "sequential", "-lr", "0.2")  # what doubled steps would give
+    bat = rounds(digits_tiny_root, "FedAvg", "batched")
+    assert counted["train"] == 2 and counted["alone"] == 0
+    assert_close_runs(seq, bat)
+    with pytest.raises(AssertionError):
+        assert_close_runs(plain, bat)
+
+
+def test_clients_whose_inputs_differ_in_shape_are_never_stacked_together():
+    """Evaluation requests are grouped by model signature and input shape past the sample dimension: two
+    clients of one model whose inputs differ in length (an embedding model reads any) are predicted apart, each
+    with its own model's logits; two of one shape are stacked."""
+    from torch import nn
+
+    class MeanEmbedding(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.fc = nn.Embedding(20, 4), nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.fc(self.emb(x).mean(1))
+
+    class Answering(batched.Session):
+        def __init__(self):
+            super().__init__(type("Executor", (), {"max_group": None, "graphs": None})())
+
+    torch.manual_seed(0)
+    models = [MeanEmbedding() for _ in range(3)]
+    xs = [torch.randint(0, 20, (5, 7)), torch.randint(0, 20, (4, 9)), torch.randint(0, 20, (6, 7))]
+    slots = []
+    for m, x in zip(models, xs):
+        s = batched._Slot()
+        s.request = ("predict", m, x, 4)
+        slots.append(s)
+    ran = []
+    real = batched.predict_many
+    try:
+        batched.predict_many = lambda ms, inputs, bs: ran.append(len(ms)) or real(ms, inputs, bs)
+        Answering().compute(slots)
+    finally:
+        batched.predict_many = real
+    assert sorted(ran) == [1, 2]
+    for s, m, x in zip(slots, models, xs):
+        with torch.no_grad():
+            assert torch.allclose(s.result, m(x), atol=1e-6)
 
 
 @pytest.mark.parametrize("algo, flags", [("FedAvg", ("-ls", "2", "-lbs", "16")), ("APFL", ("-al", "0.0")),
@@ -298,3 +384,41 @@ def test_no_cuda_graphs_off_cuda(digits_tiny_root, capsys):
     assert server.cfg.cuda_graphs and server.executor.graphs is None
     loop.run_round(server, 0)
     assert "CUDA graphs" not in capsys.readouterr().out
+
+
+def test_a_client_that_fails_ends_the_call_and_every_other_clients_thread():
+    """One client raises while the others wait at a hand-over: the call raises that error, and each waiting
+    client's thread is released, unwound and joined (none is left blocked), so the call returns at all."""
+    import threading
+
+    from utils.batching import session
+
+    class Host:
+        def run(self, cid, method, args, kwargs):
+            for step in range(3):
+                if cid == 1 and step == 1:
+                    raise ValueError("client 1 failed")
+                session()._hand_over(("step", cid))
+            return cid
+
+    class Answering(batched.Session):
+        def compute(self, slots):  # every waiting thread's request answered with 0
+            for s in slots:
+                s.result = 0
+
+    class Executor:
+        host = Host()
+
+    before, outcome = set(threading.enumerate()), []
+
+    def call():
+        try:
+            Answering(Executor()).run([(c, "m", (), {}) for c in range(3)])
+        except ValueError as e:
+            outcome.append(str(e))
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(10)
+    assert not caller.is_alive() and outcome == ["client 1 failed"]
+    assert set(threading.enumerate()) == before
