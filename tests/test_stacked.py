@@ -4,7 +4,9 @@ tests/test_batched.py's.)"""
 import pytest
 import torch
 
-from runtime.stacked import Schedule, dims_tree, signature, stack_tree
+from conftest import build_server
+from runtime.stacked import (Schedule, concat_offsets, dims_tree, objective_modules, plan_phase, rows_of, signature,
+                             stack_tree)
 
 
 def test_a_tree_of_one_structure_is_stacked_leaf_by_leaf():
@@ -39,7 +41,8 @@ def test_a_stack_holds_no_graph():
 
 def test_a_signature_is_the_class_and_every_entrys_name_shape_and_dtype():
     a, b = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
-    assert signature(a) == signature(b) == ("Linear", (("weight", (2, 3), torch.float32), ("bias", (2,), torch.float32)))
+    assert signature(a) == signature(b) == ("Linear", (("weight", (2, 3), torch.float32),
+                                                       ("bias", (2,), torch.float32)))
     assert signature(torch.nn.Linear(3, 2, bias=False)) != signature(a)
     assert signature(a.double()) != signature(b)
 
@@ -47,3 +50,64 @@ def test_a_signature_is_the_class_and_every_entrys_name_shape_and_dtype():
 def test_a_schedule_of_no_clients_has_no_steps():
     s = Schedule([], [], 4, torch.device("cpu"))
     assert s.length == 0 and s.n == 0 and s.index.shape == (0, 0, 4)
+
+
+def test_a_schedule_places_each_full_batch_at_its_own_step():
+    """Full batches at steps 0, 1, 3 and 5 and smaller ones between (a client's batches as given, in any
+    order): each full batch's indices sit at its own step, offset by the client's start in the concatenation;
+    the steps of the smaller ones run them apart, as their own group."""
+    full = [torch.tensor([0, 1]), torch.tensor([2, 3]), torch.tensor([4, 5]), torch.tensor([6, 7])]
+    part = [torch.tensor([8]), torch.tensor([9])]
+    batches = [[full[0], full[1], part[0], full[2], part[1], full[3]], [torch.tensor([0, 1])]]
+    s = Schedule(batches, [0, 10], 2, torch.device("cpu"))
+    assert s.order == [0, 1] and s.count == [6, 1] and s.length == 6
+    for step, b in zip((0, 1, 3, 5), full):
+        assert torch.equal(s.index[step, 0], b)
+    assert torch.equal(s.index[0, 1], torch.tensor([10, 11]))
+    assert [r for r, _ in s.steps(0)] == [slice(0, 2)] and s.full[1] == slice(0, 1) and s.full[2] is None
+    (rows, idx), = list(s.steps(2))
+    assert rows == slice(0, 1) and torch.equal(idx, torch.tensor([[8]]))
+
+
+def test_a_phase_is_planned_only_for_plain_sgd_over_the_declared_modules(digits_tiny_root):
+    """plan_phase's refusals, each its own line, and the plan of a plain SGD phase: every trainable entry of
+    the declared modules at its group's rate (a frozen one left out), the client's own batch size in its key."""
+    client = build_server(digits_tiny_root, digits_tiny_root).clients[0]
+    params = list(client.model.parameters())
+    sgd = torch.optim.SGD
+    assert plan_phase(client, 1, None, torch.optim.Adam(params), None, None) == "its optimizer is Adam, not plain SGD"
+    nesterov = sgd(params, lr=0.1)
+    nesterov.param_groups[0]["nesterov"] = True
+    for opt in (sgd(params, lr=0.1, momentum=0.5), sgd(params, lr=0.1, weight_decay=1e-4), nesterov,
+                sgd(params, lr=0.1, maximize=True)):
+        assert plan_phase(client, 1, None, opt, client.loss, None) == ("its SGD has momentum, weight decay, "
+                                                                       "Nesterov or maximize")
+    outside = sgd([*params, torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    assert plan_phase(client, 1, None, outside, client.loss, None) == ("its optimizer trains a parameter outside "
+                                                                       "its dp_modules")
+    params[0].requires_grad_(False)
+    plan = plan_phase(client, 1, None, sgd([{"params": params[:2], "lr": 0.05}, {"params": params[2:], "lr": 0.2}]),
+                      client.loss, None)
+    names = [f"model.{n}" for n, _ in client.model.named_parameters()]
+    assert plan.trained == {names[1]: 0.05, **{n: 0.2 for n in names[2:]}} and plan.own
+    assert plan.key[0] == "train" and plan.key[6] == client.cfg.batch_size == 20
+    assert len(plan.batches) == -(-len(client.x_train) // 20)
+    seven = plan_phase(client, 2, 7, sgd(params[1:], lr=0.1), client.loss, None)
+    assert len(seven.batches) == 2 * -(-len(client.x_train) // 7) and seven.key[6] == 7
+
+
+def test_an_objective_reads_the_declared_modules_and_those_its_closure_holds_each_once(digits_tiny_root):
+    client = build_server(digits_tiny_root, digits_tiny_root).clients[0]
+    copy = torch.nn.Linear(2, 2)
+    same = client.model
+
+    def objective(x, y):
+        return copy(x).sum() + same(x).sum()
+
+    assert objective_modules(client, objective) == {"model": client.model, "closure_copy": copy}
+    assert objective_modules(client, client.loss) == {"model": client.model}
+
+
+def test_rows_and_offsets():
+    assert rows_of(slice(0, 3), 5) == [0, 1, 2] and rows_of(torch.tensor([4, 1]), 5) == [4, 1]
+    assert concat_offsets([torch.zeros(3), torch.zeros(0), torch.zeros(2)]) == [0, 3, 3]
