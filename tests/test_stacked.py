@@ -67,6 +67,9 @@ def test_a_schedule_places_each_full_batch_at_its_own_step():
     assert [r for r, _ in s.steps(0)] == [slice(0, 2)] and s.full[1] == slice(0, 1) and s.full[2] is None
     (rows, idx), = list(s.steps(2))
     assert rows == slice(0, 1) and torch.equal(idx, torch.tensor([[8]]))
+    late = Schedule([[part[0], part[1], full[0], full[1], part[0], full[2]]], [0], 2, torch.device("cpu"))
+    for step, b in zip((2, 3, 5), full):  # full batches from step 2 on
+        assert torch.equal(late.index[step, 0], b)
 
 
 def test_a_phase_is_planned_only_for_plain_sgd_over_the_declared_modules(digits_tiny_root):
