@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from conftest import build_server
-from runtime.stacked import (Schedule, concat_offsets, dims_tree, objective_modules, plan_phase, rows_of, signature,
-                             stack_tree)
+from runtime.stacked import (Schedule, _with_state, concat_offsets, dims_tree, objective_identity, objective_modules,
+                             plan_phase, rows_of, signature, stack_tree)
 
 
 def test_a_tree_of_one_structure_is_stacked_leaf_by_leaf():
@@ -93,7 +93,7 @@ def test_a_phase_is_planned_only_for_plain_sgd_over_the_declared_modules(digits_
                       client.loss, None)
     names = [f"model.{n}" for n, _ in client.model.named_parameters()]
     assert plan.trained == {names[1]: 0.05, **{n: 0.2 for n in names[2:]}} and plan.own
-    assert plan.key[0] == "train" and plan.key[6] == client.cfg.batch_size == 20
+    assert plan.key[0] == "train" and plan.key[6] == client.cfg.batch_size == 20 and plan.key[7] == (1, 8, 8)
     assert len(plan.batches) == -(-len(client.x_train) // 20)
     seven = plan_phase(client, 2, 7, sgd(params[1:], lr=0.1), client.loss, None)
     assert len(seven.batches) == 2 * -(-len(client.x_train) // 7) and seven.key[6] == 7
@@ -114,3 +114,36 @@ def test_an_objective_reads_the_declared_modules_and_those_its_closure_holds_eac
 def test_rows_and_offsets():
     assert rows_of(slice(0, 3), 5) == [0, 1, 2] and rows_of(torch.tensor([4, 1]), 5) == [4, 1]
     assert concat_offsets([torch.zeros(3), torch.zeros(0), torch.zeros(2)]) == [0, 3, 3]
+
+
+def test_an_objectives_identity_is_its_function():
+    """Bound methods of one class are one objective whatever client they are bound to; two plain functions
+    are two, and closures of one definition are one (what they hold is stacked as modules, not compared)."""
+    class A:
+        def loss(self, x, y):
+            return x
+
+    def f(x, y):
+        return x
+
+    def g(x, y):
+        return y
+
+    def make(m):
+        return lambda x, y: m(x)
+
+    assert objective_identity(A().loss) == objective_identity(A().loss) == A.loss
+    assert objective_identity(f) == f.__code__ != objective_identity(g)
+    assert objective_identity(make(1)) == objective_identity(make(2))
+
+
+def test_a_loss_sees_the_stacked_state_for_its_call_only():
+    class Obj:
+        anchor, other = 1, "kept"
+
+    obj = Obj()
+    seen = _with_state(obj, {"anchor": 2}, lambda: (obj.anchor, obj.other))
+    assert seen == (2, "kept") and obj.anchor == 1
+    with pytest.raises(RuntimeError):
+        _with_state(obj, {"anchor": 3}, lambda: (_ for _ in ()).throw(RuntimeError("loss failed")))
+    assert obj.anchor == 1
