@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import build_server
-from runtime.stacked import (Schedule, _with_state, concat_offsets, dims_tree, objective_identity, objective_modules,
+from runtime.stacked import (Schedule, TrainPhase, _with_state, concat_offsets, dims_tree, objective_identity, objective_modules,
                              plan_phase, rows_of, signature, stack_tree)
 
 
@@ -147,3 +147,25 @@ def test_a_loss_sees_the_stacked_state_for_its_call_only():
     with pytest.raises(RuntimeError):
         _with_state(obj, {"anchor": 3}, lambda: (_ for _ in ()).throw(RuntimeError("loss failed")))
     assert obj.anchor == 1
+
+
+def test_a_phase_stacks_each_clients_entries_and_state_without_a_graph(digits_tiny_root):
+    """FedProx's clients, each with its own anchor (its batch_state): the phase's stacks hold each client's
+    trained entries, other entries and state row by row, detached (the stacked step is functional: a stack
+    tracked by autograd would only hold a graph)."""
+    clients = build_server(digits_tiny_root, digits_tiny_root, "-algo", "FedProx").clients[:2]
+    for i, c in enumerate(clients):
+        c.anchor = [a + i for a in c.anchor]
+    # the phase trains all but the first two parameters: those are the stack's constant entries
+    plans = [plan_phase(c, 1, None, torch.optim.SGD(list(c.model.parameters())[2:], lr=0.1), c.loss, None)
+             for c in clients]
+    phase = TrainPhase(plans)
+    assert list(phase.state) == ["anchor"] and phase.names == list(plans[0].trained)
+    names = [f"model.{n}" for n, _ in clients[0].model.named_parameters()]
+    assert list(phase.const) == names[:2] and sorted(phase.train) == sorted(names[2:])
+    for r, c in enumerate(clients):
+        for a, stacked in zip(c.anchor, phase.state["anchor"]):
+            assert torch.equal(stacked[r], a)
+        for n, p in c.model.named_parameters():
+            assert torch.equal({**phase.train, **phase.const}[f"model.{n}"][r], p.detach())
+    assert all(not t.requires_grad for t in [*phase.train.values(), *phase.const.values()])
