@@ -2,6 +2,7 @@
 Ctrl-C and SIGTERM keep the rounds done and say how to resume; workers never outlive their server; a full
 disk leaves the previous complete files; a second run on the same result name is refused while the first
 writes; -gr 0 evaluates the initial model as round 0."""
+import contextlib
 import ipaddress
 import json
 import os
@@ -164,9 +165,12 @@ def alive(pid):
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # a zombie (exited, not yet reaped by its new parent) counts as gone
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(")")[-1].split()[0] != "Z"
+    # a zombie (exited, not yet reaped by its new parent) counts as gone, and so does one reaped meanwhile
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 needs_proc = pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux /proc")
@@ -466,7 +470,10 @@ def test_a_local_ray_cluster_listens_on_loopback_only_and_dies_with_a_killed_run
     proc = start(digits_tiny_root, tmp_path, "-gr", "500", "--executor", "ray", "--workers", "2", "--no-progress")
     wait_for_round(proc, 2)  # its workers have trained a round
     ray_procs = _ray_descendants(proc.pid)
-    cmds = {p: open(f"/proc/{p}/cmdline").read().replace("\0", " ") for p in ray_procs}
+    cmds = {}
+    for p in ray_procs:
+        with contextlib.suppress(FileNotFoundError):  # a short-lived helper that ended meanwhile
+            cmds[p] = open(f"/proc/{p}/cmdline").read().replace("\0", " ")
     cmds[proc.pid] = "main.py"
     table = listening()
     listeners = [(cmds[p].split()[0].rsplit("/", 1)[-1], *table[i]) for p in cmds for i in sockets_of(p) if i in table]
