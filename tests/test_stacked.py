@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from conftest import build_server
-from runtime.stacked import (Schedule, TrainPhase, _with_state, concat_offsets, dims_tree, objective_identity, objective_modules,
-                             plan_phase, rows_of, signature, stack_tree)
+from runtime.stacked import (Schedule, TrainPhase, _with_state, concat_offsets, dims_tree, objective_identity,
+                             objective_modules, plan_phase, rows_of, signature, stack_tree)
 
 
 def test_a_tree_of_one_structure_is_stacked_leaf_by_leaf():

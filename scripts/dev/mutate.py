@@ -131,7 +131,8 @@ CORE = ["ReplaceBinaryOperator_Add_Sub", "ReplaceBinaryOperator_Sub_Add", "Repla
         "ReplaceComparisonOperator_IsNot_Is", "ReplaceUnaryOperator_USub_UAdd", "ReplaceUnaryOperator_Delete_Not",
         "ReplaceTrueWithFalse", "ReplaceFalseWithTrue", "ReplaceAndWithOr", "ReplaceOrWithAnd", "AddNot",
         "NumberReplacer", "ZeroIterationForLoop", "ReplaceBreakWithContinue", "ReplaceContinueWithBreak"]
-PREIMPORT = ["torch", "numpy", "scipy", "sklearn.datasets", "h5py", "ujson", "matplotlib.pyplot", "pytest", "hypothesis"]
+PREIMPORT = ["torch", "numpy", "scipy", "sklearn.datasets", "h5py", "ujson", "matplotlib.pyplot", "pytest",
+             "hypothesis"]
 
 
 def operators() -> dict:
