@@ -1,5 +1,7 @@
 """scripts/experiments/robustness_report.py: cells from a hand-made export."""
 
+import json
+
 import pytest
 
 from scripts.experiments import robustness_report
@@ -125,20 +127,49 @@ def test_a_malformed_result_file_is_left_out_with_one_warning_line(tmp_path, cap
 def test_the_cpu_total_adds_a_fresh_folders_attempts_once(tmp_path):
     """The export's total plus what the folder's CPU records gained since the last export: a fresh folder
     (the export's own folder gone) adds all of its records, an export repeated adds nothing, a record that grew
-    adds its growth, a new run adds its own."""
+    adds its growth, a new run adds its own; figures not marked counted (the export failed to write) count
+    again at the next export."""
     logs = tmp_path / "logs"
-    assert robustness_report.cpu_total(logs, 100.0) == 100.0 and robustness_report.cpu_total(logs, None) is None
+
+    def export(earlier, written=True):
+        total, now = robustness_report.cpu_total(tmp_path, earlier)
+        if written:
+            robustness_report.mark_counted(tmp_path, now)
+        return total
+
+    assert export(100.0) == 100.0 and export(None) is None and not logs.exists()
     logs.mkdir()
     (logs / "a.cpu.json").write_text('{"cpu_s": 10.0}')
     (logs / "b.cpu.json").write_text('{"cpu_s": 2.5}')
-    assert robustness_report.cpu_total(logs, 100.0) == 112.5
-    assert robustness_report.cpu_total(logs, 112.5) == 112.5
+    assert export(100.0, written=False) == 112.5  # the export failed: nothing marked
+    assert export(100.0) == 112.5
+    assert export(112.5) == 112.5
     (logs / "a.cpu.json").write_text('{"cpu_s": 14.0}')
     (logs / "c.cpu.json").write_text('{"cpu_s": 1.0}')
-    assert robustness_report.cpu_total(logs, 112.5) == 117.5
-    assert robustness_report.cpu_total(logs, None) == 0.0
+    assert export(112.5) == 117.5
+    assert export(None) == 0.0
     (logs / "b.cpu.json").write_text('{"cpu_s": 2.0}')  # started over: all of it is new
-    assert robustness_report.cpu_total(logs, 117.5) == 119.5
+    assert export(117.5) == 119.5
     (logs / robustness_report.COUNTED).write_text('{"a": "14"}')
     with pytest.raises(FLError, match="CPU seconds per run"):
-        robustness_report.cpu_total(logs, 117.5)
+        robustness_report.cpu_total(tmp_path, 117.5)
+
+
+def test_a_converged_export_that_fails_to_write_leaves_its_cpu_seconds_to_the_next(tmp_path, capsys):
+    """The CPU figures an export's total took in are marked counted only once the export is written: an export
+    that cannot be written (its folder is a file) marks nothing, and the next export counts them once."""
+    spec = json.loads(robustness_report.CONVERGED["sweep"].read_text())
+    split = spec["base"][spec["base"].index("-data") + 1]
+    (tmp_path / "data" / split).mkdir(parents=True)
+    (tmp_path / "data" / split / "config.json").write_text('{"test_samples": [10, 10]}')
+    (tmp_path / "results" / "logs").mkdir(parents=True)
+    (tmp_path / "results" / "logs" / "a.cpu.json").write_text('{"cpu_s": 7.5}')
+    (tmp_path / "blocked").write_text("a file, not a folder")
+    flags = ["--converged", "--print", "--results", str(tmp_path / "results"), "--dataset_root", str(tmp_path / "data")]
+    assert robustness_report.main(flags + ["--export", str(tmp_path / "blocked" / "export.json")]) == 2
+    assert not (tmp_path / "results" / "logs" / robustness_report.COUNTED).exists()
+    export = tmp_path / "export.json"
+    assert robustness_report.main(flags + ["--export", str(export)]) == 0
+    assert robustness_report.main(flags + ["--export", str(export)]) == 0
+    assert json.loads(export.read_text())["cpu_s_all_attempts"] == 7.5
+    capsys.readouterr()

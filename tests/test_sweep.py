@@ -252,6 +252,10 @@ def test_runs_held_by_the_export_are_not_rerun(tmp_path, monkeypatch, capsys):
     assert sweep.main(["--config", str(spec), "--dry-run"]) == 0
     states = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert states == ["[exported]", "[exported]"] + ["[new]"] * 4
+    export.write_text(json.dumps({"splits": {"Digits": {"FedAvg": {  # an index that is not an int counts not
+        "command": f"python system/main.py -go {goal}", "runs": [{"run": True, "status": "finished"},
+                                                               {"run": "1", "status": "finished"}]}}}}))
+    assert sweep.exported_runs(export) == frozenset()
     export.write_text("{not json")
     assert sweep.main(["--config", str(spec), "--dry-run"]) == 2
     assert "cannot read the export" in capsys.readouterr().err

@@ -128,14 +128,19 @@ def exported_runs(path: Path | None) -> frozenset:
             for entry in _typed(entries, dict, "export split").values():
                 command = _typed(_typed(entry, dict, "export entry").get("command", ""), str, "command")
                 goal = flag_value(shlex.split(command), "-go")
-                done |= {(goal, int(r["run"])) for r in _typed(entry.get("runs", []), list, "runs")
-                         if _typed(r, dict, "run").get("status") in ended and isinstance(r.get("run"), int)}
+                done |= {(goal, r["run"]) for r in _typed(entry.get("runs", []), list, "runs")
+                         if _typed(r, dict, "run").get("status") in ended and _is_index(r.get("run"))}
         done |= {(r["goal"], r["seed"]) for r in _typed(data.get("runs", []), list, "runs")
                  if _typed(r, dict, "run").get("status") in ended and isinstance(r.get("goal"), str)
-                 and type(r.get("seed")) is int}
+                 and _is_index(r.get("seed"))}
     except (FLError, SweepError, ValueError) as e:
         raise SweepError(f"cannot read the export {path}: {' '.join(str(e).split())}") from None
     return frozenset(done)
+
+
+def _is_index(value) -> bool:
+    """A run index: an int, not a boolean (``True`` is an int to ``isinstance``) nor a string of digits."""
+    return type(value) is int
 
 
 def _typed(value, kind, what: str):
