@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import build_server
+from runtime import graphs
 from runtime.stacked import (Schedule, TrainPhase, _with_state, concat_offsets, dims_tree, objective_identity,
                              objective_modules, plan_phase, rows_of, signature, stack_tree)
 
@@ -169,3 +170,43 @@ def test_a_phase_stacks_each_clients_entries_and_state_without_a_graph(digits_ti
         for n, p in c.model.named_parameters():
             assert torch.equal({**phase.train, **phase.const}[f"model.{n}"][r], p.detach())
     assert all(not t.requires_grad for t in [*phase.train.values(), *phase.const.values()])
+
+
+@pytest.mark.parametrize("graphed", [False, True])
+def test_a_phase_returns_each_clients_mean_batch_loss_as_its_own_loop_does(graphed, digits_tiny_root):
+    """Four clients of unequal sizes (37-98 samples, batches of 20: a last batch of its own size each, so the
+    stack's steps take whole prefixes and scattered rows): each client's returned loss is the mean of its batch
+    losses and its model the one its own loop trains, both from a plain torch loop over the same batches;
+    ``graphed``: the step CUDA graphs capture (all rows, the rows without a full batch masked), run eagerly."""
+    clients = build_server(digits_tiny_root, digits_tiny_root).clients[:4]
+    plans = [plan_phase(c, 2, None, torch.optim.SGD(c.model.parameters(), lr=0.1), c.loss, None) for c in clients]
+    assert len({len(c.x_train) for c in clients}) == 4
+    expected_loss, expected_params = [], []
+    for c, p in zip(clients, plans):
+        start = {n: t.detach().clone() for n, t in c.model.named_parameters()}
+        opt, losses = torch.optim.SGD(c.model.parameters(), lr=0.1), []
+        for idx in p.batches:
+            opt.zero_grad()
+            loss = c.loss(c.x_train[idx], c.y_train[idx])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        expected_loss.append(sum(losses) / len(losses))
+        expected_params.append({n: t.detach().clone() for n, t in c.model.named_parameters()})
+        with torch.no_grad():
+            for n, t in c.model.named_parameters():
+                t.copy_(start[n])
+    cache = graphs.CudaGraphs(capture=False) if graphed else None
+    assert TrainPhase(plans, cache).run() == pytest.approx(expected_loss, rel=1e-5)
+    assert not graphed or (cache.cache and not cache.broken)
+    for c, want in zip(clients, expected_params):
+        for n, t in c.model.named_parameters():
+            torch.testing.assert_close(t.detach(), want[n], rtol=1e-5, atol=1e-6)
+
+
+def test_a_phase_of_no_steps_takes_no_graph_and_returns_zero_losses(digits_tiny_root):
+    """Zero epochs: no batch at all, so no step whose shapes a graph could be captured for; every loss is 0."""
+    clients = build_server(digits_tiny_root, digits_tiny_root).clients[:2]
+    plans = [plan_phase(c, 0, None, torch.optim.SGD(c.model.parameters(), lr=0.1), c.loss, None) for c in clients]
+    cache = graphs.CudaGraphs(capture=False)
+    assert TrainPhase(plans, cache).run() == [0.0, 0.0] and not cache.cache
