@@ -210,3 +210,14 @@ def test_a_phase_of_no_steps_takes_no_graph_and_returns_zero_losses(digits_tiny_
     plans = [plan_phase(c, 0, None, torch.optim.SGD(c.model.parameters(), lr=0.1), c.loss, None) for c in clients]
     cache = graphs.CudaGraphs(capture=False)
     assert TrainPhase(plans, cache).run() == [0.0, 0.0] and not cache.cache
+
+
+def test_a_phase_of_one_step_returns_that_steps_loss(digits_tiny_root):
+    """One epoch in one batch of all of each client's samples (at most 98): each loss is that batch's loss
+    under the client's model before the step, computed here directly."""
+    clients = build_server(digits_tiny_root, digits_tiny_root).clients[:2]
+    with torch.no_grad():
+        expected = [c.loss(c.x_train, c.y_train).item() for c in clients]
+    plans = [plan_phase(c, 1, 100, torch.optim.SGD(c.model.parameters(), lr=0.1), c.loss, None) for c in clients]
+    assert [len(p.batches) for p in plans] == [1, 1]
+    assert TrainPhase(plans).run() == pytest.approx(expected, rel=1e-5)
