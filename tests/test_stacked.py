@@ -6,6 +6,7 @@ import torch
 
 from conftest import build_server
 from runtime import graphs
+from utils.errors import Diverged
 from runtime.stacked import (Schedule, TrainPhase, _with_state, concat_offsets, dims_tree, objective_identity,
                              objective_modules, plan_phase, rows_of, signature, stack_tree)
 
@@ -221,3 +222,24 @@ def test_a_phase_of_one_step_returns_that_steps_loss(digits_tiny_root):
     plans = [plan_phase(c, 1, 100, torch.optim.SGD(c.model.parameters(), lr=0.1), c.loss, None) for c in clients]
     assert [len(p.batches) for p in plans] == [1, 1]
     assert TrainPhase(plans).run() == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), 3e38])
+def test_a_client_whose_loss_is_not_finite_gets_its_own_error_and_the_others_their_loss(bad, digits_tiny_root):
+    """The loss is the model's on clipped inputs times the largest input: a NaN sample makes the second
+    client's loss NaN, a sample of 3e38 makes it infinite (a finite loss times 3e38 overflows). Its entry is
+    the Diverged error naming it and its learning rate; the first client's is its loss, as if trained alone."""
+    def phase(clients):
+        def objective(x, y):  # the phase runs its first client's objective on every client's entries
+            return clients[0].loss(x.clamp(-5, 5), y) * x.abs().amax()
+        return TrainPhase([plan_phase(c, 1, 100, torch.optim.SGD(c.model.parameters(), lr=0.1), objective, None)
+                           for c in clients])
+
+    alone = phase(build_server(digits_tiny_root, digits_tiny_root).clients[:1]).run()
+    clients = build_server(digits_tiny_root, digits_tiny_root).clients[:2]
+    clients[1].x_train = clients[1].x_train.clone()
+    clients[1].x_train[0] = bad
+    first, second = phase(clients).run()
+    assert first == pytest.approx(alone[0], rel=1e-6)
+    assert isinstance(second, Diverged)
+    assert str(second).startswith(f"client {clients[1].id}: training loss became ") and "lower -lr (now 0.1" in str(second)
