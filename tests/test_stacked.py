@@ -8,7 +8,7 @@ from conftest import build_server
 from runtime import graphs
 from utils.errors import Diverged
 from runtime.stacked import (Schedule, TrainPhase, _with_state, concat_offsets, dims_tree, objective_identity,
-                             objective_modules, plan_phase, rows_of, signature, stack_tree)
+                             objective_modules, plan_phase, predict_many, rows_of, signature, stack_tree)
 
 
 def test_a_tree_of_one_structure_is_stacked_leaf_by_leaf():
@@ -243,3 +243,18 @@ def test_a_client_whose_loss_is_not_finite_gets_its_own_error_and_the_others_the
     assert first == pytest.approx(alone[0], rel=1e-6)
     assert isinstance(second, Diverged)
     assert str(second).startswith(f"client {clients[1].id}: training loss became ") and "lower -lr (now 0.1" in str(second)
+
+
+def test_predicting_many_models_gives_each_its_own_logits_in_eval_mode():
+    """Three models of one architecture, left in train mode, on 5, 1 and 0 samples (the last two shorter than
+    any chunk, so their chunks are padded, and the one-sample client is the last in the stacked inputs): each
+    model's logits on its own inputs, as its own forward gives them, and every model in eval mode after."""
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)) for _ in range(3)]
+    xs = [torch.randn(5, 4), torch.randn(1, 4), torch.randn(0, 4)]
+    out = predict_many(models, xs, batch_size=4)
+    assert all(not m.training for m in models)
+    with torch.no_grad():
+        for m, x, got in zip(models, xs, out):
+            assert got.shape == (len(x), 3)
+            torch.testing.assert_close(got, m(x))
