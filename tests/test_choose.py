@@ -96,3 +96,14 @@ def test_usable_cores_are_the_affinity_set_or_the_cpu_count(monkeypatch):
     assert choose.usable_cores() == 6
     monkeypatch.setattr(os, "cpu_count", lambda: None)  # unknown
     assert choose.usable_cores() == 1
+
+
+def test_a_batched_executor_falls_back_only_where_auto_chose_it():
+    """``--executor batched`` named: a model it cannot stack is refused (``auto`` off); resolved from ``auto``
+    (main.py passes ``auto=True``): the sequential loop instead, with a note."""
+    from runtime.batched import BatchedExecutor
+
+    named = choose.make_executor(config("--executor", "batched"))
+    resolved = choose.make_executor(config("--executor", "batched"), auto=True)
+    assert isinstance(named, BatchedExecutor) and isinstance(resolved, BatchedExecutor)
+    assert named.auto is False and resolved.auto is True
