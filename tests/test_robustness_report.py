@@ -131,10 +131,10 @@ def test_the_cpu_total_adds_a_fresh_folders_attempts_once(tmp_path):
     again at the next export."""
     logs = tmp_path / "logs"
 
-    def export(earlier, written=True):
-        total, now = robustness_report.cpu_total(tmp_path, earlier)
+    def export(earlier, written=True, to=tmp_path / "export.json"):
+        total, now = robustness_report.cpu_total(tmp_path, to, earlier)
         if written:
-            robustness_report.mark_counted(tmp_path, now)
+            robustness_report.mark_counted(tmp_path, to, now)
         return total
 
     assert export(100.0) == 100.0 and export(None) is None and not logs.exists()
@@ -144,15 +144,17 @@ def test_the_cpu_total_adds_a_fresh_folders_attempts_once(tmp_path):
     assert export(100.0, written=False) == 112.5  # the export failed: nothing marked
     assert export(100.0) == 112.5
     assert export(112.5) == 112.5
+    assert export(None, to=tmp_path / "preview.json") == 12.5  # another export counts on its own
+    assert export(112.5) == 112.5
     (logs / "a.cpu.json").write_text('{"cpu_s": 14.0}')
     (logs / "c.cpu.json").write_text('{"cpu_s": 1.0}')
     assert export(112.5) == 117.5
     assert export(None) == 0.0
     (logs / "b.cpu.json").write_text('{"cpu_s": 2.0}')  # started over: all of it is new
     assert export(117.5) == 119.5
-    (logs / robustness_report.COUNTED).write_text('{"a": "14"}')
+    robustness_report.counted_file(tmp_path, tmp_path / "export.json").write_text('{"a": "14"}')
     with pytest.raises(FLError, match="CPU seconds per run"):
-        robustness_report.cpu_total(tmp_path, 117.5)
+        robustness_report.cpu_total(tmp_path, tmp_path / "export.json", 117.5)
 
 
 def test_a_converged_export_that_fails_to_write_leaves_its_cpu_seconds_to_the_next(tmp_path, capsys):
@@ -167,7 +169,7 @@ def test_a_converged_export_that_fails_to_write_leaves_its_cpu_seconds_to_the_ne
     (tmp_path / "blocked").write_text("a file, not a folder")
     flags = ["--converged", "--print", "--results", str(tmp_path / "results"), "--dataset_root", str(tmp_path / "data")]
     assert robustness_report.main(flags + ["--export", str(tmp_path / "blocked" / "export.json")]) == 2
-    assert not (tmp_path / "results" / "logs" / robustness_report.COUNTED).exists()
+    assert not list((tmp_path / "results" / "logs").glob("exported_cpu*"))
     export = tmp_path / "export.json"
     assert robustness_report.main(flags + ["--export", str(export)]) == 0
     assert robustness_report.main(flags + ["--export", str(export)]) == 0

@@ -244,33 +244,38 @@ def converged_markdown(entries: list[dict], cells: list[tuple], seeds: int, cpu_
     return "\n".join(lines)
 
 
-COUNTED = "exported_cpu.json"  # in the sweep's logs folder: each run's CPU seconds the export's total holds
+def counted_file(folder: Path, export: Path) -> Path:
+    """Where the sweep's folder records the CPU seconds of each run that the total of ``export`` holds: one
+    file per export (``logs/exported_cpu.<export's stem>.json``), so an export written elsewhere (a preview)
+    leaves the others' counts as they were."""
+    return folder / "logs" / f"exported_cpu.{export.stem}.json"
 
 
-def cpu_total(folder: Path, earlier: float | None) -> tuple[float | None, dict[str, float]]:
-    """The sweep's CPU seconds over every attempt: the export's ``earlier`` total plus what the folder's CPU
-    records (``logs/<stem>.cpu.json``, which grow with each attempt) gained since the total last took them in
-    (``logs/COUNTED``). A fresh folder (a clone, another machine) so adds to the total, and an export repeated
-    on the same folder adds nothing twice. Returns the total (None where no attempt was recorded at all) and
-    the figures it took in, which ``mark_counted`` records once the export holding the total is written."""
-    logs = folder / "logs"
+def cpu_total(folder: Path, export: Path, earlier: float | None) -> tuple[float | None, dict[str, float]]:
+    """The sweep's CPU seconds over every attempt: the ``earlier`` total of ``export`` plus what the folder's
+    CPU records (``logs/<stem>.cpu.json``, which grow with each attempt) gained since that export last took
+    them in (``counted_file``). A fresh folder (a clone, another machine) so adds to the total, and an export
+    repeated on the same folder adds nothing twice. Returns the total (None where no attempt was recorded at
+    all) and the figures it took in, which ``mark_counted`` records once the export holding the total is
+    written."""
+    logs, marker = folder / "logs", counted_file(folder, export)
     now = {stem: float(cpu_seconds(folder, stem))
            for stem in sorted(p.name.removesuffix(".cpu.json") for p in logs.glob("*.cpu.json"))}
     if not now:
         return earlier, now
-    counted = fileio.read_json(logs / COUNTED, "CPU already counted") if (logs / COUNTED).exists() else {}
+    counted = fileio.read_json(marker, "CPU already counted") if marker.exists() else {}
     if not isinstance(counted, dict) or not all(type(v) in (int, float) for v in counted.values()):
-        raise FLError(f"{logs / COUNTED}: not a JSON object of CPU seconds per run")
+        raise FLError(f"{marker}: not a JSON object of CPU seconds per run")
     # a record smaller than its counted figure was started over (its log removed): all of it is new
     gained = sum(cpu - counted.get(stem, 0.0) if cpu >= counted.get(stem, 0.0) else cpu for stem, cpu in now.items())
     return (earlier or 0.0) + gained, now
 
 
-def mark_counted(folder: Path, now: dict[str, float]) -> None:
-    """Record the CPU figures an export's total took in (``cpu_total``): written after the export, so an export
-    that failed to write leaves them to be counted by the next one."""
+def mark_counted(folder: Path, export: Path, now: dict[str, float]) -> None:
+    """Record the CPU figures the total of ``export`` took in (``cpu_total``): written after the export, so an
+    export that failed to write leaves them to be counted by the next one."""
     if now:
-        fileio.write_file(folder / "logs" / COUNTED, json.dumps(now, indent=0) + "\n", "CPU already counted")
+        fileio.write_file(counted_file(folder, export), json.dumps(now, indent=0) + "\n", "CPU already counted")
 
 
 def report_converged(args) -> int:
@@ -286,13 +291,13 @@ def report_converged(args) -> int:
         test_samples = fileio.read_json(cfg_path, "config.json")["test_samples"]
         new = read_converged(args.results, test_samples)
         runs = {conv_key(e): e for e in old.get("runs", [])} | {conv_key(e): e for e in new}
-        cpu_all, counted = cpu_total(args.results, old.get("cpu_s_all_attempts"))
+        cpu_all, counted = cpu_total(args.results, args.export, old.get("cpu_s_all_attempts"))
         data = {"split": split, "test_samples": test_samples, "cpu_s_all_attempts": cpu_all,
                 "runs": [runs[k] for k in sorted(runs, key=str)]}
         body = ",\n".join(json.dumps(e) for e in data["runs"])
         head = json.dumps({k: v for k, v in data.items() if k != "runs"})[:-1]
         fileio.write_file(args.export, head + ', "runs": [\n' + body + "\n]}\n", "--export")  # a run a line
-        mark_counted(args.results, counted)
+        mark_counted(args.results, args.export, counted)
     seeds = len(fileio.read_json(CONVERGED["sweep"], "sweep file")["seeds"])
     text = converged_markdown(data.get("runs", []), planned_cells(CONVERGED["sweep"]), seeds,
                               data.get("cpu_s_all_attempts"))
