@@ -221,6 +221,19 @@ def test_a_saved_state_rebuilds_a_model_the_constructor_does_not_make_and_names_
     assert fresh.later is not fresh.global_model
     with pytest.raises(StateError, match=r"^server\.global_model: a Module in this run, a int in the saved state"):
         checkpoint.load_server_state(build(digits_tiny_root, tmp_path), {**saved, "global_model": 3})
+    # the run index must be this run's (SERVER_FIXED); the clients' architectures are built from the flags
+    # (SERVER_BUILT): a saved list where this run's flags build none is another run's state
+    with pytest.raises(StateError, match=r"^server\.run: saved '1', this run's is 0 \(a state of another client"):
+        checkpoint.load_server_state(build(digits_tiny_root, tmp_path), {**saved, "run": 1})
+    with pytest.raises(StateError, match=r"^server\.client_model_names: this run's flags build none"):
+        checkpoint.load_server_state(build(digits_tiny_root, tmp_path), {**saved, "client_model_names": ["CNN1"]})
+
+
+def test_a_checkpoints_identity_is_the_runs_index_seed_algorithm_dataset_and_split(digits_tiny_root, tmp_path):
+    """Run 2 of seed 5: the run's own seed is 5 + 2 (the seed each run of -t draws from)."""
+    server = build(digits_tiny_root, tmp_path, "--seed", "5", run=2)
+    assert checkpoint.identity(server) == {"run": 2, "seed": 7, "algorithm": "FedAvg", "dataset": "Digits",
+                                           "split": server.data.config_hash}
 
 
 def test_a_server_fresh_from_its_constructor_is_at_round_0_having_moved_and_averaged_nothing(digits_tiny_root,

@@ -242,7 +242,8 @@ def test_a_client_whose_loss_is_not_finite_gets_its_own_error_and_the_others_the
     first, second = phase(clients).run()
     assert first == pytest.approx(alone[0], rel=1e-6)
     assert isinstance(second, Diverged)
-    assert str(second).startswith(f"client {clients[1].id}: training loss became ") and "lower -lr (now 0.1" in str(second)
+    assert str(second).startswith(f"client {clients[1].id}: training loss became ")
+    assert "lower -lr (now 0.1" in str(second)
 
 
 def test_predicting_many_models_gives_each_its_own_logits_in_eval_mode():
