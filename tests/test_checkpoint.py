@@ -1,0 +1,61 @@
+"""runtime/checkpoint.py's checks of a checkpoint's values before anything is loaded, by hand: which recorded
+values count as numbers (as ``state.encode`` saves them) and when a saved plain value is the run's."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from runtime import checkpoint, state
+from utils.errors import FLError
+
+SERVER = SimpleNamespace(cfg=SimpleNamespace(global_rounds=3))
+
+
+def ckpt(series=None, round_time=(0.5, 0.25)) -> dict:
+    """A checkpoint after round 1 whose recorder holds ``series`` (two evaluations: rounds 0 and 1)."""
+    series = {"rs_round": [0, 1], "rs_test_acc": [0.5, 0.75], **(series or {})}
+    return {"round": 1, "recorder": {"series": series, "round_time": list(round_time)}}
+
+
+def encoded(value):
+    return state.encode(value, {}, "recorder")
+
+
+@pytest.mark.parametrize("series, round_time", [
+    ({}, (0.5, 0.25)),
+    ({}, (encoded(np.float64(0.5)), 1)),  # a numpy scalar, as the recorder's encoding saves one
+    ({"rs_client_test_acc": [[0.5, 1.0], [0.25, 0.0]]}, (0.5, 0.25)),  # per-client values as lists
+    ({"rs_client_test_acc": [encoded(np.array([0.5, 1.0])), torch.tensor([0.25, 0.0])]}, (0.5, 0.25)),
+    ({"rs_test_acc": [encoded(np.float32(0.5)), 0.75]}, (0.5, 0.25)),
+])
+def test_recorded_numbers_in_every_form_the_encoding_saves_are_accepted(series, round_time):
+    checkpoint.check_values(ckpt(series, round_time), SERVER, "c.ckpt")
+
+
+@pytest.mark.parametrize("series, round_time", [
+    ({}, ({state.KIND: "numpy_scalar", "value": "0.5"}, 0.25)),  # a numpy scalar whose value is text
+    ({}, ([0.5], 0.25)),  # a round's time is one number, not a list
+    ({}, (encoded(np.array([0.5])), 0.25)),
+    ({"rs_client_test_acc": [torch.zeros(2, 2), torch.zeros(2)]}, (0.5, 0.25)),  # per client: 1-d only
+    ({"rs_client_test_acc": [torch.zeros(2, dtype=torch.complex64), torch.zeros(2)]}, (0.5, 0.25)),
+    ({"rs_client_test_acc": [[0.5, "1"], [0.25, 0.0]]}, (0.5, 0.25)),
+    ({"rs_client_test_acc": [{state.KIND: "ndarray", "data": "0.5"}, [0.25]]}, (0.5, 0.25)),
+    ({"rs_test_acc": [{"value": 0.5}, 0.75]}, (0.5, 0.25)),  # a dict that is no encoded number
+])
+def test_a_recorded_value_that_is_not_a_number_is_refused_with_one_line(series, round_time):
+    with pytest.raises(FLError, match=r"^checkpoint c\.ckpt is damaged \(its recorded series are not lists of "
+                                      r"numbers\); delete it to start over$"):
+        checkpoint.check_values(ckpt(series, round_time), SERVER, "c.ckpt")
+
+
+@pytest.mark.parametrize("saved, mine, same", [
+    (1, 1, True), ("FedAvg", "FedAvg", True), ([1, 2], [1, 2], True),
+    (1, 1.0, False), (True, 1, False), ([1], 1, False), ("1", 1, False),  # another type is another value
+    (torch.zeros(2), torch.zeros(3), False),  # a comparison that raises (shapes) is a difference, not an error
+    (torch.zeros(2), torch.zeros(2), False),  # an element-wise comparison has no single truth value
+    (np.zeros(2), np.zeros(2), False),
+    (torch.zeros(1), torch.zeros(1), True),
+])
+def test_a_saved_plain_value_is_the_runs_only_with_its_type_and_value(saved, mine, same):
+    assert checkpoint._same(saved, mine) is same
