@@ -59,3 +59,35 @@ def test_a_recorded_value_that_is_not_a_number_is_refused_with_one_line(series, 
 ])
 def test_a_saved_plain_value_is_the_runs_only_with_its_type_and_value(saved, mine, same):
     assert checkpoint._same(saved, mine) is same
+
+
+@pytest.mark.parametrize("rnd, ok", [(-1, True), (0, True), (2, True), (-2, False), (True, False)])
+def test_a_checkpoints_round_is_a_whole_number_from_before_round_0_to_the_last(rnd, ok):
+    """-1: saved before round 0 (the clients rebuild from the factory); -gr 3 trains rounds 0 to 2."""
+    c = {"round": rnd, "recorder": None}
+    if ok:
+        checkpoint.check_values(c, SERVER, "c.ckpt")
+    else:
+        with pytest.raises(FLError, match=rf"^checkpoint c\.ckpt is damaged \(round {rnd!r}\)"):
+            checkpoint.check_values(c, SERVER, "c.ckpt")
+
+
+def test_loading_checks_whose_run_and_which_values_a_checkpoint_holds(digits_tiny_root, tmp_path):
+    """Through ``load``: a checkpoint of this server loads; one whose identity names another split is refused
+    naming the first 20 characters of the saved checksum and this run's; one after more rounds than -gr is
+    refused by the value checks."""
+    from conftest import build_server
+
+    server = build_server(digits_tiny_root, tmp_path, "-gr", "2")
+    path = tmp_path / "run.ckpt"
+    saved = checkpoint.snapshot(server, 0)
+    state.write_file(saved, path)
+    assert checkpoint.load(path, server)["round"] == 0
+    other = "0123456789abcdefghijKLMNOP"
+    state.write_file({**saved, "identity": {**saved["identity"], "split": other}}, path)
+    with pytest.raises(FLError, match=rf"holds another run \(split '0123456789abcdefghij' -> "
+                                      rf"'{server.data.config_hash}'\); drop --resume"):
+        checkpoint.load(path, server)
+    state.write_file({**saved, "round": 2}, path)
+    with pytest.raises(FLError, match=r"holds 3 rounds, more than -gr 2; resume with -gr 3 or more"):
+        checkpoint.load(path, server)
