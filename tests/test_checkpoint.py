@@ -72,6 +72,19 @@ def test_a_checkpoints_round_is_a_whole_number_from_before_round_0_to_the_last(r
             checkpoint.check_values(c, SERVER, "c.ckpt")
 
 
+@pytest.mark.parametrize("rnd, rounds, ok", [(0, 1, True), (1, 1, False), (0, 0, True), (1, 0, False)])
+def test_a_checkpoint_after_more_rounds_than_gr_is_refused(rnd, rounds, ok):
+    """-gr 1 trains round 0 only: a checkpoint after round 1 is refused; the bound is at least one round, so -gr 0
+    takes a checkpoint after round 0 as -gr 1 does."""
+    server = SimpleNamespace(cfg=SimpleNamespace(global_rounds=rounds))
+    c = {"round": rnd, "recorder": None}
+    if ok:
+        checkpoint.check_values(c, server, "c.ckpt")
+    else:
+        with pytest.raises(FLError, match=rf"holds {rnd + 1} rounds, more than -gr {rounds}"):
+            checkpoint.check_values(c, server, "c.ckpt")
+
+
 def test_loading_checks_whose_run_and_which_values_a_checkpoint_holds(digits_tiny_root, tmp_path):
     """Through ``load``: a checkpoint of this server loads; one whose identity names another split is refused
     naming the first 20 characters of the saved checksum and this run's; one after more rounds than -gr is
