@@ -104,3 +104,40 @@ def test_loading_checks_whose_run_and_which_values_a_checkpoint_holds(digits_tin
     state.write_file({**saved, "round": 2}, path)
     with pytest.raises(FLError, match=r"holds 3 rounds, more than -gr 2; resume with -gr 3 or more"):
         checkpoint.load(path, server)
+
+
+def damaged(what: str):
+    return pytest.raises(FLError, match=rf"^checkpoint c\.ckpt is damaged \({what}\); delete it to start over$")
+
+
+def test_recorded_bytes_must_be_lists_of_numbers():
+    c = ckpt()
+    c["recorder"]["round_bytes"] = {"up": [1, 2], "down": [3, 4]}
+    checkpoint.check_values(c, SERVER, "c.ckpt")
+    for bad in ({"up": [1, 2], "down": [3, "4"]}, [[1, 2], [3, 4]]):
+        c["recorder"]["round_bytes"] = bad
+        with damaged("its recorded bytes are not lists of numbers"):
+            checkpoint.check_values(c, SERVER, "c.ckpt")
+
+
+def test_each_series_has_one_entry_per_evaluation_of_its_own_index():
+    """A tagged series (``rs_<tag>_...``, e.g. the new clients' evaluations) is indexed by ``rs_<tag>_round``,
+    every other one by ``rs_round``."""
+    tagged = {"rs_new_round": [1], "rs_new_test_acc": [0.5]}
+    checkpoint.check_values(ckpt(tagged), SERVER, "c.ckpt")
+    # a tag of any length; a series whose name only begins like another series' is indexed by rs_round
+    checkpoint.check_values(ckpt({"rs_later_round": [1], "rs_later_test_acc": [0.5], "rs_te_x": [0.5, 0.25]}),
+                            SERVER, "c.ckpt")
+    with damaged("series rs_new_test_acc has 2 entries for 1 evaluations"):
+        checkpoint.check_values(ckpt({**tagged, "rs_new_test_acc": [0.5, 0.25]}), SERVER, "c.ckpt")
+    with damaged("series rs_train_loss has 1 entries for 2 evaluations"):
+        checkpoint.check_values(ckpt({"rs_train_loss": [0.5]}), SERVER, "c.ckpt")
+
+
+@pytest.mark.parametrize("key, rounds", [("rs_round", [1, 0]), ("rs_round", [0, 2]), ("rs_round", [-1, 0]),
+                                         ("rs_round", [0, 1.0]), ("rs_new_round", [2]), ("rs_new_round", [1, 1])])
+def test_the_rounds_of_a_series_increase_up_to_the_checkpoints_round(key, rounds):
+    """After round 1: every index is whole, increasing rounds from 0, none after round 1."""
+    series = {key: rounds} if key == "rs_round" else {key: rounds, "rs_new_test_acc": [0.5] * len(rounds)}
+    with damaged(f"{key} is not increasing rounds up to its round 1"):
+        checkpoint.check_values(ckpt(series), SERVER, "c.ckpt")
