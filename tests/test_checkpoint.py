@@ -61,27 +61,19 @@ def test_a_saved_plain_value_is_the_runs_only_with_its_type_and_value(saved, min
     assert checkpoint._same(saved, mine) is same
 
 
-@pytest.mark.parametrize("rnd, ok", [(-1, True), (0, True), (2, True), (-2, False), (True, False)])
-def test_a_checkpoints_round_is_a_whole_number_from_before_round_0_to_the_last(rnd, ok):
-    """-1: saved before round 0 (the clients rebuild from the factory); -gr 3 trains rounds 0 to 2."""
-    c = {"round": rnd, "recorder": None}
-    if ok:
-        checkpoint.check_values(c, SERVER, "c.ckpt")
-    else:
-        with pytest.raises(FLError, match=rf"^checkpoint c\.ckpt is damaged \(round {rnd!r}\)"):
-            checkpoint.check_values(c, SERVER, "c.ckpt")
-
-
-@pytest.mark.parametrize("rnd, rounds, ok", [(0, 1, True), (1, 1, False), (0, 0, True), (1, 0, False)])
-def test_a_checkpoint_after_more_rounds_than_gr_is_refused(rnd, rounds, ok):
-    """-gr 1 trains round 0 only: a checkpoint after round 1 is refused; the bound is at least one round, so -gr 0
-    takes a checkpoint after round 0 as -gr 1 does."""
-    server = SimpleNamespace(cfg=SimpleNamespace(global_rounds=rounds))
-    c = {"round": rnd, "recorder": None}
-    if ok:
+@pytest.mark.parametrize("rnd, rounds, refused", [
+    (-1, 3, None), (0, 3, None), (2, 3, None),  # -1: saved before round 0; -gr 3 trains rounds 0 to 2
+    (-2, 3, r"^checkpoint c\.ckpt is damaged \(round -2\)"),
+    (True, 3, r"^checkpoint c\.ckpt is damaged \(round True\)"),
+    (0, 1, None), (1, 1, "holds 2 rounds, more than -gr 1"),  # -gr 1 trains round 0 only
+    (0, 0, None), (1, 0, "holds 2 rounds, more than -gr 0"),  # the bound is at least one round
+])
+def test_a_checkpoints_round_is_a_whole_number_from_before_round_0_to_the_last_of_gr(rnd, rounds, refused):
+    server, c = SimpleNamespace(cfg=SimpleNamespace(global_rounds=rounds)), {"round": rnd, "recorder": None}
+    if refused is None:
         checkpoint.check_values(c, server, "c.ckpt")
     else:
-        with pytest.raises(FLError, match=rf"holds {rnd + 1} rounds, more than -gr {rounds}"):
+        with pytest.raises(FLError, match=refused):
             checkpoint.check_values(c, server, "c.ckpt")
 
 
