@@ -1,15 +1,28 @@
-"""runtime/checkpoint.py's checks of a checkpoint's values before anything is loaded, by hand: which recorded
-values count as numbers (as ``state.encode`` saves them) and when a saved plain value is the run's."""
+"""runtime/checkpoint.py's checks of a checkpoint before anything is loaded, by hand: which recorded values
+count as numbers (as ``state.encode`` saves them), the recorded series' shape and rounds, the checkpoint's
+round, when a saved plain value is the run's, and (through ``load``) whose run it holds."""
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from conftest import build_server
 from runtime import checkpoint, state
 from utils.errors import FLError
 
-SERVER = SimpleNamespace(cfg=SimpleNamespace(global_rounds=3))
+
+def server(rounds: int = 3):
+    """What the value checks read of a server: its -gr."""
+    return SimpleNamespace(cfg=SimpleNamespace(global_rounds=rounds))
+
+
+SERVER = server()
+
+
+def damaged(what: str) -> str:
+    """The one line a damaged checkpoint ``c.ckpt`` is refused with, as a pattern."""
+    return rf"^checkpoint c\.ckpt is damaged \({what}\); delete it to start over$"
 
 
 def ckpt(series=None, round_time=(0.5, 0.25)) -> dict:
@@ -44,8 +57,7 @@ def test_recorded_numbers_in_every_form_the_encoding_saves_are_accepted(series, 
     ({"rs_test_acc": [{"value": 0.5}, 0.75]}, (0.5, 0.25)),  # a dict that is no encoded number
 ])
 def test_a_recorded_value_that_is_not_a_number_is_refused_with_one_line(series, round_time):
-    with pytest.raises(FLError, match=r"^checkpoint c\.ckpt is damaged \(its recorded series are not lists of "
-                                      r"numbers\); delete it to start over$"):
+    with pytest.raises(FLError, match=damaged("its recorded series are not lists of numbers")):
         checkpoint.check_values(ckpt(series, round_time), SERVER, "c.ckpt")
 
 
@@ -63,43 +75,36 @@ def test_a_saved_plain_value_is_the_runs_only_with_its_type_and_value(saved, min
 
 @pytest.mark.parametrize("rnd, rounds, refused", [
     (-1, 3, None), (0, 3, None), (2, 3, None),  # -1: saved before round 0; -gr 3 trains rounds 0 to 2
-    (-2, 3, r"^checkpoint c\.ckpt is damaged \(round -2\)"),
-    (True, 3, r"^checkpoint c\.ckpt is damaged \(round True\)"),
+    (-2, 3, damaged("round -2")), (True, 3, damaged("round True")),
     (0, 1, None), (1, 1, "holds 2 rounds, more than -gr 1"),  # -gr 1 trains round 0 only
     (0, 0, None), (1, 0, "holds 2 rounds, more than -gr 0"),  # the bound is at least one round
 ])
 def test_a_checkpoints_round_is_a_whole_number_from_before_round_0_to_the_last_of_gr(rnd, rounds, refused):
-    server, c = SimpleNamespace(cfg=SimpleNamespace(global_rounds=rounds)), {"round": rnd, "recorder": None}
+    c = {"round": rnd, "recorder": None}
     if refused is None:
-        checkpoint.check_values(c, server, "c.ckpt")
+        checkpoint.check_values(c, server(rounds), "c.ckpt")
     else:
         with pytest.raises(FLError, match=refused):
-            checkpoint.check_values(c, server, "c.ckpt")
+            checkpoint.check_values(c, server(rounds), "c.ckpt")
 
 
 def test_loading_checks_whose_run_and_which_values_a_checkpoint_holds(digits_tiny_root, tmp_path):
     """Through ``load``: a checkpoint of this server loads; one whose identity names another split is refused
     naming the first 20 characters of the saved checksum and this run's; one after more rounds than -gr is
     refused by the value checks."""
-    from conftest import build_server
-
-    server = build_server(digits_tiny_root, tmp_path, "-gr", "2")
+    run = build_server(digits_tiny_root, tmp_path, "-gr", "2")
     path = tmp_path / "run.ckpt"
-    saved = checkpoint.snapshot(server, 0)
+    saved = checkpoint.snapshot(run, 0)
     state.write_file(saved, path)
-    assert checkpoint.load(path, server)["round"] == 0
+    assert checkpoint.load(path, run)["round"] == 0
     other = "0123456789abcdefghijKLMNOP"
     state.write_file({**saved, "identity": {**saved["identity"], "split": other}}, path)
     with pytest.raises(FLError, match=rf"holds another run \(split '0123456789abcdefghij' -> "
-                                      rf"'{server.data.config_hash}'\); drop --resume"):
-        checkpoint.load(path, server)
+                                      rf"'{run.data.config_hash}'\); drop --resume"):
+        checkpoint.load(path, run)
     state.write_file({**saved, "round": 2}, path)
     with pytest.raises(FLError, match=r"holds 3 rounds, more than -gr 2; resume with -gr 3 or more"):
-        checkpoint.load(path, server)
-
-
-def damaged(what: str):
-    return pytest.raises(FLError, match=rf"^checkpoint c\.ckpt is damaged \({what}\); delete it to start over$")
+        checkpoint.load(path, run)
 
 
 def test_recorded_bytes_must_be_lists_of_numbers():
@@ -108,7 +113,7 @@ def test_recorded_bytes_must_be_lists_of_numbers():
     checkpoint.check_values(c, SERVER, "c.ckpt")
     for bad in ({"up": [1, 2], "down": [3, "4"]}, [[1, 2], [3, 4]]):
         c["recorder"]["round_bytes"] = bad
-        with damaged("its recorded bytes are not lists of numbers"):
+        with pytest.raises(FLError, match=damaged("its recorded bytes are not lists of numbers")):
             checkpoint.check_values(c, SERVER, "c.ckpt")
 
 
@@ -120,9 +125,9 @@ def test_each_series_has_one_entry_per_evaluation_of_its_own_index():
     # a tag of any length; a series whose name only begins like another series' is indexed by rs_round
     checkpoint.check_values(ckpt({"rs_later_round": [1], "rs_later_test_acc": [0.5], "rs_te_x": [0.5, 0.25]}),
                             SERVER, "c.ckpt")
-    with damaged("series rs_new_test_acc has 2 entries for 1 evaluations"):
+    with pytest.raises(FLError, match=damaged("series rs_new_test_acc has 2 entries for 1 evaluations")):
         checkpoint.check_values(ckpt({**tagged, "rs_new_test_acc": [0.5, 0.25]}), SERVER, "c.ckpt")
-    with damaged("series rs_train_loss has 1 entries for 2 evaluations"):
+    with pytest.raises(FLError, match=damaged("series rs_train_loss has 1 entries for 2 evaluations")):
         checkpoint.check_values(ckpt({"rs_train_loss": [0.5]}), SERVER, "c.ckpt")
 
 
@@ -131,5 +136,5 @@ def test_each_series_has_one_entry_per_evaluation_of_its_own_index():
 def test_the_rounds_of_a_series_increase_up_to_the_checkpoints_round(key, rounds):
     """After round 1: every index is whole, increasing rounds from 0, none after round 1."""
     series = {key: rounds} if key == "rs_round" else {key: rounds, "rs_new_test_acc": [0.5] * len(rounds)}
-    with damaged(f"{key} is not increasing rounds up to its round 1"):
+    with pytest.raises(FLError, match=damaged(f"{key} is not increasing rounds up to its round 1")):
         checkpoint.check_values(ckpt(series), SERVER, "c.ckpt")

@@ -6,9 +6,9 @@ import torch
 
 from conftest import build_server
 from runtime import graphs
-from utils.errors import Diverged
 from runtime.stacked import (Schedule, TrainPhase, _with_state, concat_offsets, dims_tree, objective_identity,
                              objective_modules, plan_phase, predict_many, rows_of, signature, stack_tree)
+from utils.errors import Diverged
 
 
 def test_a_tree_of_one_structure_is_stacked_leaf_by_leaf():
@@ -173,6 +173,12 @@ def test_a_phase_stacks_each_clients_entries_and_state_without_a_graph(digits_ti
     assert all(not t.requires_grad for t in [*phase.train.values(), *phase.const.values()])
 
 
+def sgd_plans(clients, epochs: int, batch_size: int | None = None, objective=None) -> list:
+    """Each client's phase of plain SGD (rate 0.1) over its whole model on ``objective`` (its own loss)."""
+    return [plan_phase(c, epochs, batch_size, torch.optim.SGD(c.model.parameters(), lr=0.1),
+                       c.loss if objective is None else objective, None) for c in clients]
+
+
 @pytest.mark.parametrize("graphed", [False, True])
 def test_a_phase_returns_each_clients_mean_batch_loss_as_its_own_loop_does(graphed, digits_tiny_root):
     """Four clients of unequal sizes (37-98 samples, batches of 20: a last batch of its own size each, so the
@@ -180,7 +186,7 @@ def test_a_phase_returns_each_clients_mean_batch_loss_as_its_own_loop_does(graph
     losses and its model the one its own loop trains, both from a plain torch loop over the same batches;
     ``graphed``: the step CUDA graphs capture (all rows, the rows without a full batch masked), run eagerly."""
     clients = build_server(digits_tiny_root, digits_tiny_root).clients[:4]
-    plans = [plan_phase(c, 2, None, torch.optim.SGD(c.model.parameters(), lr=0.1), c.loss, None) for c in clients]
+    plans = sgd_plans(clients, 2)
     assert len({len(c.x_train) for c in clients}) == 4
     expected_loss, expected_params = [], []
     for c, p in zip(clients, plans):
@@ -208,7 +214,7 @@ def test_a_phase_returns_each_clients_mean_batch_loss_as_its_own_loop_does(graph
 def test_a_phase_of_no_steps_takes_no_graph_and_returns_zero_losses(digits_tiny_root):
     """Zero epochs: no batch at all, so no step whose shapes a graph could be captured for; every loss is 0."""
     clients = build_server(digits_tiny_root, digits_tiny_root).clients[:2]
-    plans = [plan_phase(c, 0, None, torch.optim.SGD(c.model.parameters(), lr=0.1), c.loss, None) for c in clients]
+    plans = sgd_plans(clients, 0)
     cache = graphs.CudaGraphs(capture=False)
     assert TrainPhase(plans, cache).run() == [0.0, 0.0] and not cache.cache
 
@@ -219,7 +225,7 @@ def test_a_phase_of_one_step_returns_that_steps_loss(digits_tiny_root):
     clients = build_server(digits_tiny_root, digits_tiny_root).clients[:2]
     with torch.no_grad():
         expected = [c.loss(c.x_train, c.y_train).item() for c in clients]
-    plans = [plan_phase(c, 1, 100, torch.optim.SGD(c.model.parameters(), lr=0.1), c.loss, None) for c in clients]
+    plans = sgd_plans(clients, 1, 100)
     assert [len(p.batches) for p in plans] == [1, 1]
     assert TrainPhase(plans).run() == pytest.approx(expected, rel=1e-5)
 
@@ -232,8 +238,7 @@ def test_a_client_whose_loss_is_not_finite_gets_its_own_error_and_the_others_the
     def phase(clients):
         def objective(x, y):  # the phase runs its first client's objective on every client's entries
             return clients[0].loss(x.clamp(-5, 5), y) * x.abs().amax()
-        return TrainPhase([plan_phase(c, 1, 100, torch.optim.SGD(c.model.parameters(), lr=0.1), objective, None)
-                           for c in clients])
+        return TrainPhase(sgd_plans(clients, 1, 100, objective))
 
     alone = phase(build_server(digits_tiny_root, digits_tiny_root).clients[:1]).run()
     clients = build_server(digits_tiny_root, digits_tiny_root).clients[:2]
