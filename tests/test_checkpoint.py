@@ -1,6 +1,7 @@
 """runtime/checkpoint.py's checks of a checkpoint before anything is loaded, by hand: which recorded values
 count as numbers (as ``state.encode`` saves them), the recorded series' shape and rounds, the checkpoint's
-round, when a saved plain value is the run's, and (through ``load``) whose run it holds."""
+round, when a saved plain value is the run's, (through ``load``) whose run it holds, and which errors of a
+resumed run's rounds are blamed on its checkpoint."""
 from types import SimpleNamespace
 
 import numpy as np
@@ -91,7 +92,8 @@ def test_a_checkpoints_round_is_a_whole_number_from_before_round_0_to_the_last_o
 def test_loading_checks_whose_run_and_which_values_a_checkpoint_holds(digits_tiny_root, tmp_path):
     """Through ``load``: a checkpoint of this server loads; one whose identity names another split is refused
     naming the first 20 characters of the saved checksum and this run's; one after more rounds than -gr is
-    refused by the value checks."""
+    refused by the value checks; one of an earlier format (1, 2) is named as such, any other format refused.
+    """
     run = build_server(digits_tiny_root, tmp_path, "-gr", "2")
     path = tmp_path / "run.ckpt"
     saved = checkpoint.snapshot(run, 0)
@@ -105,6 +107,17 @@ def test_loading_checks_whose_run_and_which_values_a_checkpoint_holds(digits_tin
     state.write_file({**saved, "round": 2}, path)
     with pytest.raises(FLError, match=r"holds 3 rounds, more than -gr 2; resume with -gr 3 or more"):
         checkpoint.load(path, run)
+    assert saved["format"] == 3  # this version's
+    for fmt in (1, 2):  # the earlier versions' formats: named as such
+        state.write_file({**saved, "format": fmt}, path)
+        with pytest.raises(FLError, match=rf"^checkpoint .*run\.ckpt was written by an earlier version \(format "
+                                          rf"{fmt}: it does not say which run it holds\); delete it to start over$"):
+            checkpoint.load(path, run)
+    for fmt in (0, 4, 2.0, True, "3", None):  # anything else is no checkpoint of this version
+        state.write_file({**saved, "format": fmt}, path)
+        with pytest.raises(FLError, match=r"^.*run\.ckpt is not a checkpoint of this library version; delete it to "
+                                          r"start over$"):
+            checkpoint.load(path, run)
 
 
 def test_recorded_bytes_must_be_lists_of_numbers():
@@ -129,6 +142,9 @@ def test_each_series_has_one_entry_per_evaluation_of_its_own_index():
         checkpoint.check_values(ckpt({**tagged, "rs_new_test_acc": [0.5, 0.25]}), SERVER, "c.ckpt")
     with pytest.raises(FLError, match=damaged("series rs_train_loss has 1 entries for 2 evaluations")):
         checkpoint.check_values(ckpt({"rs_train_loss": [0.5]}), SERVER, "c.ckpt")
+    long = "rs_" + "x" * 37 + "yz"  # a series name of 42 characters is named by its first 40
+    with pytest.raises(FLError, match=damaged(f"series {long[:40]} has 1 entries for 2 evaluations")):
+        checkpoint.check_values(ckpt({long: [0.5]}), SERVER, "c.ckpt")
 
 
 @pytest.mark.parametrize("key, rounds", [("rs_round", [1, 0]), ("rs_round", [0, 2]), ("rs_round", [-1, 0]),
@@ -138,3 +154,23 @@ def test_the_rounds_of_a_series_increase_up_to_the_checkpoints_round(key, rounds
     series = {key: rounds} if key == "rs_round" else {key: rounds, "rs_new_test_acc": [0.5] * len(rounds)}
     with pytest.raises(FLError, match=damaged(f"{key} is not increasing rounds up to its round 1")):
         checkpoint.check_values(ckpt(series), SERVER, "c.ckpt")
+
+
+def test_a_resumed_runs_misfit_errors_are_blamed_on_its_checkpoint_and_no_others():
+    """An error a misfit state raises (``checkpoint.MISFIT``: a TypeError, ValueError, IndexError, AttributeError,
+    KeyError or RuntimeError) in a resumed run becomes one line naming the checkpoint; a run's own FLError, any
+    other error, and every error of a run that was not resumed stay as they are (None)."""
+    resumed = SimpleNamespace(checkpoints=SimpleNamespace(resumed="c.ckpt"))
+    for error in (ValueError("shapes differ\nmore lines"), IndexError("index 9 out of range"), KeyError("w"),
+                  TypeError(""), AttributeError("x"), RuntimeError("size mismatch")):
+        line = state.first_line(error)
+        blamed = checkpoint.blame(resumed, error)
+        assert isinstance(blamed, FLError) and str(blamed) == (
+            f"checkpoint c.ckpt does not fit this run ({type(error).__name__}: {line} after it was restored); "
+            f"delete it to start over")
+    assert str(checkpoint.blame(resumed, TypeError(""))).startswith("checkpoint c.ckpt does not fit this run "
+                                                                  "(TypeError: TypeError after")
+    for error in (FLError("the run's own line"), ZeroDivisionError("x"), OSError("disk full"), KeyboardInterrupt()):
+        assert checkpoint.blame(resumed, error) is None, error
+    for fresh in (SimpleNamespace(checkpoints=SimpleNamespace(resumed=None)), SimpleNamespace()):
+        assert checkpoint.blame(fresh, ValueError("shapes differ")) is None

@@ -772,6 +772,43 @@ def test_client_store_set_up_by_hand(tmp_path, monkeypatch):
     assert trims == [0]  # every free page back to the system, none kept as padding
 
 
+def test_a_parked_client_file_is_read_back_only_as_that_clients_state(digits_tiny_root, tmp_path):
+    """A parked client's file names whose state it holds (client and run); one changed outside the run (another
+    client's file, another run's, a file of other values, or bytes that are not a saved state) is refused with
+    one line naming it, and the client stays parked."""
+    from runtime import state
+    from runtime.parking import ClientStore
+
+    server = build(digits_tiny_root, "FedAvg", "--client_state", "cpu")  # all five live (-jr 1)
+    host = server.executor.host
+    store = ClientStore("disk", 1, host.rebuild, folder=str(tmp_path / "parked"))
+    a, b = host.clients[0], host.clients[1]
+    weights = copy.deepcopy(a.model.state_dict())
+    store.park(a)
+    store.park(b)
+    good = store.path(a).read_bytes()
+    refused = r"parked client file .*0\.pt does not hold client 0's state; it was changed outside this run: start " \
+              r"the run again"
+    saved = state.read_file(store.path(a))
+    cases = {"another client's": {**saved, "client": 1}, "another run's": {**saved, "run": a.run + 1},
+             "no state": {"client": 0, "run": a.run, "state": [1, 2]}, "not a tagged state": [0, a.run, saved]}
+    for name, tree in cases.items():
+        state.write_file(tree, store.path(a))
+        with pytest.raises(FLError, match=f"^{refused}$"):
+            store.unpark(a)
+        assert "parked_in" in vars(a), name  # still parked: nothing was loaded
+    store.path(a).write_bytes(store.path(b).read_bytes())  # client 1's own file in client 0's place
+    with pytest.raises(FLError, match=f"^{refused}$"):
+        store.unpark(a)
+    store.path(a).write_bytes(b"not a saved state")
+    with pytest.raises(FLError, match=r"^parked client file .*0\.pt cannot be read \(.+\); it was changed outside "
+                                      r"this run: start the run again$"):
+        store.unpark(a)
+    store.path(a).write_bytes(good)  # its own file back: it unparks as it was
+    store.unpark(a)
+    assert all(torch.equal(v, weights[k]) for k, v in a.model.state_dict().items())
+
+
 def test_a_stores_own_folder_goes_with_it_and_a_given_one_stays(tmp_path, capfd):
     import gc
     import shutil
