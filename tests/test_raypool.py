@@ -166,6 +166,33 @@ def test_a_local_cluster_writes_its_session_in_a_short_folder_the_io_layer_made_
     assert not folder.exists() and tmp_path.is_dir()
 
 
+@pytest.mark.parametrize("length, kept", [(20, True), (21, False)])
+def test_the_session_folder_moves_to_tmp_exactly_when_its_path_would_pass_36_bytes(monkeypatch, tmp_path, length,
+                                                                                     kept):
+    """The session folder is <temporary folder>/fl-ray-<8 characters> (16 bytes more); with a temporary folder of
+    20 bytes it is 36 and Ray's longest socket path under it 106 bytes (Ray's limit 107, one byte in hand), so it
+    stays; at 21 bytes the folder goes under /tmp."""
+    import tempfile
+
+    from utils import fileio
+
+    parent = "/" + "p" * (length - 1)
+    made = []
+
+    def make_private(where, prefix, what):  # where the folder would be made (nothing is made at a made-up path)
+        made.append(where)
+        (tmp_path / "s").mkdir()
+        return tmp_path / "s"
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: parent)
+    monkeypatch.setattr(fileio, "make_private", make_private)
+    assert raypool.session_folder() == tmp_path / "s" and (tmp_path / "s" / "ray").is_dir()
+    assert made == [parent if kept else "/tmp"]
+    folder = f"{parent}/fl-ray-12345678"
+    longest = f"{folder}/ray/session_2026-12-06_06-05-00_123456_4194304/sockets/plasma_store.1"
+    assert (len(folder), len(longest)) == ((36, 106) if kept else (37, 107))
+
+
 def test_a_dashboard_and_other_ray_options_can_be_asked_for(started):
     raypool.init_ray(include_dashboard=True)
     assert started.calls[0]["include_dashboard"] is True and "num_cpus" not in started.calls[0]

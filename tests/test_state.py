@@ -1,6 +1,9 @@
 """runtime/state.py by hand: every kind of value survives encode -> write_file -> read_file -> decode onto a
 freshly built object (values, aliasing, frozen parameters, training flags, stream positions), and every state
 that does not fit is refused with the attribute's path."""
+import functools
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -205,6 +208,108 @@ def test_a_state_that_does_not_fit_is_refused_with_the_attributes_path(damage, m
     damage(saved)
     with pytest.raises(StateError, match="^" + message):
         decode_attrs(Owner(cfg, 2), saved, {"cfg": cfg}, "cpu", "owner")
+
+
+def behaviour():
+    return 0
+
+
+RNG = np.random.default_rng(0)
+
+
+@pytest.mark.parametrize("live, saved", [
+    (1.5, 2), (1.5, 2.5), (3, 4), (True, False), ("a", "b"), (b"a", b"b"), (None, 5), (5, None),
+    ([1], [2]), ((1,), encode((2,), {}, "x")), ({"a": 1}, {"a": 2}), ({1}, encode({3}, {}, "x")),
+    (frozenset({1}), encode(frozenset({3}), {}, "x")), (np.zeros(2), encode(np.ones(2), {}, "x")),
+    (torch.device("cpu"), encode(torch.device("cpu"), {}, "x")), (RNG, encode(np.random.default_rng(1), {}, "x")),
+    (np.float32(1), encode(np.float32(2), {}, "x")), (torch.zeros(2), torch.ones(2)),
+])
+def test_a_saved_value_of_the_live_values_kind_is_accepted(live, saved):
+    """A number for a float (an integer included), an integer for an integer, a bool for a bool, text for
+    text, bytes for bytes; None on either side; each structured kind for its own."""
+    decode(saved, live, {}, "cpu", "x")
+
+
+@pytest.mark.parametrize("live, saved, message", [
+    (1.5, True, "a float in this run, a bool in the saved state"),
+    (1.5, "1", "a float in this run, a str in the saved state"),
+    (3, 3.0, "a int in this run, a float in the saved state"),
+    (3, True, "a int in this run, a bool in the saved state"),
+    (True, 1, "a bool in this run, a int in the saved state"),
+    ("a", b"a", "a str in this run, a bytes in the saved state"),
+    (b"a", "a", "a bytes in this run, a str in the saved state"),
+    ([1], (1,), "a list in this run, a tuple in the saved state"),
+    ((1,), [1], "a tuple in this run, a list in the saved state"),
+    ({"a": 1}, [1], "a dict in this run, a list in the saved state"),
+    ({"a": 1}, encode({1}, {}, "x"), "a dict in this run, a set in the saved state"),
+    ({1}, encode(frozenset({1}), {}, "x"), "a set in this run, a frozenset in the saved state"),
+    ({1}, [1], "a set in this run, a list in the saved state"),
+    (frozenset({1}), encode({1}, {}, "x"), "a frozenset in this run, a set in the saved state"),
+    (np.zeros(2), [0.0, 0.0], "a ndarray in this run, a list in the saved state"),
+    (torch.device("cpu"), "cpu", "a device in this run, a str in the saved state"),
+    (RNG, encode(np.float32(2), {}, "x"), "a Generator in this run, a numpy_scalar in the saved state"),
+    (np.float32(1), 1.0, "a float32 in this run, a float in the saved state"),
+    (behaviour, 3, r"this run holds behaviour \(a function\) there"),
+    (len, 3, r"this run holds behaviour \(a builtin_function_or_method\) there"),
+])
+def test_a_saved_value_of_another_kind_is_refused_with_both_kinds(live, saved, message):
+    with pytest.raises(StateError, match=f"^x: {message}$"):
+        decode(saved, live, {}, "cpu", "x")
+
+
+class Thing:
+    """Behaviour of every kind a saved attribute must not replace, and a class-level default it may."""
+    limit = 3  # a plain class attribute: an instance value may stand in front of it
+    scorer = functools.partial(max)  # callable, no __get__
+
+    def __init__(self, shadowed: bool = False):
+        self.count = 0
+        if shadowed:
+            self.step = 0  # an instance attribute already in front of the method
+
+    def step(self):
+        return 1
+
+    @property
+    def size(self):
+        return 2
+
+    @staticmethod
+    def make():
+        return Thing()
+
+
+@pytest.mark.parametrize("name", ["step", "size", "make", "scorer"])
+def test_a_saved_attribute_never_replaces_behaviour(name):
+    with pytest.raises(StateError, match=rf"^thing\.{name}: a saved value would replace a method or property of "
+                                         rf"Thing$"):
+        decode_attrs(Thing(), {name: 1}, {}, "cpu", "thing")
+
+
+def test_a_saved_attribute_may_stand_where_an_instance_value_or_a_plain_default_does():
+    thing = Thing(shadowed=True)
+    decode_attrs(thing, {"step": 2, "limit": 5, "count": 7}, {}, "cpu", "thing")
+    assert (vars(thing)["step"], thing.limit, thing.count, Thing.limit) == (2, 5, 7, 3)
+
+
+@pytest.mark.parametrize("name", ["__class__", "__dict__", "a b", "9lives", "x.y", "", "é-" + "z" * 60])
+def test_a_saved_attribute_name_must_be_an_attribute_name(name):
+    with pytest.raises(StateError, match=rf"^thing: attribute name {re.escape(repr(name[:40]))} is not an attribute "
+                                         rf"name$"):
+        decode_attrs(Thing(), {name: 1}, {}, "cpu", "thing")
+    decode_attrs(Thing(), {"_private": 1, "z" * 60: 2}, {}, "cpu", "thing")  # any identifier but a dunder
+
+
+@pytest.mark.parametrize("saved, ok", [(4, True), (5, False), (4.0, False), (True, False), ("4", False)])
+def test_a_fixed_attribute_is_the_runs_only_with_its_type_and_value(saved, ok):
+    thing = Thing()
+    thing.count = 4
+    if ok:
+        decode_attrs(thing, {"count": saved}, {}, "cpu", "thing", fixed=("count",))
+    else:
+        with pytest.raises(StateError, match=rf"^thing\.count: saved {re.escape(repr(str(saved)))}, this run's is 4 \(a "
+                                             rf"state of another client or run\)$"):
+            decode_attrs(thing, {"count": saved}, {}, "cpu", "thing", fixed=("count",))
 
 
 def test_none_may_stand_where_a_round_cleared_a_structured_value():

@@ -231,7 +231,7 @@ def _same_kind(saved, live, where: str) -> None:
                 raise StateError(f"{where}: this run holds behaviour (a {type(live).__name__}) there")
             return
         got = kind if kind is not None else type(saved)
-        if got != expected and not (expected is dict and type(saved) is dict and kind is None):
+        if got != expected:
             raise StateError(f"{where}: a {type(live).__name__} in this run, a "
                              f"{kind or type(saved).__name__} in the saved state")
         return
