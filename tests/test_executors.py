@@ -772,6 +772,25 @@ def test_client_store_set_up_by_hand(tmp_path, monkeypatch):
     assert trims == [0]  # every free page back to the system, none kept as padding
 
 
+def test_a_client_brought_back_while_every_live_client_is_in_a_call_stays_live_for_its_own(digits_tiny_root):
+    """A batched session holds several clients in a call at once (pinned): bringing one more back must not park it
+    again before its own call runs, though the live clients then exceed the capacity for a while."""
+    server = build(digits_tiny_root, "FedAvg", "-jr", "0.2", "--client_state", "cpu")  # one client live
+    host = server.executor.host
+    assert host.store.capacity == 1
+    (busy,) = host.store.live  # the one live client, in a call (as a batched session holds it)
+    other = next(cid for cid in host.clients if cid != busy)
+    assert "parked_in" in vars(host.clients[other])
+    host.store.pinned.add(busy)
+    try:
+        weights = host.run(other, "__getattribute__", ("model",))  # a call on a parked client: back, then called
+    finally:
+        host.store.pinned.discard(busy)
+    assert isinstance(weights, torch.nn.Module) and "parked_in" not in vars(host.clients[busy])
+    # after its call it is the least recently used unpinned client beyond the capacity: parked again
+    assert list(host.store.live) == [busy] and "parked_in" in vars(host.clients[other])
+
+
 def test_a_parked_client_file_is_read_back_only_as_that_clients_state(digits_tiny_root, tmp_path):
     """A parked client's file names whose state it holds (client and run); one changed outside the run (another
     client's file, another run's, a file of other values, or bytes that are not a saved state) is refused with
