@@ -14,6 +14,7 @@ import torch
 
 from runtime import raypool, reaper
 from runtime.executors import WorkerLost
+from utils import fileio
 from utils.errors import FLError
 
 ray = pytest.importorskip("ray")
@@ -107,10 +108,13 @@ def started(monkeypatch):
     monkeypatch.setattr(reaper, "watch", watch)
     monkeypatch.setattr(reaper, "stop", seen.stopped.append)
     monkeypatch.setattr(raypool, "_watcher", [])
+    monkeypatch.setattr(raypool, "_session", [])
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     handler = signal.getsignal(signal.SIGTERM)
     yield seen
     signal.signal(signal.SIGTERM, handler)
+    while raypool._session:  # the session folders of the starts a test did not shut down: not left in /tmp
+        fileio.remove_made(raypool._session.pop())
 
 
 def test_a_local_cluster_starts_on_loopback_quietly_with_the_library_and_a_watcher(started, monkeypatch):
@@ -243,8 +247,19 @@ def test_ray_that_does_not_start_is_one_line_and_puts_everything_back(started, d
         raypool.init_ray(device_ids=["1"])
     assert ray_constants.ENABLE_RAY_CLUSTER == before and signal.getsignal(signal.SIGTERM) is term
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    session = Path(started.calls[0]["_temp_dir"]).parent
+    assert raypool._session == [] and not session.exists()  # the session folder made for it removed
     with pytest.raises(FLError, match=r"^Ray did not start at h:1 \(no room\)$"):
         raypool.init_ray("h:1")
+
+
+def test_each_local_start_writes_in_its_own_new_session_folder(started):
+    raypool.init_ray(num_cpus=1)
+    raypool.init_ray(num_cpus=1)  # a second start (Ray stopped outside shutdown_ray): a folder of its own
+    first, second = (Path(c["_temp_dir"]).parent for c in started.calls)
+    assert first != second and raypool._session == [first, second] and first.is_dir() and second.is_dir()
+    raypool.shutdown_ray()
+    assert raypool._session == [] and not first.exists() and not second.exists()
 
 
 # ---- the executor ----------------------------------------------------------------------------------
