@@ -772,6 +772,26 @@ def test_client_store_set_up_by_hand(tmp_path, monkeypatch):
     assert trims == [0]  # every free page back to the system, none kept as padding
 
 
+def test_with_parking_the_sequential_server_holds_handles_whose_calls_and_reads_reach_its_clients(digits_tiny_root):
+    """With parking, the sequential executor hands the server ``ClientHandle``s: each knows its client's id and
+    sample counts, and a method call or an attribute read through one runs on that very client (brought back first
+    when parked), returning what the client itself returns."""
+    server = build(digits_tiny_root, "FedAvg", "-jr", "0.2", "--client_state", "cpu")  # one client live
+    host = server.executor.host
+    assert all(isinstance(h, ClientHandle) for h in server.clients)
+    counts = [(c.id, c.train_samples, c.test_samples) for c in (host.clients[i] for i in range(len(host.clients)))]
+    assert [(h.id, h.train_samples, h.test_samples) for h in server.clients] == counts
+    assert any(train != test for _, train, test in counts)  # the two counts differ, so a swap would show
+    parked = next(h for h in server.clients if "parked_in" in vars(host.clients[h.id]))
+    loads = host.store.loads
+    got = parked.upload()  # a method call through the handle: that client's own upload
+    assert host.store.loads == loads + 1 and "parked_in" not in vars(host.clients[parked.id])
+    want = host.clients[parked.id].upload()
+    assert (got.id, got.weight) == (want.id, want.weight) == (parked.id, parked.train_samples)
+    assert got.state.keys() == want.state.keys() and all(torch.equal(got.state[k], want.state[k]) for k in got.state)
+    assert parked.model is host.clients[parked.id].model  # a read: this executor's live reference
+
+
 def test_a_client_brought_back_while_every_live_client_is_in_a_call_stays_live_for_its_own(digits_tiny_root):
     """A batched session holds several clients in a call at once (pinned): bringing one more back must not park it
     again before its own call runs, though the live clients then exceed the capacity for a while."""
