@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-import tempfile
-from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -19,13 +17,14 @@ from hypothesis import strategies as st
 
 import cli as cli_module
 import main
-from conftest import cli
+from conftest import SANDBOX, cli
 from flcore.registry import ALGORITHMS
 from test_fuzz_readers import budget
 from utils import bounds
 from utils.errors import FLError
 
-OUT = Path(tempfile.mkdtemp(prefix="pfl-ranges-"))
+OUT = SANDBOX / "ranges"  # under the session's temporary folder, which conftest removes at the end
+OUT.mkdir(exist_ok=True)
 
 
 def _flags(parser) -> dict:
