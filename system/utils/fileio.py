@@ -248,7 +248,8 @@ def read_npz(path, names: Iterable[str], what: str = "file", cap: int = NPZ_CAP,
     with open_read(path, what, cap=max(cap, NPZ_CAP), follow=follow) as f:
         try:
             z = zipfile.ZipFile(f)
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:  # the last: a
+            # version or compression zipfile does not take (a damaged header says 21.0)
             raise FileIOError(f"{what} {path} is not an npz ({why(e)})") from None
         with z:
             members = {i.filename: i for i in z.infolist()}
