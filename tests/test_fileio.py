@@ -287,6 +287,17 @@ def test_a_symlink_planted_where_a_generator_unpacks_an_archive_is_refused_not_f
     assert find_dir(archive, "marker.txt") == src / "a_files" and (src / "a_files" / "marker.txt").read_bytes() == b"x"
 
 
+def test_a_zip_whose_header_says_a_version_zipfile_does_not_take_is_one_line(tmp_path):
+    z = crafted_zip(tmp_path / "a.zip", [("a.txt", b"x" * 100, 0)])
+    blob = bytearray(z.read_bytes())
+    at = blob.index(b"PK\x01\x02")  # the first central-directory entry; its version needed at offset 6
+    blob[at + 6:at + 8] = (210).to_bytes(2, "little")  # 21.0
+    z.write_bytes(bytes(blob))
+    with pytest.raises(fileio.FileIOError, match=r"^could not unpack a\.zip \(zip file version 21\.0\); is it a "
+                                                  r"complete zip or tar archive\?$"):
+        fileio.extract(z, fileio.Folder(tmp_path / "d"))
+
+
 def test_a_cut_or_foreign_archive_is_one_line(tmp_path):
     z = crafted_zip(tmp_path / "a.zip", [("a.txt", os.urandom(3000), 0)])
     z.write_bytes(z.read_bytes()[:1500])

@@ -154,7 +154,7 @@ def is_plain_npz(path):
     try:  # its zip directory only, through the I/O layer (a regular file)
         with du.fileio.open_read(path, "--source", cap=du.fileio.NPZ_CAP) as f:
             return "x.npy" in zipfile.ZipFile(f).namelist()
-    except (ValueError, OSError, zipfile.BadZipFile, du.fileio.FileIOError):
+    except (ValueError, OSError, *du.fileio.ZIP_DAMAGED, du.fileio.FileIOError):
         return False
 
 
@@ -166,7 +166,7 @@ def load_npz(path, spec):
             has_groups = "groups.npy" in zipfile.ZipFile(f).namelist()
         groups = (du.fileio.read_npz(path, ("groups",), "--source", ratio=du.UNPACK_LIMIT["ratio"])["groups"]
                   .astype(np.int64) if has_groups else None)
-    except (du.fileio.FileIOError, zipfile.BadZipFile, ValueError, TypeError) as e:
+    except (du.fileio.FileIOError, *du.fileio.ZIP_DAMAGED, ValueError, TypeError) as e:
         raise du.DatasetError(f"--source {Path(path).name}: its 'groups' cannot be read ({e})") from None
     if spec.scenario != "label skew" and groups is None:
         raise du.DatasetError(f"--source {Path(path).name} lacks the array 'groups' (the natural client or "

@@ -234,6 +234,9 @@ def parse_yaml(text: str, what: str, limit: int = MAX_DEPTH):
     return value
 
 
+# What zipfile raises on a damaged or foreign zip header: BadZipFile, or NotImplementedError for a version or
+# compression it does not take (a flipped byte reads "zip file version 21.0"). Every zip opening catches both.
+ZIP_DAMAGED = (zipfile.BadZipFile, NotImplementedError)
 UNPACK_RATIO = 200.0  # an npz unpacks to at most this many times its own size (np.savez stores: about 1)
 
 
@@ -248,8 +251,7 @@ def read_npz(path, names: Iterable[str], what: str = "file", cap: int = NPZ_CAP,
     with open_read(path, what, cap=max(cap, NPZ_CAP), follow=follow) as f:
         try:
             z = zipfile.ZipFile(f)
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:  # the last: a
-            # version or compression zipfile does not take (a damaged header says 21.0)
+        except (*ZIP_DAMAGED, OSError, ValueError, EOFError) as e:
             raise FileIOError(f"{what} {path} is not an npz ({why(e)})") from None
         with z:
             members = {i.filename: i for i in z.infolist()}
@@ -739,7 +741,7 @@ def extract(path, folder: Folder, what: str = "archive", ratio: float = UNPACK_R
                 arc = tarfile.open(fileobj=f, mode="r:*")
                 members = _tar_members(arc, label, max_members)
                 opener = arc.extractfile
-        except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError, ValueError) as e:
+        except (*ZIP_DAMAGED, tarfile.TarError, OSError, EOFError, ValueError) as e:
             raise FileIOError(f"could not unpack {name} ({why(e)}); is it a complete zip or tar archive?") from None
         with arc:
             plan, total = [], 0
