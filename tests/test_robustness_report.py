@@ -175,3 +175,34 @@ def test_a_converged_export_that_fails_to_write_leaves_its_cpu_seconds_to_the_ne
     assert robustness_report.main(flags + ["--export", str(export)]) == 0
     assert json.loads(export.read_text())["cpu_s_all_attempts"] == 7.5
     capsys.readouterr()
+
+
+def test_a_closed_sweep_names_its_incomplete_cells_cut_and_the_export_keeps_it(tmp_path, capsys):
+    """``--close``: the cells the sweep left incomplete read "cut (k/3)" (never a number, never "pending"), the
+    footnote counts them, and the export keeps the mark for every later export and ``--from-export``."""
+    cells = [("FedAvg", "none", "mean"), ("FedAvg", "none", "krum"), ("FedAvg", "alie", "mean")]
+    runs = [conv_entry("FedAvg", None, "mean", s, 0.5) for s in (0, 1, 2)]
+    runs += [conv_entry("FedAvg", None, "krum", 0, 0.9)]  # one seed of three, then the budget ran out
+    got = cells_of(robustness_report.converged_markdown(runs, cells, 3, None, closed=True))
+    assert got[("FedAvg", "none")] == ["50.0 ± 0.0", "cut (1/3)"] and got[("FedAvg", "alie")] == ["cut (0/3)", ""]
+    assert "2 cells of the cut rule are cut" in robustness_report.converged_markdown(runs, cells, 3, None, closed=True)
+    open_ = robustness_report.converged_markdown(runs, cells, 3, None)
+    assert "pending (1/3)" in open_ and "cut (" not in open_ and "are cut" not in open_
+
+    spec = json.loads(robustness_report.CONVERGED["sweep"].read_text())
+    split = spec["base"][spec["base"].index("-data") + 1]
+    (tmp_path / "data" / split).mkdir(parents=True)
+    (tmp_path / "data" / split / "config.json").write_text('{"test_samples": [10, 10]}')
+    (tmp_path / "results").mkdir()
+    export = tmp_path / "export.json"
+    flags = ["--converged", "--print", "--results", str(tmp_path / "results"), "--dataset_root",
+             str(tmp_path / "data"), "--export", str(export)]
+    assert robustness_report.main(flags) == 0
+    assert json.loads(export.read_text())["closed"] is False and "cut (0/3)" not in capsys.readouterr().out
+    assert robustness_report.main(flags + ["--close"]) == 0
+    assert json.loads(export.read_text())["closed"] is True and "cut (0/3)" in capsys.readouterr().out
+    for again in (flags, [*flags, "--from-export"]):  # the mark stays without the flag
+        assert robustness_report.main(again) == 0
+        assert "cut (0/3)" in capsys.readouterr().out and json.loads(export.read_text())["closed"] is True
+    export.write_text(export.read_text().replace('"closed": true', '"closed": "yes"'))  # only true closes
+    assert robustness_report.main([*flags, "--from-export"]) == 0 and "pending (0/3)" in capsys.readouterr().out

@@ -17,7 +17,8 @@ how many, a run that diverged (its training loss became NaN or inf) is counted i
 ``--converged``: the converged table (``scripts/experiments/robustness_converged.json``, docs/robustness.md's "Converged
 table") from ``results/robustness_converged`` into ``docs/benchmarks/robustness_converged.json``. Its cells are
 the sweep file's grid points; a cell is a number only once all of its seeds (3) have ended, and "pending (k/3)"
-until then. Every run's benign accuracy is taken over one fixed set of clients per seed, the ones not in that
+until then; ``--close`` (kept in the export) says the sweep has stopped at its budget, and the cells it left
+incomplete read "cut (k/3)". Every run's benign accuracy is taken over one fixed set of clients per seed, the ones not in that
 seed's malicious set (plugins/attacks.py ``malicious_clients`` at the sweep's share), sample-weighted by the
 split's test counts, for unattacked runs and Local too; for attacked runs it equals the recorded
 ``rs_benign_test_acc`` (checked). Backdoor cells add the attack success rate; it is NaN (null in the export)
@@ -199,9 +200,11 @@ def spread(values: list[float]) -> str:
     return f"{np.mean(values):.1f} ± {np.std(values):.1f}"
 
 
-def converged_markdown(entries: list[dict], cells: list[tuple], seeds: int, cpu_all: float | None) -> str:
+def converged_markdown(entries: list[dict], cells: list[tuple], seeds: int, cpu_all: float | None,
+                       closed: bool = False) -> str:
     """One row per (algorithm, attack), one column per aggregator; a cell is a number once all ``seeds``
-    runs have ended, "pending (k/seeds)" before (a cell of the cut rule), blank when not in it."""
+    runs have ended, "pending (k/seeds)" before (a cell of the cut rule), blank when not in it. ``closed``:
+    the sweep has stopped at its budget, so an incomplete cell is "cut (k/seeds)", never to be a number."""
     ended: dict[tuple, list[dict]] = {}
     for e in entries:
         ended.setdefault(conv_key(e)[:3], []).append(e)
@@ -221,7 +224,7 @@ def converged_markdown(entries: list[dict], cells: list[tuple], seeds: int, cpu_
                 continue
             runs = ended.get(key, [])
             if len(runs) < seeds:
-                out.append(f"pending ({len(runs)}/{seeds})")
+                out.append(f"{'cut' if closed else 'pending'} ({len(runs)}/{seeds})")
                 continue
             complete += 1
             ok = [r for r in runs if r["status"] == "finished"]
@@ -239,6 +242,9 @@ def converged_markdown(entries: list[dict], cells: list[tuple], seeds: int, cpu_
               f"as the sweep recorded them" + ("" if cpu_all is None else
                                                 f"; {cpu_all / 3600:.2f} CPU-hours spent by the sweep so far, "
                                                 f"unfinished runs included") + ")."]
+    if closed:
+        lines.append(f"The sweep stopped at the issue's budget: {len(cells) - complete} cells of the cut rule are cut "
+                     f"(the runs of a cell cut part-way are in the export, never in a number).")
     if any(r.startswith("backdoor") for _, r in rows):
         lines.append("Backdoor cells: benign accuracy / attack success rate (%). Local: no aggregation.")
     return "\n".join(lines)
@@ -293,6 +299,7 @@ def report_converged(args) -> int:
         runs = {conv_key(e): e for e in old.get("runs", [])} | {conv_key(e): e for e in new}
         cpu_all, counted = cpu_total(args.results, args.export, old.get("cpu_s_all_attempts"))
         data = {"split": split, "test_samples": test_samples, "cpu_s_all_attempts": cpu_all,
+                "closed": args.close or old.get("closed") is True,
                 "runs": [runs[k] for k in sorted(runs, key=str)]}
         body = ",\n".join(json.dumps(e) for e in data["runs"])
         head = json.dumps({k: v for k, v in data.items() if k != "runs"})[:-1]
@@ -300,7 +307,7 @@ def report_converged(args) -> int:
         mark_counted(args.results, args.export, counted)
     seeds = len(fileio.read_json(CONVERGED["sweep"], "sweep file")["seeds"])
     text = converged_markdown(data.get("runs", []), planned_cells(CONVERGED["sweep"]), seeds,
-                              data.get("cpu_s_all_attempts"))
+                              data.get("cpu_s_all_attempts"), closed=args.close or data.get("closed") is True)
     if args.print:
         print(text)
     else:
@@ -316,6 +323,8 @@ def main(argv=None) -> int:
     p.add_argument("--from-export", action="store_true", help="the table from the export alone")
     p.add_argument("--print", action="store_true", help="print the table instead of writing the document")
     p.add_argument("--converged", action="store_true", help="the converged table (module docstring)")
+    p.add_argument("--close", action="store_true",
+                   help="--converged: the sweep has stopped at its budget; incomplete cells are cut (kept in the export)")
     p.add_argument("--dataset_root", type=Path, default=REPO / "dataset", help="--converged: where the split is")
     args = p.parse_args(argv)
     try:
