@@ -14,15 +14,15 @@ how many, a run that diverged (its training loss became NaN or inf) is counted i
 "diverged" when every seed did), and a cell not run is "-". The table replaces the block between
 ``<!-- robustness:begin -->`` and ``<!-- robustness:end -->``.
 
-``--converged``: the converged table (``scripts/experiments/robustness_converged.json``, docs/robustness.md's "Converged
-table") from ``results/robustness_converged`` into ``docs/benchmarks/robustness_converged.json``. Its cells are
-the sweep file's grid points; a cell is a number only once all of its seeds (3) have ended, and "pending (k/3)"
-until then; ``--close`` (kept in the export) says the sweep has stopped at its budget, and the cells it left
-incomplete read "cut (k/3)". Every run's benign accuracy is taken over one fixed set of clients per seed, the ones not in that
-seed's malicious set (plugins/attacks.py ``malicious_clients`` at the sweep's share), sample-weighted by the
-split's test counts, for unattacked runs and Local too; for attacked runs it equals the recorded
-``rs_benign_test_acc`` (checked). Backdoor cells add the attack success rate; it is NaN (null in the export)
-for every other run.
+``--converged``: the converged table (``scripts/experiments/robustness_converged.json``, docs/robustness.md's
+"Converged table") from ``results/robustness_converged`` into ``docs/benchmarks/robustness_converged.json``. Its
+cells are the sweep file's grid points; a cell is a number only once all of its seeds (3) have ended, and
+"pending (k/3)" until then; ``--close`` (kept in the export) says the sweep has stopped at its budget, and the
+cells it left incomplete read "cut (k/3)". Every run's benign accuracy is taken over one fixed set of clients per
+seed, the ones not in that seed's malicious set (plugins/attacks.py ``malicious_clients`` at the sweep's share),
+sample-weighted by the split's test counts, for unattacked runs and Local too; for attacked runs it equals the
+recorded ``rs_benign_test_acc`` (checked). Backdoor cells add the attack success rate; it is NaN (null in the
+export) for every other run.
 """
 from __future__ import annotations
 
@@ -324,7 +324,7 @@ def main(argv=None) -> int:
     p.add_argument("--print", action="store_true", help="print the table instead of writing the document")
     p.add_argument("--converged", action="store_true", help="the converged table (module docstring)")
     p.add_argument("--close", action="store_true",
-                   help="--converged: the sweep has stopped at its budget; incomplete cells are cut (kept in the export)")
+                   help="--converged: the sweep stopped at its budget: incomplete cells are cut (kept in the export)")
     p.add_argument("--dataset_root", type=Path, default=REPO / "dataset", help="--converged: where the split is")
     args = p.parse_args(argv)
     try:
