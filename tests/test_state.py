@@ -183,6 +183,8 @@ def test_what_cannot_be_saved_is_refused_with_its_path():
      r"owner\.model\['0\.weight'\]: unknown entry kind 'pickle'$"),
     (lambda s: s["model"].update(training=[True]), r"owner\.model: 1 submodules saved, the model has 4"),
     (lambda s: s["model"].pop("frozen"), r"owner\.model: damaged module entry"),
+    (lambda s: s["model"].update(training=[1] * len(s["model"]["training"])), r"owner\.model: damaged module entry"),
+    (lambda s: s["model"].update(frozen=[0]), r"owner\.model: damaged module entry"),
     (lambda s: s.update(cfg={state.KIND: "link", "key": "other"}), r"owner\.cfg: the run's cfg comes from the flags and the split"),
     (lambda s: s.update(x={state.KIND: "pickle"}), r"owner\.x: unknown entry kind 'pickle'"),
     (lambda s: s.update(x=object.__new__(Counter)), r"owner\.x: unexpected Counter"),
@@ -396,3 +398,43 @@ def test_a_device_is_the_runs_own_where_the_fresh_object_holds_one():
     empty = Placed(None)
     decode_attrs(empty, saved, {}, "cpu")
     assert empty.device == torch.device("cuda", 1)  # nothing there: the saved one
+
+
+def test_a_linked_object_is_named_by_its_kind_alone():
+    """A link's key is kind:name ("client:3"); the message names the kind."""
+    client, thing = object(), Thing()
+    thing.peer = client
+    with pytest.raises(StateError, match=r"^thing\.peer: the run's client comes from the flags and the split; the "
+                                         r"saved state puts something else there$"):
+        decode_attrs(thing, {"peer": 5}, {"client:3": client}, "cpu", "thing")
+
+
+def test_a_fixed_attributes_long_saved_value_is_cut_to_40_characters():
+    thing = Thing()
+    thing.count = 4
+    with pytest.raises(StateError, match=rf"^thing\.count: saved {'abcdefghij' * 4!r}, this run's is 4 "):
+        decode_attrs(thing, {"count": "abcdefghij" * 6}, {}, "cpu", "thing", fixed=("count",))
+
+
+def test_a_state_file_goes_only_into_a_folder_that_exists(tmp_path):
+    from utils.fileio import FileIOError
+
+    with pytest.raises(FileIOError, match="missing is not a folder the run can use"):
+        state.write_file({"a": 1}, tmp_path / "missing" / "s.pt")
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_state_file_nested_deeper_than_the_limit_is_refused(tmp_path):
+    from utils.fileio import MAX_DEPTH
+
+    def nested(levels):  # a list in a list ... ``levels`` deep
+        v: list = []
+        for _ in range(levels - 1):
+            v = [v]
+        return v
+
+    state.write_file(nested(MAX_DEPTH), tmp_path / "ok.pt")
+    assert state.read_file(tmp_path / "ok.pt") == nested(MAX_DEPTH)
+    state.write_file(nested(MAX_DEPTH + 1), tmp_path / "deep.pt")
+    with pytest.raises(StateError, match=f"^it is nested more than {MAX_DEPTH} levels deep$"):
+        state.read_file(tmp_path / "deep.pt")
