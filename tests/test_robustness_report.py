@@ -185,7 +185,8 @@ def test_a_closed_sweep_names_its_incomplete_cells_cut_and_the_export_keeps_it(t
     runs += [conv_entry("FedAvg", None, "krum", 0, 0.9)]  # one seed of three, then the budget ran out
     got = cells_of(robustness_report.converged_markdown(runs, cells, 3, None, closed=True))
     assert got[("FedAvg", "none")] == ["50.0 ± 0.0", "cut (1/3)"] and got[("FedAvg", "alie")] == ["cut (0/3)", ""]
-    assert "2 cells of the cut rule are cut" in robustness_report.converged_markdown(runs, cells, 3, None, closed=True)
+    closed = robustness_report.converged_markdown(runs, cells, 3, 3600.0, closed=True)
+    assert "2 cells of the cut rule are cut" in closed and "1.00 CPU-hours spent by the sweep, unfinished" in closed
     open_ = robustness_report.converged_markdown(runs, cells, 3, None)
     assert "pending (1/3)" in open_ and "cut (" not in open_ and "are cut" not in open_
 

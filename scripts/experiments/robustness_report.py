@@ -238,10 +238,10 @@ def converged_markdown(entries: list[dict], cells: list[tuple], seeds: int, cpu_
             out.append(text + (f" ({lost} diverged)" if lost else ""))
         lines.append(f"| {algo} | {row} | " + " | ".join(out) + " |")
     cpu = sum(e["cpu_s"] or 0.0 for e in entries)
+    spent = "" if cpu_all is None else (f"; {cpu_all / 3600:.2f} CPU-hours spent by the sweep"
+                                        f"{'' if closed else ' so far'}, unfinished runs included")
     lines += ["", f"{complete} of {len(cells)} cells complete ({len(entries)} ended runs, {cpu / 3600:.2f} CPU-hours "
-              f"as the sweep recorded them" + ("" if cpu_all is None else
-                                                f"; {cpu_all / 3600:.2f} CPU-hours spent by the sweep so far, "
-                                                f"unfinished runs included") + ")."]
+              f"as the sweep recorded them{spent})."]
     if closed:
         lines.append(f"The sweep stopped at the issue's budget: {len(cells) - complete} cells of the cut rule are cut "
                      f"(the runs of a cell cut part-way are in the export, never in a number).")
