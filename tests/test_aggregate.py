@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from utils.aggregate import weighted_average
+from utils.aggregate import squared_distances, weighted_average
 
 
 def test_weighted_average_matches_hand_computation():
@@ -64,3 +64,43 @@ def test_zero_and_fractional_weights_are_accepted():
     a, b = {"w": torch.tensor([4.0])}, {"w": torch.tensor([8.0])}
     assert torch.equal(weighted_average([a, b], [0, 2])["w"], torch.tensor([8.0]))  # a zero weight drops a state
     assert torch.equal(weighted_average([a, b], [0.25, 0.75])["w"], torch.tensor([7.0]))  # weights already summing to 1
+
+
+def loop_distances(x: torch.Tensor) -> torch.Tensor:
+    """The reference: each pair's difference summed in float64, +inf on the diagonal."""
+    x, n = x.double(), len(x)
+    return torch.tensor([[float("inf") if i == j else float(((x[i] - x[j]) ** 2).sum()) for j in range(n)]
+                         for i in range(n)], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("offset, spread", [(0.0, 1.0), (0.0, 1e-3), (1e3, 1e-2)])
+def test_squared_distances_match_a_float64_loop(offset, spread):
+    """Small and large distances, and rows far from the origin (a common offset 10^5 times their spread:
+    the Gram matrix taken relative to a row keeps the cancellation to the spread). Equal rows are 0 apart up
+    to the product's rounding, the matrix is symmetric bit for bit, a row is not its own neighbour."""
+    gen = torch.Generator().manual_seed(0)
+    x = offset + spread * torch.randn(6, 50, generator=gen)
+    x[4] = x[3]
+    got = squared_distances(x)
+    want = loop_distances(x)
+    typical = want[torch.isfinite(want) & (want > 0)].median()
+    torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=1e-6 * float(typical))
+    assert want[3, 4] == 0 and got[3, 4] <= 1e-6 * typical and torch.equal(got, got.T)
+    assert torch.isinf(got.diagonal()).all() and got.dtype == x.dtype
+
+
+def test_squared_distances_of_small_integers_are_exact():
+    x = torch.tensor([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0], [-2.0, 5.0]])
+    inf = float("inf")
+    assert squared_distances(x).tolist() == [[inf, 25, 2, 29], [25, inf, 13, 26], [2, 13, inf, 25],
+                                             [29, 26, 25, inf]]
+
+
+def test_squared_distances_are_never_negative():
+    """Rows a rounding error apart: G_ii + G_jj - 2 G_ij can come out below 0 in floating point; the floor
+    keeps every distance at 0 or above (a negative one would make Krum's scores meaningless)."""
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(200):
+        x = 100 * torch.randn(1, 50, generator=gen) + 1e-3 * torch.randn(5, 50, generator=gen)
+        x[2] = x[1] + 1e-6 * torch.randn(50, generator=gen)
+        assert (squared_distances(x) >= 0).all()

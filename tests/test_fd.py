@@ -115,6 +115,7 @@ def test_each_round_uploads_the_logits_of_that_round_only(digits_tiny_root):
     want = torch.stack([out[c.y_train == label].mean(0) for label in labels])
     assert up.extras["labels"].tolist() == labels.tolist()
     torch.testing.assert_close(up.extras["logits"], want)
+    assert (up.id, up.weight) == (c.id, c.train_samples) and c.id != c.train_samples  # the client's own
 
 
 def test_no_weights_cross_the_wire(digits_tiny_root, monkeypatch):

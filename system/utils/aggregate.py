@@ -35,8 +35,9 @@ def squared_distances(x: torch.Tensor) -> torch.Tensor:
     """n x n matrix of squared distances between the rows of ``x``, +inf on the diagonal (a row is not its
     own neighbour). From the Gram matrix G of the rows taken relative to the first one: G_ii + G_jj - 2 G_ij,
     floored at 0. One matrix product instead of n passes over n x d differences (20 uploads of the CNN:
-    about 0.1 s instead of 2 s a round); translating by a row keeps the cancellation to the uploads' spread,
-    small integers stay exact, and equal rows are at distance exactly 0."""
+    about 0.1 s instead of 2 s a round); translating by a row keeps the cancellation to the uploads' spread
+    and small integers stay exact. Equal rows are 0 apart up to the product's rounding (its entries for two
+    equal rows need not be computed alike: about 1e-7 of the rows' squared norms)."""
     c = x - x[0]
     g = c @ c.T
     g = (g + g.T) / 2  # the product need not be symmetric to the last bit
