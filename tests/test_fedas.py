@@ -71,9 +71,10 @@ def test_bodies_are_averaged_with_the_fisher_traces_as_weights(digits_tiny_root,
     server = make_server(digits_tiny_root)
     traced = {}
 
-    def recording(model, x, y, batches):  # the model whose trace a client computes, and the trace
-        value = fisher_trace(model, x, y, batches)
-        traced[len(traced)] = (state(model), value)
+    def recording(model, x, y, batches):  # the model whose trace a client computes, its batches, the trace
+        cut = list(batches)
+        value = fisher_trace(model, x, y, cut)
+        traced[len(traced)] = (state(model), value, cut, len(y))
         return value
 
     monkeypatch.setattr(clientas, "fisher_trace", recording)
@@ -82,9 +83,11 @@ def test_bodies_are_averaged_with_the_fisher_traces_as_weights(digits_tiny_root,
     monkeypatch.setattr(loop, "receive", lambda srv, clients: seen.extend(receive(srv, clients)) or seen)
     loop.run_round(server, 0)
     assert sorted(u.id for u in seen) == [0, 1, 2] and len(traced) == 3
-    for u, (trained, value) in zip(seen, traced.values()):
+    for u, (trained, value, cut, n) in zip(seen, traced.values()):
         c = server.clients[u.id]
         assert u.weight == value == c.fisher > 0
+        assert sorted(torch.cat(cut).tolist()) == list(range(n)) == list(range(c.train_samples))  # one epoch
+        assert max(len(b) for b in cut) == c.cfg.batch_size
         assert all(torch.equal(trained[k], v) for k, v in c.model.state_dict().items())  # the trained model
         assert set(u.state) == {k for k in trained if k.startswith("base.")}  # the body only
     total = sum(u.weight for u in seen)
