@@ -8,6 +8,7 @@ import pytest
 
 import main
 from conftest import cli
+from utils.data_utils import generator_command
 
 
 @pytest.fixture
@@ -68,6 +69,20 @@ def test_config_key_of_the_wrong_type(split, tmp_path, capsys, key, value):
     cfg[key] = value
     write_config(split, cfg)
     assert f"key '{key}' must be" in refused(split, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("version", [0, 2, 1.0])
+def test_a_split_format_this_library_does_not_read_is_refused(split, tmp_path, capsys, version):
+    cfg = config_of(split)
+    cfg["format_version"] = version  # 1 is the newest this library reads; a newer one is a newer library's
+    write_config(split, cfg)
+    assert "key 'format_version' must be a format this library reads (1..1)" in refused(split, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("name, script", [("Digits", "generate_Digits.py"), ("MNIST", "generate_MNIST.py"),
+                                          ("Cifar10", "generate_Cifar10.py"), ("Nope", "generate_<Name>.py")])
+def test_the_generator_command_names_the_splits_own_script(name, script):
+    assert generator_command(name) == f"python dataset/{script} --out {name} ..."
 
 
 def test_config_with_fewer_classes_than_the_labels(split, tmp_path, capsys):
