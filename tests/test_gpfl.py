@@ -120,3 +120,20 @@ def test_conditional_inputs_and_frozen_embeddings_hold_no_graph_to_the_received_
     assert not c.gce_frozen.requires_grad and not c.cond_g.requires_grad  # before any broadcast too
     loop.send(server, server.clients)
     assert not c.gce_frozen.requires_grad and not c.cond_g.requires_grad and not c.model.cond_p.requires_grad
+
+
+def test_a_client_takes_the_shared_parts_and_keeps_its_head(digits_noniid_root):
+    server = make_server(digits_noniid_root)
+    c = server.clients[0]
+    head = {k: v.clone() for k, v in c.model.state_dict().items() if k.startswith("head.")}
+    with torch.no_grad():
+        for p in server.global_model.parameters():
+            p.add_(0.5)  # the global model now differs from every client's
+    loop.send(server, server.clients)
+    glob = server.global_model.state_dict()
+    for k, v in c.model.state_dict().items():
+        if k.startswith(("base.", "gce.", "cov.")):
+            assert torch.equal(v, glob[k]), k
+        elif k in head:
+            assert torch.equal(v, head[k]), k
+    assert head and not torch.equal(head[next(iter(head))], glob[next(iter(head))])
