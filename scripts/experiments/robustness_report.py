@@ -286,6 +286,7 @@ def mark_counted(folder: Path, export: Path, now: dict[str, float]) -> None:
 
 def report_converged(args) -> int:
     old = fileio.read_json(args.export, "--export") if args.export.exists() else {}
+    closed = args.close or old.get("closed") is True  # once closed, every later export stays so
     if args.from_export:
         data = old
     else:
@@ -299,7 +300,7 @@ def report_converged(args) -> int:
         runs = {conv_key(e): e for e in old.get("runs", [])} | {conv_key(e): e for e in new}
         cpu_all, counted = cpu_total(args.results, args.export, old.get("cpu_s_all_attempts"))
         data = {"split": split, "test_samples": test_samples, "cpu_s_all_attempts": cpu_all,
-                "closed": args.close or old.get("closed") is True,
+                "closed": closed,
                 "runs": [runs[k] for k in sorted(runs, key=str)]}
         body = ",\n".join(json.dumps(e) for e in data["runs"])
         head = json.dumps({k: v for k, v in data.items() if k != "runs"})[:-1]
@@ -307,7 +308,7 @@ def report_converged(args) -> int:
         mark_counted(args.results, args.export, counted)
     seeds = len(fileio.read_json(CONVERGED["sweep"], "sweep file")["seeds"])
     text = converged_markdown(data.get("runs", []), planned_cells(CONVERGED["sweep"]), seeds,
-                              data.get("cpu_s_all_attempts"), closed=args.close or data.get("closed") is True)
+                              data.get("cpu_s_all_attempts"), closed=closed)
     if args.print:
         print(text)
     else:
