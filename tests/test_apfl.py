@@ -173,3 +173,15 @@ def test_fixed_alpha_zero_is_fedavg(digits_tiny_root, tmp_path):
 
 def test_ala_runs(digits_tiny_root, tmp_path):  # -dp: tests/test_dp_registry.py
     assert main.main(cli(digits_tiny_root, tmp_path, "-algo", "APFL", "-ala", "-gr", "2", "-lr", "0.1")) == 0
+
+
+def test_projected_step_by_hand():
+    """The batched executor's step: α takes clamp(α, 0, 1) - lr ∇α, projected onto [0, 1]; the rest plain SGD."""
+    from flcore.clients.clientapfl import projected_step
+
+    params = {"mixer.alpha": torch.tensor([1.5, -0.5, 0.9, 0.3]), "w": torch.tensor([1.0, 2.0])}
+    grads = {"mixer.alpha": torch.tensor([0.8, -0.6, -1.0, 0.2]), "w": torch.tensor([0.5, -1.0])}
+    new = projected_step(params, grads, {"mixer.alpha": 0.5, "w": 0.1})
+    # 1.0 - 0.4 = 0.6; 0.0 + 0.3 = 0.3; 0.9 + 0.5 = 1.4 -> 1.0; 0.3 - 0.1 = 0.2
+    torch.testing.assert_close(new["mixer.alpha"], torch.tensor([0.6, 0.3, 1.0, 0.2]))
+    torch.testing.assert_close(new["w"], torch.tensor([0.95, 2.1]))
