@@ -7,6 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import build_server
 from runtime import checkpoint, state
@@ -174,3 +176,29 @@ def test_a_resumed_runs_misfit_errors_are_blamed_on_its_checkpoint_and_no_others
         assert checkpoint.blame(resumed, error) is None, error
     for fresh in (SimpleNamespace(checkpoints=SimpleNamespace(resumed=None)), SimpleNamespace()):
         assert checkpoint.blame(fresh, ValueError("shapes differ")) is None
+
+
+def _slots(series: dict, round_time: list) -> list[tuple]:
+    """Every place of a recorded checkpoint that holds a number: (container, key) pairs."""
+    places = [(round_time, i) for i in range(len(round_time))]
+    for values in series.values():
+        for i, v in enumerate(values):
+            places += [(v, j) for j in range(len(v))] if isinstance(v, list) else [(values, i)]
+    return places
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(acc=st.lists(st.floats(0, 1), min_size=2, max_size=2), per_client=st.integers(1, 4),
+       pick=st.floats(0, 1, exclude_max=True), flag=st.booleans())
+def test_true_or_false_in_any_number_slot_of_a_recorder_is_refused(acc, per_client, pick, flag):
+    """The class, not one case: a JSON bool is an int to Python, so each slot a checkpoint's recorder reads as a
+    number (a round, a metric, a per-client entry, a round's time) is checked to refuse true and false."""
+    series = {"rs_round": [0, 1], "rs_test_acc": list(acc), "rs_client_test_acc": [[0.5] * per_client] * 2}
+    series = {k: [list(v) if isinstance(v, list) else v for v in vs] for k, vs in series.items()}
+    round_time = [0.5, 0.25]
+    checkpoint.check_values({"round": 1, "recorder": {"series": series, "round_time": round_time}}, SERVER, "c.ckpt")
+    places = _slots(series, round_time)
+    holder, key = places[int(pick * len(places))]
+    holder[key] = flag
+    with pytest.raises(FLError, match=r"^checkpoint c\.ckpt is damaged \("):
+        checkpoint.check_values({"round": 1, "recorder": {"series": series, "round_time": round_time}}, SERVER, "c.ckpt")

@@ -5,10 +5,13 @@ import shutil
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import main
 from conftest import cli
 from utils.data_utils import generator_command
+from utils.errors import FLError
 
 
 @pytest.fixture
@@ -161,3 +164,34 @@ def test_client_arrays_checked(split, tmp_path, capsys, arrays, what):
 @pytest.mark.parametrize("nc", ["0", "-3"])
 def test_non_positive_client_count(split, tmp_path, capsys, nc):
     assert f"-nc {nc} is out of range: it takes [1, 10^6]" in refused(split, tmp_path, capsys, "-nc", nc)
+
+
+def _integer_slots(cfg: dict) -> list[tuple]:
+    """Every place of a split's config.json that holds an integer: (container, key) pairs."""
+    places = [(cfg, k) for k in ("num_clients", "num_classes", "format_version", "vocab_size") if k in cfg]
+    places += [(cfg["input_shape"], i) for i in range(len(cfg["input_shape"]))]
+    for key in ("train_samples", "test_samples"):
+        places += [(cfg[key], i) for i in range(len(cfg.get(key, [])))]
+    places += [(row, j) for row in cfg.get("label_counts", []) for j in range(len(row))]
+    return places
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pick=st.floats(0, 1, exclude_max=True), flag=st.booleans(), vocab=st.booleans())
+def test_true_or_false_in_any_integer_slot_of_a_config_is_refused(digits_tiny_root, tmp_path, pick, flag, vocab):
+    """The class, not one case: a JSON bool is an int to Python, so every integer the config reader checks (a
+    count, a shape, a version, a per-client or per-class count) refuses true and false, naming the key."""
+    from utils.data_utils import read_config
+
+    cfg = config_of(digits_tiny_root)
+    cfg["format_version"] = 1
+    if vocab:
+        cfg["vocab_size"] = 64
+    places = _integer_slots(cfg)
+    assert len(places) > 20  # counts per client and per class are among them
+    holder, key = places[int(pick * len(places))]
+    holder[key] = flag
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # rewritten by each example
+    with pytest.raises(FLError, match=r"^split 'Digits': config\.json key '\w+' must be "):
+        read_config("Digits", tmp_path)

@@ -207,6 +207,11 @@ def test_checkpoint_interval_from_the_file_or_the_command_line(tmp_path, capsys)
     assert jobs[0].argv[jobs[0].argv.index("--checkpoint_every") + 1] == "1"
     assert sweep.main(["--config", str(spec), "--checkpoint-every", "0", "--dry-run"]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
+    for bad in (True, 2.0, "2"):  # the file's value is a JSON integer: true is not one round
+        spec.write_text(json.dumps({"base": base(tmp_path, "-gr", "2"), "checkpoint_every": bad}))
+        assert sweep.main(["--config", str(spec), "--dry-run"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "'checkpoint_every' is a" in err and "not a int" in err, err
 
 
 @pytest.mark.optional_deps("opacus")

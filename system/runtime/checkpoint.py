@@ -218,20 +218,25 @@ def _same(saved, mine) -> bool:
         return False
 
 
+def _real(v) -> bool:
+    """An int or float (numpy's float64 is one), never a bool: true and false are not recorded numbers."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _number(v, nested: bool) -> bool:
     """A recorded value: a number, a numpy scalar or (``nested``: per-client values) a list, array or
     1-d tensor of numbers, as ``state.encode`` saved them."""
-    if isinstance(v, (int, float)):
+    if _real(v):
         return True
     if isinstance(v, dict) and v.get(state.KIND) == "numpy_scalar":
-        return isinstance(v.get("value"), (int, float))
+        return _real(v.get("value"))
     if not nested:
         return False
     if isinstance(v, dict) and v.get(state.KIND) == "ndarray":
         v = v.get("data")
     if isinstance(v, torch.Tensor):
         return v.dim() <= 1 and not v.is_complex()
-    return isinstance(v, list) and all(isinstance(e, (int, float)) for e in v)
+    return isinstance(v, list) and all(_real(e) for e in v)
 
 
 def _numbers(values, nested: bool = False) -> bool:
@@ -269,7 +274,8 @@ def check_values(ckpt: dict, server, path) -> None:
             raise damaged(f"series {key[:40]} has {len(values)} entries for {len(index)} evaluations")
     for key in ["rs_round", *(f"rs_{t}_round" for t in tags)]:
         rounds = series.get(key, [])
-        if any(not isinstance(r, int) for r in rounds) or any(b <= a for a, b in zip(rounds, rounds[1:])) or (
+        whole = all(isinstance(r, int) and not isinstance(r, bool) for r in rounds)
+        if not whole or any(b <= a for a, b in zip(rounds, rounds[1:])) or (
                 rounds and (rounds[0] < 0 or rounds[-1] > rnd)):
             raise damaged(f"{key} is not increasing rounds up to its round {rnd}")
 

@@ -99,8 +99,11 @@ def read_config(name: str, d: Path) -> tuple[dict, bytes]:
             got = repr(config[key])
             raise _bad_split(name, f"config.json key '{key}' must be {what} (got {got[:60]}{'...' if len(got) > 60 else ''})")
 
+    def count(v):  # a JSON integer >= 0; ``type(v) is int``: true and false are not numbers here
+        return type(v) is int and v >= 0
+
     def pos_int(v):
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+        return count(v) and v >= 1
 
     need("num_clients", pos_int, "an integer >= 1")
     need("num_classes", lambda v: pos_int(v) and v <= 10 ** 6, "an integer in [1, 10^6]")
@@ -109,12 +112,13 @@ def read_config(name: str, d: Path) -> tuple[dict, bytes]:
     n = config["num_clients"]
     for key in ("train_samples", "test_samples"):
         if key in config:
-            need(key, lambda v: isinstance(v, list) and len(v) == n and all(isinstance(e, int) and e >= 0 for e in v),
+            need(key, lambda v: isinstance(v, list) and len(v) == n and all(count(e) for e in v),
                  f"a list of {n} sample counts")
     if "label_counts" in config:
         k = config["num_classes"]
         need("label_counts", lambda v: isinstance(v, list) and len(v) == n and all(
-            isinstance(r, list) and len(r) == k for r in v), f"{n} rows of {k} per-class counts (num_classes)")
+            isinstance(r, list) and len(r) == k and all(count(e) for e in r) for r in v),
+             f"{n} rows of {k} per-class counts (num_classes)")
     if "modality" in config:
         need("modality", lambda v: v in ("image", "text", "vector", "series"), "one of image, text, vector, series")
     if "default_model" in config:
@@ -123,7 +127,7 @@ def read_config(name: str, d: Path) -> tuple[dict, bytes]:
         need("vocab_size", lambda v: pos_int(v) and 2 <= v <= 10 ** 7, "an integer in [2, 10^7] (token ids "
              "0..vocab_size-1)")
     if "format_version" in config:
-        need("format_version", lambda v: isinstance(v, int) and 1 <= v <= FORMAT_VERSION,
+        need("format_version", lambda v: pos_int(v) and v <= FORMAT_VERSION,
              f"a format this library reads (1..{FORMAT_VERSION})")
     if config.get("normalize") is not None:
         c = config["input_shape"][0]
