@@ -319,3 +319,12 @@ def digits_mlp():
 
     with torch_seeded(0, 0, "model"):
         return DNN(64, 10)
+
+
+def zip_version_21(blob: bytes) -> bytes:
+    """``blob`` (a zip) whose first central-directory entry says it needs zip version 21.0, which zipfile
+    does not take (it raises NotImplementedError, not BadZipFile): the header a flipped byte once made."""
+    blob = bytearray(blob)
+    at = blob.index(b"PK\x01\x02")  # the first central-directory entry; its version needed at offset 6
+    blob[at + 6:at + 8] = (210).to_bytes(2, "little")
+    return bytes(blob)

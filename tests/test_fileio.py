@@ -11,6 +11,7 @@ import zipfile
 import numpy as np
 import pytest
 
+from conftest import zip_version_21
 from utils import fileio, locks
 
 
@@ -289,10 +290,7 @@ def test_a_symlink_planted_where_a_generator_unpacks_an_archive_is_refused_not_f
 
 def test_a_zip_whose_header_says_a_version_zipfile_does_not_take_is_one_line(tmp_path):
     z = crafted_zip(tmp_path / "a.zip", [("a.txt", b"x" * 100, 0)])
-    blob = bytearray(z.read_bytes())
-    at = blob.index(b"PK\x01\x02")  # the first central-directory entry; its version needed at offset 6
-    blob[at + 6:at + 8] = (210).to_bytes(2, "little")  # 21.0
-    z.write_bytes(bytes(blob))
+    z.write_bytes(zip_version_21(z.read_bytes()))
     with pytest.raises(fileio.FileIOError, match=r"^could not unpack a\.zip \(zip file version 21\.0\); is it a "
                                                   r"complete zip or tar archive\?$"):
         fileio.extract(z, fileio.Folder(tmp_path / "d"))
@@ -394,13 +392,13 @@ import ast  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 PATH_METHODS = {"read_text", "read_bytes", "write_text", "write_bytes"}
-MODULE_CALLS = {  # (module, function): index of the file argument (None: always opens a path)
+MODULE_CALLS = {  # (module, function): index of the file argument (None: never outside the I/O layer)
     ("io", "open"): None, ("os", "open"): None, ("gzip", "open"): 0, ("bz2", "open"): 0, ("lzma", "open"): 0,
     ("np", "load"): 0, ("np", "save"): 0, ("np", "savez"): 0, ("np", "savez_compressed"): 0, ("np", "savetxt"): 0,
     ("np", "loadtxt"): 0, ("np", "genfromtxt"): 0, ("np", "fromfile"): 0, ("np", "memmap"): 0,
     ("json", "load"): 0, ("json", "dump"): 1, ("pickle", "load"): 0, ("pickle", "dump"): 1,
     ("h5py", "File"): 0, ("torch", "load"): 0, ("torch", "save"): 1, ("tarfile", "open"): 0, ("tarfile", "TarFile"): 0,
-    ("zipfile", "ZipFile"): 0, ("Image", "open"): 0, ("os", "remove"): None, ("os", "unlink"): None,
+    ("zipfile", "ZipFile"): None, ("Image", "open"): 0, ("os", "remove"): None, ("os", "unlink"): None,
     ("os", "rmdir"): None, ("os", "mkdir"): None, ("os", "makedirs"): None, ("os", "replace"): None,
     ("os", "rename"): None, ("shutil", "rmtree"): None, ("shutil", "move"): None, ("shutil", "copy"): None,
     ("shutil", "copyfile"): None, ("shutil", "copy2"): None, ("shutil", "copytree"): None,
@@ -559,6 +557,20 @@ def test_the_library_and_its_scripts_open_files_only_through_the_io_layer():
 def test_a_planted_raw_open_is_found(tmp_path, code):
     (tmp_path / "m.py").write_text(f"def f(p, v, s):\n    return {code}\n")
     assert raw_opens(tmp_path / "m.py"), code
+
+
+def test_a_zip_is_opened_in_one_place(tmp_path):
+    """zipfile.ZipFile, even on a file the layer opened, only in ``fileio.open_zip``: the one place whose
+    errors cover every way zipfile fails on a damaged or foreign zip (the scan finds it anywhere else)."""
+    from conftest import REPO
+
+    tree = ast.parse((REPO / "system/utils/fileio.py").read_text())
+    where = [f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+             for c in ast.walk(f) if isinstance(c, ast.Call) and dotted(c.func) == "zipfile.ZipFile"]
+    assert where == ["open_zip"]
+    (tmp_path / "m.py").write_text("def f(p):\n    with fileio.open_read(p) as f:\n"
+                                   "        return zipfile.ZipFile(f).namelist()\n")
+    assert raw_opens(tmp_path / "m.py") == [(3, "zipfile.ZipFile")]
 
 
 def test_a_file_the_io_layer_opened_is_not_a_raw_open(tmp_path):

@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 
 import main
 from cli import parse_config
-from conftest import cli
+from conftest import cli, zip_version_21
 from test_hostile import SEQ, STEM, World, safe, snapshot
 from utils import fileio
 from utils.errors import FLError
@@ -104,37 +105,67 @@ def test_split_config_reader(pristine, key, value, drop):
             read_config("Digits", Path(d))
 
 
+def npz_readers(path: Path) -> None:
+    """Every reader of an npz the library has, on ``path``: each returns or raises its one-line error."""
+    from dataset.utils import zoo
+    from dataset.utils.dataset_utils import DatasetError, load_source_npz
+
+    with contextlib.suppress(fileio.FileIOError):
+        fileio.npz_names(path, "client file")
+    with contextlib.suppress(fileio.FileIOError):
+        fileio.read_npz(path, ("x", "y"))
+    assert zoo.is_plain_npz(path) in (True, False)
+    with contextlib.suppress(DatasetError):
+        load_source_npz(path)
+    with contextlib.suppress(DatasetError):
+        zoo.load_npz(path, SimpleNamespace(name="X", scenario="feature skew", modality="image"))
+
+
 @budget(150)
-@given(how=st.sampled_from(["cut", "flip", "arrays"]), at=st.floats(0, 1), n=st.integers(1, 16),
+@given(how=st.sampled_from(["cut", "flip", "arrays", "version"]), at=st.floats(0, 1), n=st.integers(1, 16),
        dtype=st.sampled_from(["u1", "i8", ">f4", "<f8", "?", "U3", "c8", "V4"]),
        shape=st.lists(st.integers(0, 5), max_size=5))
 @example(how="flip", at=0.95, n=2, dtype="u1", shape=[])  # found: a header flipped to "zip file version 21.0"
-def test_npz_reader(pristine, how, at, n, dtype, shape):
+def test_npz_readers(pristine, how, at, n, dtype, shape):
     blob = bytearray((pristine / "data" / "Digits" / "train" / "0.npz").read_bytes())
     if how == "cut":
         del blob[int(at * len(blob)):]
     elif how == "flip":
         for i in range(n):
             blob[int((at + i / 97) % 1 * (len(blob) - 1))] ^= 0xFF
+    elif how == "version":
+        blob = zip_version_21(bytes(blob))
     else:
         buf = io.BytesIO()
         np.savez(buf, x=np.zeros(shape, dtype=dtype), y=np.arange(n))
         blob = bytearray(buf.getvalue())
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "c.npz").write_bytes(bytes(blob))
-        with contextlib.suppress(fileio.FileIOError):
-            fileio.read_npz(Path(d) / "c.npz", ("x", "y"))
+        npz_readers(Path(d) / "c.npz")
 
 
-def test_an_npz_whose_zip_says_a_version_zipfile_does_not_take_is_one_line(tmp_path):
+@pytest.mark.parametrize("reader, line", [
+    (lambda p: fileio.read_npz(p, ("x", "y")), r"^file .*c\.npz is not an npz \(zip file version 21\.0\)$"),
+    (lambda p: fileio.npz_names(p, "--source"), r"^--source .*c\.npz is not an npz \(zip file version 21\.0\)$"),
+])
+def test_an_npz_whose_zip_says_a_version_zipfile_does_not_take_is_one_line(tmp_path, reader, line):
     buf = io.BytesIO()
     np.savez(buf, x=np.zeros(2), y=np.arange(2))
-    blob = bytearray(buf.getvalue())
-    at = blob.index(b"PK\x01\x02")  # the first central-directory entry; its version needed at offset 6
-    blob[at + 6:at + 8] = (210).to_bytes(2, "little")  # 21.0
-    (tmp_path / "c.npz").write_bytes(bytes(blob))
-    with pytest.raises(fileio.FileIOError, match=r"^file .*c\.npz is not an npz \(zip file version 21\.0\)$"):
-        fileio.read_npz(tmp_path / "c.npz", ("x", "y"))
+    (tmp_path / "c.npz").write_bytes(zip_version_21(buf.getvalue()))
+    with pytest.raises(fileio.FileIOError, match=line):
+        reader(tmp_path / "c.npz")
+
+
+def test_a_source_npz_whose_zip_says_a_version_zipfile_does_not_take_is_one_line(tmp_path):
+    from dataset.utils import zoo
+    from dataset.utils.dataset_utils import DatasetError, load_source_npz
+
+    buf = io.BytesIO()
+    np.savez(buf, x=np.zeros((2, 1), np.uint8), y=np.arange(2), groups=np.arange(2))
+    (tmp_path / "c.npz").write_bytes(zip_version_21(buf.getvalue()))
+    with pytest.raises(DatasetError, match=r"c\.npz is not an npz \(zip file version 21\.0\)$"):
+        load_source_npz(tmp_path / "c.npz")
+    assert zoo.is_plain_npz(tmp_path / "c.npz") is False
 
 
 # ---- result files -----------------------------------------------------------------------------------------------

@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import sys
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,22 +224,19 @@ def load_source_npz(path):
     """
     path = Path(path)
     try:  # a regular file; its headers checked before an array is read (system/utils/fileio.py)
-        with fileio.open_read(path, "--source", cap=fileio.NPZ_CAP) as f:
-            names = zipfile.ZipFile(f).namelist()
-        missing = [k for k in ("x", "y") if f"{k}.npy" not in names]
+        names = fileio.npz_names(path, "--source")
+        missing = [k for k in ("x", "y") if k not in names]
         if missing:
             raise DatasetError(f"--source {path.name} lacks array(s) {', '.join(missing)}; it needs x (samples) "
-                               f"and y (integer labels), found {', '.join(n.removesuffix('.npy') for n in names)}")
+                               f"and y (integer labels), found {', '.join(names)}")
         try:
             arrays = fileio.read_npz(path, ("x", "y"), "--source", ratio=UNPACK_LIMIT["ratio"])
         except fileio.FileIOError as err:
             raise DatasetError(f"--source {path.name} is not a plain-array npz ({err})") from None
-    except (zipfile.BadZipFile, OSError, ValueError) as err:
-        raise DatasetError(f"--source {path.name} is not a plain-array npz ({err})") from None
-    except fileio.FileIOError as err:
+    except fileio.FileIOError as err:  # not a file, not a zip (its directory is read in the I/O layer)
         raise DatasetError(str(err)) from None
     x, y = arrays["x"], arrays["y"]
-    if not np.issubdtype(y.dtype, np.integer) or y.ndim != 1 or len(y) != len(x):
+    if x.ndim < 1 or not np.issubdtype(y.dtype, np.integer) or y.ndim != 1 or len(y) != len(x):  # x: one row per sample
         raise DatasetError(f"--source {path.name}: y must be integer labels with one per row of x, "
                            f"got {y.dtype} {y.shape} for x {x.shape}")
     return x, y.astype(np.int64), file_sha256(path)

@@ -22,7 +22,6 @@ and domains, a group id per sample). ``generate`` does the rest:
   ``vocab.txt``.
 """
 
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,9 +151,8 @@ def is_plain_npz(path):
     if path.suffix != ".npz" or not path.is_file():
         return False
     try:  # its zip directory only, through the I/O layer (a regular file)
-        with du.fileio.open_read(path, "--source", cap=du.fileio.NPZ_CAP) as f:
-            return "x.npy" in zipfile.ZipFile(f).namelist()
-    except (ValueError, OSError, *du.fileio.ZIP_DAMAGED, du.fileio.FileIOError):
+        return "x" in du.fileio.npz_names(path, "--source")
+    except du.fileio.FileIOError:
         return False
 
 
@@ -162,11 +160,10 @@ def load_npz(path, spec):
     """A prepared npz: arrays x, y and optionally groups (natural client / domain id per sample)."""
     x, y, _ = du.load_source_npz(path)
     try:  # headers checked before the array is read (system/utils/fileio.py)
-        with du.fileio.open_read(path, "--source", cap=du.fileio.NPZ_CAP) as f:
-            has_groups = "groups.npy" in zipfile.ZipFile(f).namelist()
+        has_groups = "groups" in du.fileio.npz_names(path, "--source")
         groups = (du.fileio.read_npz(path, ("groups",), "--source", ratio=du.UNPACK_LIMIT["ratio"])["groups"]
                   .astype(np.int64) if has_groups else None)
-    except (du.fileio.FileIOError, *du.fileio.ZIP_DAMAGED, ValueError, TypeError) as e:
+    except (du.fileio.FileIOError, ValueError, TypeError) as e:
         raise du.DatasetError(f"--source {Path(path).name}: its 'groups' cannot be read ({e})") from None
     if spec.scenario != "label skew" and groups is None:
         raise du.DatasetError(f"--source {Path(path).name} lacks the array 'groups' (the natural client or "

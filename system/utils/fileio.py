@@ -235,9 +235,24 @@ def parse_yaml(text: str, what: str, limit: int = MAX_DEPTH):
 
 
 # What zipfile raises on a damaged or foreign zip header: BadZipFile, or NotImplementedError for a version or
-# compression it does not take (a flipped byte reads "zip file version 21.0"). Every zip opening catches both.
+# compression it does not take (a flipped byte reads "zip file version 21.0").
 ZIP_DAMAGED = (zipfile.BadZipFile, NotImplementedError)
 UNPACK_RATIO = 200.0  # an npz unpacks to at most this many times its own size (np.savez stores: about 1)
+
+
+def open_zip(f, error: Callable[[str], str]) -> zipfile.ZipFile:
+    """The one place a zip is opened (a test holds every other module to it): the zip directory of the open
+    file ``f``; any way zipfile fails on a damaged, cut or foreign one is one FileIOError, ``error(why)``."""
+    try:
+        return zipfile.ZipFile(f)
+    except (*ZIP_DAMAGED, OSError, ValueError, EOFError) as e:
+        raise FileIOError(error(why(e))) from None
+
+
+def npz_names(path, what: str = "file", cap: int = NPZ_CAP, follow: bool = True) -> list[str]:
+    """The arrays an npz holds (its ``.npy`` members, without the suffix), from its zip directory alone."""
+    with open_read(path, what, cap=cap, follow=follow) as f, open_zip(f, lambda w: f"{what} {path} is not an npz ({w})") as z:
+        return [n.removesuffix(".npy") for n in z.namelist() if n.endswith(".npy")]
 
 
 def read_npz(path, names: Iterable[str], what: str = "file", cap: int = NPZ_CAP, follow: bool = True,
@@ -249,11 +264,7 @@ def read_npz(path, names: Iterable[str], what: str = "file", cap: int = NPZ_CAP,
 
     out = {}
     with open_read(path, what, cap=max(cap, NPZ_CAP), follow=follow) as f:
-        try:
-            z = zipfile.ZipFile(f)
-        except (*ZIP_DAMAGED, OSError, ValueError, EOFError) as e:
-            raise FileIOError(f"{what} {path} is not an npz ({why(e)})") from None
-        with z:
+        with open_zip(f, lambda w: f"{what} {path} is not an npz ({w})") as z:
             members = {i.filename: i for i in z.infolist()}
             infos = {}
             for name in names:
@@ -731,7 +742,7 @@ def extract(path, folder: Folder, what: str = "archive", ratio: float = UNPACK_R
         try:
             if zipfile.is_zipfile(f):
                 f.seek(0)
-                arc = zipfile.ZipFile(f)
+                arc = open_zip(f, lambda w: f"could not unpack {name} ({w}); is it a complete zip or tar archive?")
                 members = _zip_members(arc, label)
                 opener = arc.open
             elif name.lower().endswith(".zip"):
