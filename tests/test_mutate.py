@@ -167,6 +167,28 @@ def test_earlier_killers_run_first_latest_first_and_nothing_is_dropped():
     seconds = {"u.py::d": 9.0, "t.py::b": 5.0, "t.py::a": 3.0, "t.py::c": 0.5, "u.py::e": 1.0}
     mutate.KillersFirst(["t.py::b"], seconds).pytest_collection_modifyitems(items)
     assert [i.nodeid for i in items] == ["t.py::b", "t.py::c", "u.py::e", "t.py::a", "u.py::d"]
+    # a line that runs at import: the tests naming what it defines first (a parametrized one by its
+    # function, a method by its class), then the killers, then the others fastest first
+    items += [SimpleNamespace(nodeid=n) for n in ("v.py::f[1]", "v.py::K::g", "v.py::h")]
+    mutate.KillersFirst(["t.py::b"], seconds, named={"v.py::f", "v.py::K", "u.py::d"}
+                        ).pytest_collection_modifyitems(items)
+    assert [i.nodeid for i in items] == ["v.py::f[1]", "v.py::K::g", "u.py::d", "t.py::b", "v.py::h", "t.py::c",
+                                         "u.py::e", "t.py::a"]
+
+
+def test_the_tests_that_name_an_import_time_lines_identifiers(tmp_path):
+    from scripts.dev import mutate
+
+    (tmp_path / "t.py").write_text(
+        "def helper():\n    return NORM_MAX\n\n\n"
+        "def test_direct():\n    assert STD_MIN < 1\n\n\n"
+        "def test_through_a_helper():\n    assert helper()\n\n\n"
+        "class TestK:\n    def test_m(self):\n        assert NORM_MAXIMUM\n\n\n"
+        "def test_other():\n    assert min(1, 2) and True\n")
+    line = "STD_MIN, NORM_MAX = 1e-6, 1e6  # min bounds"
+    assert mutate.tests_naming_line(tmp_path, ["t.py", "t.py::test_other"], line) == {
+        "t.py::test_direct", "t.py::test_through_a_helper"}  # a longer name is another name
+    assert mutate.tests_naming_line(tmp_path, ["t.py"], "    return self.x if True else None") == set()
 
 
 MODULE = '''K = 2
@@ -529,3 +551,23 @@ def test_the_coverage_run_is_kept_until_the_module_or_its_tests_change(tmp_path,
     mutate.cached_coverage_map(root, "pkg/mod.py", ["tests/test_a.py::test_a"], tmp_path, cache)  # other tests
     assert len(runs) == 4
     assert not list(cache.glob("*.part"))
+
+
+def test_a_mutant_of_an_import_time_line_runs_the_tests_naming_it_first(tmp_path, monkeypatch):
+    """mutate() end to end: LIMIT's mutants (a module constant: every guarding test runs them) fail the slow
+    test that names LIMIT, which now runs before the faster test that does not name it; that test writes the
+    limit it saw each time it runs, and never sees a mutated one."""
+    from scripts.dev import mutate
+
+    repo = one_line_repo(tmp_path, monkeypatch, "assert mod.f(1) == 2", {})
+    (repo / "pkg" / "mod.py").write_text("LIMIT = 3\n\n\ndef f(x):\n    return min(x + 1, LIMIT)\n")
+    seen = tmp_path / "seen.txt"
+    (repo / "tests" / "test_count.py").write_text(
+        f"from pkg import mod\n\n\ndef test_counted():\n    with open({str(seen)!r}, 'a') as f:\n"
+        f"        f.write(f'{{mod.f(10)}}\\n')\n    assert mod.f(0) == 1\n")  # f(10) is the limit, unnamed
+    (repo / "tests" / "test_limit.py").write_text("import time\n\nfrom pkg import mod\n\n\ndef test_limit():\n"
+                                                  "    time.sleep(0.3)\n    assert mod.LIMIT == 3\n")
+    record = mutate.mutate("pkg/mod.py", full=False, fresh=True)
+    limit = {m["to"]: (m["outcome"], m["by"]) for m in record["mutants"] if m["line"] == 1}
+    assert limit == dict.fromkeys(["LIMIT = 4", "LIMIT = 2"], ("killed", "tests/test_limit.py::test_limit"))
+    assert set(seen.read_text().split()) == {"3"}

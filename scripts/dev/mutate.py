@@ -21,7 +21,8 @@ past three times its file's longest unmutated time (plus two minutes) stops the 
 a mutant runs only those that execute its line (``coverage_map``: one run of them under coverage.py, each test
 its own context, followed into the processes it forks or starts; kept across runs while the module and its
 tests are unchanged: ``cached_coverage_map``); a line that runs at import or in a fixture's set-up runs them
-all, and a line that none runs survives without a run (in a ``REMOTE`` module, whose
+all (a line run at import, the tests that name one of its identifiers first: ``tests_naming_line``), and a
+line that none runs survives without a run (in a ``REMOTE`` module, whose
 code also runs where coverage.py does not follow, it runs the tests that ran the module). A module changed since its
 last record runs each mutant first against the test that killed it then, alone, where that test passes alone
 on the unmutated code; only the mutants it does not kill need the coverage run, so a change that leaves every
@@ -40,11 +41,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import builtins
 import contextlib
 import datetime
 import gc
 import hashlib
 import json
+import keyword
 import math
 import os
 import re
@@ -365,22 +368,45 @@ def copy_repo(dest: Path) -> Path:
     return root
 
 
+WORD = re.compile(r"\b[A-Za-z_]\w{3,}\b")
+COMMON = {*keyword.kwlist, *dir(builtins), "self", "cls"}  # words that name nothing of the module
+
+
+def tests_naming_line(root: Path, tests: list[str], line: str) -> set[str]:
+    """``file::name`` of the top-level test functions and classes among ``tests`` (their files) whose code
+    names an identifier of ``line`` (of four characters or more, not a keyword or builtin), directly or
+    through a helper: a line that runs at import (a constant, a class attribute) reaches a test only through
+    a name it defines or reads, so these are the tests likeliest to fail on its mutant."""
+    words = sorted(set(WORD.findall(line)) - COMMON)
+    if not words:
+        return set()
+    named = re.compile(r"\b(?:" + "|".join(map(re.escape, words)) + r")\b")
+    return {f"{f}::{name}" for f in sorted({t.split("::")[0] for t in tests})
+            for name in tests_naming((root / f).read_text(), named)}
+
+
 class KillersFirst:
     """A pytest plugin that runs the tests which killed this module's earlier mutants first, the latest
     killer first, then the others fastest first (``durations``: seconds per node id in the unmutated run;
     without it their collected order): a mutant near one already killed usually fails the same test, and
     with ``-x`` the run stops at the first failure, so a mutant no earlier killer catches is found by the
-    cheapest test that fails. Only the order changes, never the set."""
+    cheapest test that fails. ``named`` (``file::function`` or ``file::Class``), for a mutant on a line that
+    runs at import, go before the killers: the tests that name what the line defines (``tests_naming_line``);
+    without them such a mutant ran every cheaper test first. Only the order changes, never the set."""
 
-    def __init__(self, killers: list[str], durations: dict[str, float] | None = None):
+    def __init__(self, killers: list[str], durations: dict[str, float] | None = None, named: Iterable[str] = ()):
         self.rank: dict[str, int] = {}
         self.durations = durations or {}
+        self.named = set(named)
         for node in reversed(killers):
             self.rank.setdefault(node, len(self.rank))
 
+    def _named(self, nodeid: str) -> bool:
+        return "::".join(nodeid.split("[")[0].split("::")[:2]) in self.named
+
     @pytest.hookimpl(trylast=True)  # after conftest's own hook: this order is the one that runs
     def pytest_collection_modifyitems(self, items):
-        items.sort(key=lambda item: (self.rank.get(item.nodeid, len(self.rank)),
+        items.sort(key=lambda item: (not self._named(item.nodeid), self.rank.get(item.nodeid, len(self.rank)),
                                      self.durations.get(item.nodeid, 0.0)))
 
 
@@ -487,12 +513,12 @@ def running_time(step: float) -> float:
     return step if step <= STOPPED_S else 0.0
 
 
-def run_tests(root: Path, args: list[str], timeout: float, log: Path,
-              killers: list[str] = (), durations: dict[str, float] | None = None) -> tuple[str, float]:
-    """Run the tests ``args`` with ``-x``, ``killers`` first, then fastest first (``KillersFirst``), the whole
-    run within ``timeout`` and each test within its own limit where ``durations`` know it (``limits_per_test``);
-    outcome, seconds."""
-    code, seconds = forked_pytest(root, ["-x", *args], timeout, log, [KillersFirst(list(killers), durations)],
+def run_tests(root: Path, args: list[str], timeout: float, log: Path, killers: list[str] = (),
+              durations: dict[str, float] | None = None, named: Iterable[str] = ()) -> tuple[str, float]:
+    """Run the tests ``args`` with ``-x``, ``named`` then ``killers`` first, then fastest first
+    (``KillersFirst``), the whole run within ``timeout`` and each test within its own limit where
+    ``durations`` know it (``limits_per_test``); outcome, seconds."""
+    code, seconds = forked_pytest(root, ["-x", *args], timeout, log, [KillersFirst(list(killers), durations, named)],
                                   allowed=limits_per_test(durations) if durations else None)
     if code is None:
         return "timeout", seconds
@@ -811,9 +837,10 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
             if outcome == "survived":
                 chosen = tests.pick(m["line"], module in REMOTE)  # on the unmutated code, its first time
                 killers = [r["by"] for r in record["mutants"] if r.get("by")] + [earlier.get(key[:3], "")]
+                named = tests_naming_line(root, chosen, m["from"]) if lines.get(m["line"]) is None else ()
                 with mutated(root / module, m["code"], source):
                     outcome, more, by = run_mutant(root, chosen, tests.limit(chosen), log, killers,
-                                                   tests.durations)
+                                                   tests.durations, named)
                     seconds += more
                     if outcome == "survived" and verify and chosen != guard:
                         outcome, more, by = run_mutant(root, guard, tests.limit(guard), log, killers,
@@ -841,11 +868,11 @@ def mutate(module: str, full: bool, fresh: bool, all_tests: bool = False, verify
 
 
 def run_mutant(root: Path, tests: list[str], timeout: float, log: Path, killers: list[str],
-               durations: dict[str, float] | None = None) -> tuple[str, float, str]:
+               durations: dict[str, float] | None = None, named: Iterable[str] = ()) -> tuple[str, float, str]:
     """(outcome, seconds, the failing test) of the mutant written in ``root``; no tests: it survives unrun."""
     if not tests:
         return "survived", 0.0, ""
-    outcome, seconds = run_tests(root, tests, timeout, log, killers, durations)
+    outcome, seconds = run_tests(root, tests, timeout, log, killers, durations, named)
     return outcome, seconds, first_failure(log.read_text()) if outcome == "killed" else ""
 
 
