@@ -195,3 +195,20 @@ def test_true_or_false_in_any_integer_slot_of_a_config_is_refused(digits_tiny_ro
     (tmp_path / "config.json").write_text(json.dumps(cfg))  # rewritten by each example
     with pytest.raises(FLError, match=r"^split 'Digits': config\.json key '\w+' must be "):
         read_config("Digits", tmp_path)
+
+
+@pytest.mark.parametrize("mean, std, ok", [
+    (1e6, 1e6, True), (-1e6, 1e-6, True),  # the bounds themselves: |mean| <= 1e6, 1e-6 <= std <= 1e6
+    (1e6 + 0.5, 1.0, False), (-1e6 - 0.5, 1.0, False), (0.0, 1e6 + 0.5, False), (0.0, 0.99e-6, False),
+])
+def test_normalisation_constants_are_checked_at_their_bounds(digits_tiny_root, tmp_path, mean, std, ok):
+    from utils.data_utils import read_config
+
+    cfg = config_of(digits_tiny_root)
+    cfg["normalize"] = {"mean": [mean], "std": [std]}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    if ok:
+        assert read_config("Digits", tmp_path)[0]["normalize"] == {"mean": [mean], "std": [std]}
+    else:
+        with pytest.raises(FLError, match=r"key 'normalize' must be .* \(\|mean\| <= 1e\+06, 1e-06 <= std <= 1e\+06\)"):
+            read_config("Digits", tmp_path)
