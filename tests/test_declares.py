@@ -131,3 +131,22 @@ def test_reading_other_names_or_moved_names_on_other_objects_is_not_refused():
             return batches_per_epoch(self) + train_count(self) + self.steps_per_round() + len(self.other.batches)
 
     assert Fine.declares == FedAvgClient.declares
+
+
+@pytest.mark.parametrize("base", [FedAvgServer, FedAvgClient])
+def test_a_mixins_class_hook_still_runs_beside_the_bases_own(base):
+    """A researcher's subclass that also takes a mixin with its own ``__init_subclass__`` (a registry of
+    variants, say): the base's hook settles ``declares`` and passes the class on along the MRO, so the mixin's
+    hook runs too and receives its class keywords."""
+    seen = []
+
+    class Registered:
+        def __init_subclass__(cls, tag=None, **kwargs):
+            super().__init_subclass__(**kwargs)
+            seen.append((cls.__name__, tag))
+
+    class Mine(base, Registered, tag="mine"):
+        pass
+
+    assert seen == [("Mine", "mine")]
+    assert Mine.declares == base.declares
