@@ -212,3 +212,20 @@ def test_normalisation_constants_are_checked_at_their_bounds(digits_tiny_root, t
     else:
         with pytest.raises(FLError, match=r"key 'normalize' must be .* \(\|mean\| <= 1e\+06, 1e-06 <= std <= 1e\+06\)"):
             read_config("Digits", tmp_path)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pick=st.floats(0, 1, exclude_max=True), value=st.sampled_from([-1, -2, -10 ** 9]))
+def test_a_negative_count_in_any_slot_of_a_config_is_refused(digits_tiny_root, tmp_path, pick, value):
+    """Every integer of a split's config is a count or a size: none may be negative (0 is a count)."""
+    from utils.data_utils import read_config
+
+    cfg = config_of(digits_tiny_root)
+    cfg["format_version"] = 1
+    places = _integer_slots(cfg)
+    holder, key = places[int(pick * len(places))]
+    holder[key] = value
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FLError, match=r"^split 'Digits': config\.json key '\w+' must be "):
+        read_config("Digits", tmp_path)
