@@ -229,3 +229,62 @@ def test_a_negative_count_in_any_slot_of_a_config_is_refused(digits_tiny_root, t
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(FLError, match=r"^split 'Digits': config\.json key '\w+' must be "):
         read_config("Digits", tmp_path)
+
+
+REGENERATE = "; regenerate it: python dataset/generate_Digits.py --out Digits ..."
+
+
+def config_refusal(folder, config) -> str:
+    """The one line ``read_config`` refuses ``config`` (an object to write as JSON, or the file's text) with."""
+    from utils.data_utils import read_config
+
+    (folder / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    with pytest.raises(FLError) as e:
+        read_config("Digits", folder)
+    return str(e.value)
+
+
+def test_each_config_refusal_is_one_exact_line_naming_the_split_and_its_generator(digits_tiny_root, tmp_path):
+    cfg = config_of(digits_tiny_root)
+    assert config_refusal(tmp_path, "[1]") == "split 'Digits': config.json does not hold a JSON object" + REGENERATE
+    assert config_refusal(tmp_path, {k: v for k, v in cfg.items() if k != "num_classes"}) == (
+        "split 'Digits': config.json lacks the key 'num_classes'" + REGENERATE)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "config.json").mkdir()  # the I/O layer's message, without the folder's path
+    from utils.data_utils import read_config
+    with pytest.raises(FLError) as e:
+        read_config("Digits", tmp_path / "folder")
+    assert str(e.value) == ("split 'Digits': config.json cannot be read: it is a folder, not a regular file"
+                            + REGENERATE)
+
+
+@pytest.mark.parametrize("width, shown", [(58, None), (59, "...")])
+def test_a_refused_values_text_is_cut_at_60_characters(digits_tiny_root, tmp_path, width, shown):
+    """The value is shown as its repr: whole up to 60 characters, its first 60 and '...' beyond."""
+    cfg = config_of(digits_tiny_root)
+    cfg["num_clients"] = "x" * width  # repr adds two quotes: 60 or 61 characters
+    text = repr(cfg["num_clients"])
+    got = text if len(text) <= 60 else text[:60] + "..."
+    assert config_refusal(tmp_path, cfg) == (f"split 'Digits': config.json key 'num_clients' must be an integer >= 1 "
+                                             f"(got {got})" + REGENERATE)
+    assert got.endswith("...") == (shown == "...")
+
+
+@pytest.mark.parametrize("key, at, past", [("num_classes", 10 ** 6, 10 ** 6 + 1), ("vocab_size", 10 ** 7, 10 ** 7 + 1),
+                                           ("vocab_size", 2, 1), ("input_shape", 10 ** 5, 10 ** 5 + 1)])
+def test_each_integer_bound_of_a_config_holds_at_the_bound_and_refuses_past_it(digits_tiny_root, tmp_path, key, at,
+                                                                               past):
+    from utils.data_utils import read_config
+
+    def with_value(v):
+        cfg = config_of(digits_tiny_root)
+        if key == "input_shape":
+            cfg["input_shape"] = [1, v, 8]
+        else:
+            cfg[key] = v
+        cfg.pop("label_counts")  # its rows would have num_classes entries
+        return cfg
+
+    (tmp_path / "config.json").write_text(json.dumps(with_value(at)))
+    read_config("Digits", tmp_path)
+    assert f"key '{key}' must be " in config_refusal(tmp_path, with_value(past))
