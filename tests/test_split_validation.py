@@ -288,3 +288,58 @@ def test_each_integer_bound_of_a_config_holds_at_the_bound_and_refuses_past_it(d
     (tmp_path / "config.json").write_text(json.dumps(with_value(at)))
     read_config("Digits", tmp_path)
     assert f"key '{key}' must be " in config_refusal(tmp_path, with_value(past))
+
+
+BASE = {"num_clients": 1, "num_classes": 3, "input_shape": [2], "train_samples": [2]}
+U8 = np.zeros((2, 2), np.uint8)
+
+
+@pytest.mark.parametrize("config, x, y, part, says", [
+    ({}, np.zeros((2, 2), np.int16), [0, 2], "train", "holds x of dtype int16; expected uint8 pixels or float vectors"),
+    ({}, np.zeros((2, 3), np.uint8), [0, 2], "train", "holds x of shape (2, 3); the config's input_shape is [2]"),
+    ({"x_dtype": "float32"}, U8, [0, 2], "train", "holds x of dtype uint8; the config's x_dtype is float32"),
+    ({}, np.array([[0.0, np.inf], [0.0, 0.0]]), [0, 2], "train", "holds NaN or infinite values in x"),
+    ({}, U8, [[0], [2]], "train", "holds y of shape (2, 1) and dtype int64; expected a 1-d integer array"),
+    ({}, U8, [0, 1, 2], "train", "holds 2 inputs but 3 labels"),
+    ({}, U8, [0, 3], "train", "holds labels in [0, 3]; the config has 3 classes"),
+    ({}, U8, [-1, 2], "train", "holds labels in [-1, 2]; the config has 3 classes"),
+    ({"train_samples": [3]}, U8, [0, 2], "train", "holds 2 samples; the config's train_samples says 3"),
+    ({"train_samples": [0]}, U8[:0], np.zeros(0, np.int64), "train", "holds no training samples"),
+    ({"modality": "text", "vocab_size": 5}, np.zeros((2, 2), np.float32), [0, 2], "train",
+     "holds x of dtype float32; a text split holds integer token ids"),
+    ({"modality": "text", "vocab_size": 5}, np.array([[0, 5], [1, 1]]), [0, 2], "train",
+     "holds token ids in [0, 5]; the config's vocab_size is 5"),
+    ({"modality": "text", "vocab_size": 5}, np.array([[-1, 4], [1, 1]]), [0, 2], "train",
+     "holds token ids in [-1, 4]; the config's vocab_size is 5"),
+    # at the bounds: the last label, the last token id, an empty test split: read
+    ({}, U8, [0, 2], "train", None),
+    ({"modality": "text", "vocab_size": 5}, np.array([[0, 4], [1, 1]]), [0, 2], "train", None),
+    ({"test_samples": [0]}, U8[:0], np.zeros(0, np.int64), "test", None),
+])
+def test_each_client_file_refusal_is_one_exact_line(tmp_path, config, x, y, part, says):
+    from utils.data_utils import _read_npz
+
+    path = tmp_path / part / "0.npz"
+    path.parent.mkdir()
+    np.savez(path, x=x, y=np.asarray(y, dtype=np.int64))
+    if says is None:
+        got_x, got_y = _read_npz("Digits", path, {**BASE, **config}, part, 0)
+        assert np.array_equal(got_x, x) and np.array_equal(got_y, y)
+        return
+    with pytest.raises(FLError) as e:
+        _read_npz("Digits", path, {**BASE, **config}, part, 0)
+    assert str(e.value) == f"split 'Digits': client file {path} {says}" + REGENERATE
+
+
+def test_a_missing_or_corrupt_client_file_is_one_exact_line(tmp_path):
+    from utils.data_utils import _read_npz
+
+    path = tmp_path / "0.npz"
+    with pytest.raises(FLError) as e:
+        _read_npz("Digits", path, BASE, "train", 0)
+    assert str(e.value) == f"split 'Digits': client file {path} is missing" + REGENERATE
+    path.write_bytes(b"\0" * 100)
+    with pytest.raises(FLError) as e:
+        _read_npz("Digits", path, BASE, "train", 0)
+    assert str(e.value) == (f"split 'Digits': corrupt client file {path} is not an npz (File is not a zip file)"
+                            + REGENERATE)
