@@ -5,6 +5,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -343,3 +344,48 @@ def test_a_missing_or_corrupt_client_file_is_one_exact_line(tmp_path):
         _read_npz("Digits", path, BASE, "train", 0)
     assert str(e.value) == (f"split 'Digits': corrupt client file {path} is not an npz (File is not a zip file)"
                             + REGENERATE)
+
+
+def test_which_clients_a_run_loads_and_the_counts_it_refuses(digits_tiny_root):
+    """The split holds 5 clients: -nc n loads the first n, -nnc k the k after them (after all of them
+    without -nc: the split's last k); the config's hash is its file's sha256, cut to 16 hex digits."""
+    import hashlib
+
+    from utils.data_utils import load_split
+
+    def ids(data):  # a client is known by its labels
+        return [c.y_train.tolist() for c in data]
+
+    every = load_split("Digits", digits_tiny_root).clients
+    assert len(every) == 5
+    two = load_split("Digits", digits_tiny_root, num_clients=2, new_clients=3)
+    assert ids(two.clients) == ids(every[:2]) and ids(two.new_clients) == ids(every[2:])
+    last = load_split("Digits", digits_tiny_root, new_clients=4)
+    assert ids(last.clients) == ids(every[:1]) and ids(last.new_clients) == ids(every[1:])
+    raw = (digits_tiny_root / "Digits" / "config.json").read_bytes()
+    assert last.config_hash == hashlib.sha256(raw).hexdigest()[:16]
+    for kwargs, says in [
+        ({"num_clients": 0}, "-nc must be >= 1 (got 0)"),
+        ({"new_clients": 5}, "-nnc 5 leaves no client of split 'Digits' (5) to train"),
+        ({"num_clients": 6}, "-nc 6 asks for more clients than split 'Digits' has (5); use at most 5 or "
+                             "regenerate with --num-clients 6"),
+        ({"num_clients": 5, "new_clients": 1}, "-nc 5 + -nnc 1 = 6 asks for more clients than split 'Digits' has "
+                                               "(5); use at most 5 or regenerate with --num-clients 6"),
+    ]:
+        with pytest.raises(FLError) as e:
+            load_split("Digits", digits_tiny_root, **kwargs)
+        assert str(e.value) == says
+
+
+def test_inputs_become_tensors_by_hand():
+    """uint8 pixels become x / 255, then (x - mean) / std per channel; floats float32; token ids int64."""
+    from utils.data_utils import _to_tensor
+
+    x = np.array([[[[0, 255]], [[51, 102]]]], np.uint8)  # one image, 2 channels of 1 x 2
+    t = _to_tensor(x, {"mean": [0.5, 0.2], "std": [0.5, 0.1]}, "cpu")
+    assert t.dtype == torch.float32 and t.shape == (1, 2, 1, 2)
+    assert t.flatten().tolist() == pytest.approx([-1.0, 1.0, 0.0, 2.0])
+    assert _to_tensor(x, None, "cpu").flatten().tolist() == pytest.approx([0.0, 1.0, 0.2, 0.4])
+    floats = _to_tensor(np.array([[1.5, -2.0]], np.float64), {"mean": [9.0], "std": [9.0]}, "cpu")
+    assert floats.dtype == torch.float32 and floats.tolist() == [[1.5, -2.0]]  # vectors are not normalised
+    assert _to_tensor(np.array([[3, 7]], np.int16), None, "cpu").dtype == torch.int64
