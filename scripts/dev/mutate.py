@@ -78,7 +78,7 @@ ATTACK_TESTS = ["tests/test_attacks.py", "tests/test_update_attacks.py", "tests/
 EXTRA = {
     **{f"system/utils/{m}.py": PRIVACY_TESTS for m in ("dp_sgd", "dp_client", "dp_support", "privacy_monitor")},
     "system/utils/aggregate.py": ["tests/test_aggregate.py", "tests/test_bn_stats.py", "tests/test_fedbn.py"],
-    "system/utils/ALA.py": ["tests/test_ala.py"],
+    "system/utils/ALA.py": ["tests/test_ala.py", "tests/test_batched.py"],  # the batched ALA epoch
     "system/utils/dlg.py": ["tests/test_privacy.py", "tests/test_ig.py"],
     **{f"system/plugins/{m}.py": ATTACK_TESTS for m in ("attack", "attacks")},
     "system/plugins/robust.py": ["tests/test_no_bypass.py", "tests/test_robust.py", "tests/test_defenses.py"],
