@@ -389,3 +389,16 @@ def test_inputs_become_tensors_by_hand():
     floats = _to_tensor(np.array([[1.5, -2.0]], np.float64), {"mean": [9.0], "std": [9.0]}, "cpu")
     assert floats.dtype == torch.float32 and floats.tolist() == [[1.5, -2.0]]  # vectors are not normalised
     assert _to_tensor(np.array([[3, 7]], np.int16), None, "cpu").dtype == torch.int64
+
+
+def test_an_input_shape_holds_one_to_four_sizes(digits_tiny_root, tmp_path):
+    from utils.data_utils import read_config
+
+    for shape, ok in (([2], True), ([1, 1, 1, 2], True), ([], False), ([1, 1, 1, 1, 2], False)):
+        cfg = config_of(digits_tiny_root)
+        cfg["input_shape"] = shape
+        if ok:
+            (tmp_path / "config.json").write_text(json.dumps(cfg))
+            assert read_config("Digits", tmp_path)[0]["input_shape"] == shape
+        else:
+            assert "key 'input_shape' must be a list of 1 to 4 integers" in config_refusal(tmp_path, cfg)
