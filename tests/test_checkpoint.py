@@ -196,9 +196,10 @@ def test_true_or_false_in_any_number_slot_of_a_recorder_is_refused(acc, per_clie
     series = {"rs_round": [0, 1], "rs_test_acc": list(acc), "rs_client_test_acc": [[0.5] * per_client] * 2}
     series = {k: [list(v) if isinstance(v, list) else v for v in vs] for k, vs in series.items()}
     round_time = [0.5, 0.25]
-    checkpoint.check_values({"round": 1, "recorder": {"series": series, "round_time": round_time}}, SERVER, "c.ckpt")
+    recorded = {"round": 1, "recorder": {"series": series, "round_time": round_time}}
+    checkpoint.check_values(recorded, SERVER, "c.ckpt")
     places = _slots(series, round_time)
     holder, key = places[int(pick * len(places))]
-    holder[key] = flag
+    holder[key] = flag  # in place: the checkpoint holds these very lists
     with pytest.raises(FLError, match=r"^checkpoint c\.ckpt is damaged \("):
-        checkpoint.check_values({"round": 1, "recorder": {"series": series, "round_time": round_time}}, SERVER, "c.ckpt")
+        checkpoint.check_values(recorded, SERVER, "c.ckpt")

@@ -216,7 +216,8 @@ def test_source_errors_are_one_clear_line(tmp_path, capsys):
     np.savez(tmp_path / "float.npz", x=np.zeros((10, 28, 28), np.float32), y=np.zeros(10, np.int64))
     (tmp_path / "broken.npz").write_bytes(b"not a zip")
     cases = {"nolabels.npz": "lacks array(s) y", "objects.npz": "not a plain-array npz",
-             "float.npz": "uint8", "broken.npz": "broken.npz is not an npz (File is not a zip file)", "missing.npz": "does not exist"}
+             "float.npz": "uint8",
+             "broken.npz": "broken.npz is not an npz (File is not a zip file)", "missing.npz": "does not exist"}
     for name, expected in cases.items():
         line = run_cli_error(capsys, generate_MNIST.main, ["--source", str(tmp_path / name), "--root", str(tmp_path)])
         assert line.startswith("error: ") and expected in line

@@ -249,9 +249,13 @@ def open_zip(f, error: Callable[[str], str]) -> zipfile.ZipFile:
         raise FileIOError(error(why(e))) from None
 
 
+def _open_npz(f, what: str, path) -> zipfile.ZipFile:
+    return open_zip(f, lambda w: f"{what} {path} is not an npz ({w})")
+
+
 def npz_names(path, what: str = "file", cap: int = NPZ_CAP, follow: bool = True) -> list[str]:
     """The arrays an npz holds (its ``.npy`` members, without the suffix), from its zip directory alone."""
-    with open_read(path, what, cap=cap, follow=follow) as f, open_zip(f, lambda w: f"{what} {path} is not an npz ({w})") as z:
+    with open_read(path, what, cap=cap, follow=follow) as f, _open_npz(f, what, path) as z:
         return [n.removesuffix(".npy") for n in z.namelist() if n.endswith(".npy")]
 
 
@@ -264,7 +268,7 @@ def read_npz(path, names: Iterable[str], what: str = "file", cap: int = NPZ_CAP,
 
     out = {}
     with open_read(path, what, cap=max(cap, NPZ_CAP), follow=follow) as f:
-        with open_zip(f, lambda w: f"{what} {path} is not an npz ({w})") as z:
+        with _open_npz(f, what, path) as z:
             members = {i.filename: i for i in z.infolist()}
             infos = {}
             for name in names:
