@@ -386,7 +386,8 @@ def test_another_algorithms_flags_are_accepted_with_one_warning(tmp_path, capsys
 
 
 def test_the_config_is_checked_before_it_is_returned(tmp_path, capsys):
-    for flags, message in [(["-ls", "0"], "-ls 0 is out of range: it takes [1, 10000]"), (["-pv", "1"], "need -pv < -t (got -pv 1, -t 1)"),
+    for flags, message in [(["-ls", "0"], "-ls 0 is out of range: it takes [1, 10000]"),
+                           (["-pv", "1"], "need -pv < -t (got -pv 1, -t 1)"),
                            (["-go", "a/b"], "-go is part of the result file names"),
                            (["-algo", "FedProto", "--client_models", "CNN,"], "--client_models 'CNN,': give a preset"),
                            (["--client_models", "HtFE-cnn"], "--client_models: FedAvg is refused"),
@@ -415,7 +416,8 @@ def test_tensorboard_writes_under_the_results_folder(tmp_path, monkeypatch, fold
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "tensorboard" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "tensorboard" else real(name, *a))
     with pytest.raises(FLError, match=re.escape(message)):
         parse(tmp_path, "--tensorboard", folder)
     assert parse(tmp_path, "--tensorboard", "tb").tensorboard == "tb"
