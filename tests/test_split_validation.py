@@ -402,3 +402,23 @@ def test_an_input_shape_holds_one_to_four_sizes(digits_tiny_root, tmp_path):
             assert read_config("Digits", tmp_path)[0]["input_shape"] == shape
         else:
             assert "key 'input_shape' must be a list of 1 to 4 integers" in config_refusal(tmp_path, cfg)
+
+
+@pytest.mark.parametrize("key", ["x_dtype", "format_version", "normalize", "label_counts"])
+def test_each_optional_config_key_may_be_absent(digits_tiny_root, tmp_path, key):
+    """A split written before a key existed (or by hand) is read without it; only the three keys a run
+    cannot do without (num_clients, num_classes, input_shape) are required."""
+    from utils.data_utils import read_config
+
+    cfg = config_of(digits_tiny_root)
+    assert key in cfg  # the generator writes every key: the test removes one
+    del cfg[key]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert key not in read_config("Digits", tmp_path)[0]
+
+
+@pytest.mark.parametrize("value", [5, None, ["uint8"]])
+def test_x_dtype_must_be_a_dtype_name(digits_tiny_root, tmp_path, value):
+    cfg = {**config_of(digits_tiny_root), "x_dtype": value}
+    assert config_refusal(tmp_path, cfg) == (f"split 'Digits': config.json key 'x_dtype' must be a numpy dtype name "
+                                             f"such as uint8 (got {value!r})" + REGENERATE)
