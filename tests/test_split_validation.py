@@ -314,6 +314,7 @@ U8 = np.zeros((2, 2), np.uint8)
      "holds token ids in [-1, 4]; the config's vocab_size is 5"),
     # at the bounds: the last label, the last token id, an empty test split: read
     ({}, U8, [0, 2], "train", None),
+    ({"x_dtype": "float32"}, np.zeros((2, 2), np.float32), [0, 2], "train", None),  # finite floats
     ({"modality": "text", "vocab_size": 5}, np.array([[0, 4], [1, 1]]), [0, 2], "train", None),
     ({"test_samples": [0]}, U8[:0], np.zeros(0, np.int64), "test", None),
 ])
