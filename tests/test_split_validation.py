@@ -423,3 +423,26 @@ def test_x_dtype_must_be_a_dtype_name(digits_tiny_root, tmp_path, value):
     cfg = {**config_of(digits_tiny_root), "x_dtype": value}
     assert config_refusal(tmp_path, cfg) == (f"split 'Digits': config.json key 'x_dtype' must be a numpy dtype name "
                                              f"such as uint8 (got {value!r})" + REGENERATE)
+
+
+@pytest.mark.parametrize("part", ["train", "test"])
+def test_sample_counts_of_either_part_must_match_the_config(split, part):
+    from utils.data_utils import load_split
+
+    cfg = config_of(split)
+    cfg[f"{part}_samples"][2] += 1
+    write_config(split, cfg)
+    n = cfg[f"{part}_samples"][2]
+    with pytest.raises(FLError) as e:
+        load_split("Digits", split)
+    assert str(e.value) == (f"split 'Digits': client file {split / 'Digits' / part / '2.npz'} holds {n - 1} samples; "
+                            f"the config's {part}_samples says {n}" + REGENERATE)
+
+
+def test_a_missing_split_names_itself_its_root_and_its_generator(tmp_path):
+    from utils.data_utils import load_split
+
+    with pytest.raises(FLError) as e:
+        load_split("MNIST", tmp_path)
+    assert str(e.value).startswith(f"split 'MNIST' not found in {tmp_path}; generate it first: "
+                                   f"python dataset/generate_MNIST.py --out MNIST ... (offline: ")
