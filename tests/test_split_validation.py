@@ -446,3 +446,36 @@ def test_a_missing_split_names_itself_its_root_and_its_generator(tmp_path):
         load_split("MNIST", tmp_path)
     assert str(e.value).startswith(f"split 'MNIST' not found in {tmp_path}; generate it first: "
                                    f"python dataset/generate_MNIST.py --out MNIST ... (offline: ")
+
+
+def vector_split(root, test_y) -> None:
+    """Split 'V': one client of two 2-d float vectors, its test file holding ``test_y``'s labels."""
+    folder = root / "V"
+    for part, y in (("train", [0, 1]), ("test", test_y)):
+        (folder / part).mkdir(parents=True)
+        np.savez(folder / part / "0.npz", x=np.zeros((len(y), 2), np.float32), y=np.asarray(y, np.int64))
+    (folder / "config.json").write_text(json.dumps({**BASE, "x_dtype": "float32", "test_samples": [len(test_y)]}))
+
+
+def test_white_is_a_full_pixel_after_normalisation_for_images_only(digits_tiny_root, tmp_path):
+    from utils.data_utils import load_split
+
+    cfg = config_of(digits_tiny_root)
+    c, norm = cfg["input_shape"][0], cfg["normalize"]
+    want = torch.ones(c, 1, 1) if norm is None else (
+        (1.0 - torch.tensor(norm["mean"])) / torch.tensor(norm["std"])).view(-1, 1, 1).expand(c, 1, 1)
+    data = load_split("Digits", digits_tiny_root, num_clients=3, new_clients=1)
+    for client in data.clients + data.new_clients:
+        assert client.white.shape == (c, 1, 1) and torch.allclose(client.white, want)
+    vector_split(tmp_path, [0, 2])
+    assert load_split("V", tmp_path).clients[0].white is None  # not an image: no trigger pixel
+
+
+def test_a_split_whose_test_files_are_all_empty_is_refused(tmp_path):
+    from utils.data_utils import load_split
+
+    vector_split(tmp_path, [])
+    with pytest.raises(FLError) as e:
+        load_split("V", tmp_path)
+    assert str(e.value) == ("split 'V': every test split of its 1 client(s) is empty: there is nothing to evaluate; "
+                            "regenerate it: python dataset/generate_<Name>.py --out V ...")
