@@ -479,3 +479,55 @@ def test_a_split_whose_test_files_are_all_empty_is_refused(tmp_path):
         load_split("V", tmp_path)
     assert str(e.value) == ("split 'V': every test split of its 1 client(s) is empty: there is nothing to evaluate; "
                             "regenerate it: python dataset/generate_<Name>.py --out V ...")
+
+
+def test_few_shot_then_validation_by_hand_from_the_clients_streams(digits_tiny_root, tmp_path):
+    """-fs 2 --val_ratio 0.25 --seed 3, run 1, client 1, worked out step by step: the few-shot permutation's
+    first two samples of each class (in index order), then round(0.25 m) of those held out by the validation
+    permutation's head; seed and run differ so that a swapped stream would be caught."""
+    from cli import parse_config
+    from utils.data_utils import load_split, local_split
+    from utils.seeding import torch_gen
+
+    cfg = parse_config(cli(digits_tiny_root, tmp_path, "-fs", "2", "--val_ratio", "0.25", "--seed", "3"))
+    data = load_split("Digits", digits_tiny_root).clients[1]
+    perm = torch.randperm(len(data.y_train), generator=torch_gen(3, 1, "few-shot", 1)).tolist()
+    shots = sorted(i for c in sorted(set(data.y_train.tolist()))
+                   for i in [j for j in perm if data.y_train[j] == c][:2])
+    m = len(shots)
+    order = torch.randperm(m, generator=torch_gen(3, 1, "validation", 1)).tolist()
+    n_val = min(max(1, round(0.25 * m)), m - 1)
+    val, kept = [shots[k] for k in order[:n_val]], [shots[k] for k in sorted(order[n_val:])]
+    part = local_split(data, cfg, 1, 1)
+    assert torch.equal(part.y_val, data.y_train[val]) and torch.equal(part.x_val, data.x_train[val])
+    assert torch.equal(part.y_train, data.y_train[kept]) and torch.equal(part.x_train, data.x_train[kept])
+    assert part.x_test is data.x_test and part.white is data.white
+
+
+def test_without_few_shot_or_validation_the_training_data_is_untouched(digits_tiny_root, tmp_path):
+    from cli import parse_config
+    from utils.data_utils import load_split, local_split
+
+    data = load_split("Digits", digits_tiny_root).clients[2]
+    part = local_split(data, parse_config(cli(digits_tiny_root, tmp_path)), 0, 2)
+    assert part.x_val is None and part.y_val is None
+    assert torch.equal(part.x_train, data.x_train) and torch.equal(part.y_train, data.y_train)
+
+
+@pytest.mark.parametrize("ratio, n, n_val", [(0.9, 1, None), (0.9, 2, 1), (0.9, 3, 2), (0.1, 3, 1), (0.5, 4, 2)])
+def test_validation_holds_out_round_rn_at_least_one_and_leaves_one(tmp_path, ratio, n, n_val):
+    """round(r n) samples held out, at least one, and at least one left to train on; one sample is refused."""
+    from cli import parse_config
+    from utils.data_utils import ClientData, local_split
+
+    x, y = torch.arange(n, dtype=torch.float32).view(n, 1), torch.zeros(n, dtype=torch.int64)
+    data = ClientData(x, y, x[:1], y[:1])
+    cfg = parse_config(["--val_ratio", str(ratio), "--results_dir", str(tmp_path)])
+    if n_val is None:
+        with pytest.raises(FLError) as e:
+            local_split(data, cfg, 0, 4)
+        assert str(e.value) == "--val_ratio: client 4 has 1 training sample(s); it needs 2 to hold one out"
+        return
+    part = local_split(data, cfg, 0, 4)
+    assert (len(part.y_train), len(part.y_val)) == (n - n_val, n_val)
+    assert sorted(torch.cat([part.x_train, part.x_val]).flatten().tolist()) == list(range(n))
