@@ -40,3 +40,12 @@ def test_ci_runs_the_readme_commands_first():
                                    "pip install --quiet -r requirements-optional.txt", 'pytest -m "optional_deps or shared_data"')]
     assert order == sorted(order), order
     assert "--system-site-packages" not in ci
+
+
+def test_the_testing_page_is_a_method_page_and_the_architecture_is_linked_from_the_top():
+    """docs/testing.md stays within 400 lines (the per-mutant notes are generated into
+    docs/mutation-survivors.md), and the README links docs/architecture.md before its first section."""
+    assert len((REPO / "docs" / "testing.md").read_text().splitlines()) <= 400
+    assert "<!-- mutation-survivors:begin -->" in (REPO / "docs" / "mutation-survivors.md").read_text()
+    readme = (REPO / "README.md").read_text()
+    assert "docs/architecture.md" in readme[:readme.index("\n## ")]
