@@ -531,3 +531,22 @@ def test_validation_holds_out_round_rn_at_least_one_and_leaves_one(tmp_path, rat
     part = local_split(data, cfg, 0, 4)
     assert (len(part.y_train), len(part.y_val)) == (n - n_val, n_val)
     assert sorted(torch.cat([part.x_train, part.x_val]).flatten().tolist()) == list(range(n))
+
+
+@pytest.mark.parametrize("key, value, ok", [
+    ("modality", "image", True), ("modality", "series", True), ("modality", "audio", False), ("modality", 1, False),
+    ("default_model", "a", True), ("default_model", "x" * 64, True), ("default_model", "", False),
+    ("default_model", "x" * 65, False), ("default_model", 5, False)])
+def test_the_optional_modality_and_default_model_are_checked_at_their_bounds(digits_tiny_root, tmp_path, key, value,
+                                                                               ok):
+    from utils.data_utils import read_config
+
+    cfg = {**config_of(digits_tiny_root), key: value}
+    if ok:
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        assert read_config("Digits", tmp_path)[0][key] == value
+        return
+    what = "one of image, text, vector, series" if key == "modality" else "a model name"
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:60] + "..."
+    assert config_refusal(tmp_path, cfg) == (f"split 'Digits': config.json key '{key}' must be {what} "
+                                             f"(got {shown})" + REGENERATE)
