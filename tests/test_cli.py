@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -409,25 +410,27 @@ def test_the_plugins_see_which_names_were_typed(tmp_path, capsys):
     assert parse(tmp_path, "--attack", "signflip").attack_frac == 0.2
 
 
-@pytest.mark.parametrize("folder, message", [
-    ("/abs", "--tensorboard must be a folder under --results_dir"), ("../up", "--tensorboard must be a folder"),
-    ("", "--tensorboard must be a folder under --results_dir, a relative name without '..' (got '')")])
-def test_tensorboard_writes_under_the_results_folder(tmp_path, monkeypatch, folder, message):
+def tensorboard_installed(monkeypatch, present: bool) -> None:
+    """The tensorboard package found (or not) by parse_config's check, whatever this machine has."""
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: object() if name == "tensorboard" else real(name, *a))
+                        lambda name, *a: (object() if present else None) if name == "tensorboard" else real(name, *a))
+
+
+@pytest.mark.parametrize("folder, message", [
+    ("/abs", "--tensorboard must be a folder under --results_dir"), ("../up", "--tensorboard must be a folder"),
+    ("", "--tensorboard must be a folder under --results_dir, a relative name without '..' (got '')")])
+def test_tensorboard_writes_under_the_results_folder(tmp_path, monkeypatch, folder, message):
+    tensorboard_installed(monkeypatch, True)
     with pytest.raises(FLError, match=re.escape(message)):
         parse(tmp_path, "--tensorboard", folder)
     assert parse(tmp_path, "--tensorboard", "tb").tensorboard == "tb"
 
 
 def test_tensorboard_without_the_package_is_one_line(tmp_path, monkeypatch):
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    tensorboard_installed(monkeypatch, False)
     with pytest.raises(FLError, match="--tensorboard needs the tensorboard package"):
         parse(tmp_path, "--tensorboard", "tb")
 
@@ -491,8 +494,6 @@ def test_the_results_folder_must_be_a_writable_folder(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("")
     with pytest.raises(FLError, match=re.escape(f"--results_dir {tmp_path}/file/x: {tmp_path}/file is not a folder")):
         cli.parse_config(["--results_dir", str(tmp_path / "file" / "x")])
-    import os
-
     monkeypatch.setattr(os, "access", lambda path, mode: not (Path(path) == tmp_path and mode == os.W_OK | os.X_OK))
     with pytest.raises(FLError, match=re.escape(f"--results_dir {tmp_path}/a: {tmp_path} is not writable")):
         cli.parse_config(["--results_dir", str(tmp_path / "a")])
