@@ -28,6 +28,7 @@ from flcore.servers.serveravg import FedAvgServer
 from flcore.servers.serverbase import Declares, Server
 from runtime.executors import ClientHandle, balance
 from runtime.fork import ForkExecutor
+from runtime import raypool
 from utils.data_utils import load_split
 from utils.errors import FLError
 from utils.results import RunRecorder, read_h5
@@ -184,6 +185,37 @@ def test_ray_matches_sequential(algo, digits_tiny_root, tmp_path, sequential_run
     assert isinstance(h.model, torch.nn.Module)  # an attribute read returns a copy
     with pytest.raises(FLError, match="method"):
         h.optimizer = None  # a write could never reach the worker: refused
+
+
+@pytest.mark.optional_deps("ray")
+def test_ray_writes_nothing_to_the_runs_terminal(ray_pool, capfd):
+    """Ray's two ways to the run's terminal are closed: its processes' logs (a worker's prints, the raylet's
+    notes such as a disk "over 95% full", which once broke a run's one-line ending) are not forwarded
+    (``log_to_driver`` off), and the raylet's notes on a dead worker go to the ``ray`` logger
+    (``quiet_notes``); the run reports the death itself, with Ray's reason."""
+    import time
+
+    ray = ray_pool.ray
+
+    @ray.remote(num_cpus=0)  # the pool's workers may hold every CPU of the cluster
+    def speak() -> int:
+        print("from a worker's stdout", flush=True)
+        print("from a worker's stderr", file=sys.stderr, flush=True)
+        return 7
+
+    @ray.remote(num_cpus=0, max_restarts=0)
+    class Doomed:
+        def die(self) -> None:
+            os._exit(3)
+
+    capfd.readouterr()
+    assert ray.get(speak.remote()) == 7
+    with pytest.raises(ray.exceptions.RayActorError) as e:
+        ray.get(Doomed.remote().die.remote())
+    assert "worker process has died" in raypool.died_because(e.value)
+    time.sleep(2)  # Ray forwards a line within about half a second when it forwards at all
+    out, err = capfd.readouterr()
+    assert out == err == "", (out, err)
 
 
 # ---- crash and --resume ------------------------------------------------------------------------------

@@ -516,6 +516,25 @@ def test_a_test_that_hangs_is_stopped_at_its_own_limit_not_the_runs(tmp_path, mo
     assert code is None and seconds >= 1.5
 
 
+def test_a_forked_run_keeps_its_temporary_files_beside_its_log(tmp_path):
+    """pytest's temporary folders of a mutant's run lie in the run's own folder, emptied by the next run, so a
+    child stopped at its limit (no exit handler runs) leaves nothing in the system's temporary folder."""
+    from scripts.dev import mutate
+
+    (tmp_path / "test_t.py").write_text("def test_where(tmp_path):\n"
+                                        "    (tmp_path / 'mark').write_text('x')\n"
+                                        "    open('where.txt', 'w').write(str(tmp_path))\n")
+    (tmp_path / "logs").mkdir()
+    log = tmp_path / "logs" / "log"
+    for stray in (None, tmp_path / "logs" / "pytest-tmp" / "left by the run before"):
+        if stray is not None:
+            stray.write_text("x")
+        assert mutate.forked_pytest(tmp_path, ["test_t.py"], 60, log)[0] == 0
+        where = Path((tmp_path / "where.txt").read_text())
+        assert where.is_relative_to(tmp_path / "logs" / "pytest-tmp") and (where / "mark").exists()
+    assert not stray.exists()
+
+
 def test_time_the_lane_spent_stopped_is_not_the_mutants():
     from scripts.dev import mutate
 

@@ -19,6 +19,7 @@ from utils.errors import FLError
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.optional_deps("ray")
+from ray._private import worker as ray_worker  # noqa: E402  (after the skip: Ray is optional)
 
 
 # ---- --ray_address ---------------------------------------------------------------------------------
@@ -109,6 +110,8 @@ def started(monkeypatch):
     monkeypatch.setattr(reaper, "stop", seen.stopped.append)
     monkeypatch.setattr(raypool, "_watcher", [])
     monkeypatch.setattr(raypool, "_session", [])
+    monkeypatch.setattr(raypool, "_printer", [])
+    monkeypatch.setattr(ray_worker, "print_to_stdstream", ray_worker.print_to_stdstream)  # put back after the test
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     handler = signal.getsignal(signal.SIGTERM)
     yield seen
@@ -128,7 +131,7 @@ def test_a_local_cluster_starts_on_loopback_quietly_with_the_library_and_a_watch
     assert token_note.level == logging.ERROR  # Ray's note on its session token, at every start, silenced
     (opts,) = started.calls
     assert Path(opts.pop("_temp_dir")).parent.name.startswith("fl-ray-")  # its own session folder (below)
-    assert opts == {"include_dashboard": False, "logging_level": 30, "num_cpus": 3,
+    assert opts == {"include_dashboard": False, "logging_level": 30, "log_to_driver": False, "num_cpus": 3,
                     "runtime_env": {"py_modules": [str(raypool.SYSTEM_DIR / p) for p in ("flcore", "plugins", "runtime", "utils")]}}
     assert sorted(p.name for p in raypool.SYSTEM_DIR.iterdir() if p.name in ("flcore", "plugins", "runtime", "utils")) == [
         "flcore", "plugins", "runtime", "utils"]
@@ -253,6 +256,69 @@ def test_ray_that_does_not_start_is_one_line_and_puts_everything_back(started, d
         raypool.init_ray("h:1")
 
 
+@pytest.mark.parametrize("address", [None, "10.0.0.5:6379"])
+def test_rays_notes_go_to_its_logger_until_shutdown(started, dialled, capfd, address):
+    """The raylet's notes that Ray's driver prints on stdout (a worker died, ...) reach the ``ray`` logger at
+    DEBUG while a cluster this process started or joined is up, and Ray's printer is back after
+    ``shutdown_ray``."""
+    original = ray_worker.print_to_stdstream
+    notes = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: notes.append((record.levelno, record.getMessage()))
+    logger = logging.getLogger("ray")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        raypool.init_ray(address)
+        assert ray_worker.print_to_stdstream is not original
+        ray_worker.print_to_stdstream({"lines": ["A worker died", "or was killed"], "pid": "raylet", "is_err": False},
+                                      ignore_prefix=False)
+        ray_worker.print_to_stdstream({"lines": ["the disk is full"], "pid": "raylet", "is_err": True}, False)
+        raypool.init_ray(address)  # a second start (Ray stopped outside shutdown_ray): Ray's printer is still kept
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    out, err = capfd.readouterr()
+    assert out == err == ""
+    assert notes == [(logging.DEBUG, "(raylet) A worker died"), (logging.DEBUG, "(raylet) or was killed"),
+                     (logging.DEBUG, "(raylet) the disk is full")]
+    raypool.shutdown_ray()
+    assert ray_worker.print_to_stdstream is original and raypool._printer == []
+
+
+def test_ray_already_running_keeps_its_printer_and_a_failed_start_does_not_replace_it(started, monkeypatch):
+    original = ray_worker.print_to_stdstream
+    started.error = RuntimeError("no")
+    with pytest.raises(FLError):
+        raypool.init_ray(num_cpus=1)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    assert raypool.init_ray(num_cpus=1) is False
+    assert ray_worker.print_to_stdstream is original and raypool._printer == []
+
+
+@pytest.mark.parametrize("message, said", [
+    ("gone", "a Ray worker died (RayActorError: gone)"),
+    ("", "a Ray worker died (RayActorError)"),
+    ("  \n ", "a Ray worker died (RayActorError)"),
+    ("The actor died unexpectedly before finishing this task.\n\tclass_name: ClientWorker\n\tpid: 8864\n"
+     "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: "
+     "Worker unexpectedly exits with a connection error code 2. End of file. Some common causes include: (1) the "
+     "process was killed by the OOM killer",
+     "a Ray worker died (RayActorError: The actor is dead because its worker process has died. Worker exit type: "
+     "SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error code 2. End of file.)"),
+    ("The actor died unexpectedly before finishing this task.\nThe actor is dead because it was killed by `ray.kill`.",
+     "a Ray worker died (RayActorError: The actor is dead because it was killed by `ray.kill`.)"),
+])
+def test_a_dead_worker_is_one_line_with_rays_reason(stand_in, message, said):
+    made = stand_in({"CPU": 2.0})
+    ex = raypool.RayExecutor(cfg())
+    made.ray.answers = made.ray.exceptions.RayActorError(message)
+    with pytest.raises(WorkerLost) as e:
+        ex._receive(["t"])
+    assert str(e.value) == said
+
+
 def test_each_local_start_writes_in_its_own_new_session_folder(started):
     raypool.init_ray(num_cpus=1)
     raypool.init_ray(num_cpus=1)  # a second start (Ray stopped outside shutdown_ray): a folder of its own
@@ -371,7 +437,7 @@ def test_rays_errors_reach_the_server_as_the_runs_own(stand_in):
     out = ex._receive(["t1", "t2"])
     assert torch.equal(out[0], torch.ones(2)) and out[1]["a"].device == torch.device("cpu")
     made.ray.answers = made.ray.exceptions.RayActorError("gone")
-    with pytest.raises(WorkerLost, match=r"^a Ray worker died \(RayActorError\)$"):
+    with pytest.raises(WorkerLost, match=r"^a Ray worker died \(RayActorError: gone\)$"):
         ex._receive(["t"])
     made.ray.answers = TaskError(FLError("client 3 refuses"))
     with pytest.raises(FLError) as e:

@@ -55,6 +55,7 @@ def import_ray():
 CONNECT_TIMEOUT_S = 10  # how long --ray_address may take to answer before the run stops with one line
 _watcher: list = []  # the reaper watching the local cluster this process started (runtime/reaper.py)
 _session: list = []  # the folder made for that cluster's session (``session_folder``), removed by ``shutdown_ray``
+_printer: list = []  # Ray's own printer of its raylet's notes while ``quiet_notes`` has it replaced
 # Ray puts Unix sockets under its session folder (<folder>/ray/session_<date>_<time>_<microseconds>_<pid>/
 # sockets/plasma_store, about 70 bytes after the folder with a 7-digit pid), and Ray refuses a Unix socket path
 # of more than 107 bytes, so the folder's own path is kept to this many bytes.
@@ -80,6 +81,22 @@ def session_folder() -> Path:
     except fileio.FileIOError as e:
         raise FLError(str(e)) from None
     return folder
+
+
+def quiet_notes() -> None:
+    """Ray's driver prints the notes its raylet publishes (a worker died, with Ray's guesses why) on stdout,
+    from a thread that ``log_to_driver`` does not stop (``ray._private.worker.listen_error_messages``, which
+    calls the module's ``print_to_stdstream``). Until ``shutdown_ray`` they go to the ``ray`` logger at DEBUG
+    instead: Ray writes nothing to the run's terminal, and the run says in its own line that a worker died,
+    with Ray's reason (``RayExecutor._receive``)."""
+    from ray._private import worker
+
+    def to_log(data: dict, ignore_prefix: bool = False) -> None:
+        for line in data.get("lines", ()):
+            logging.getLogger("ray").debug("(%s) %s", data.get("pid"), line)
+
+    _printer.append(worker.print_to_stdstream)
+    worker.print_to_stdstream = to_log
 
 
 def check_address(address: str) -> None:
@@ -117,7 +134,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, device_ids
         return False
     from ray._private import ray_constants
 
-    opts = dict(include_dashboard=False, logging_level=logging.WARNING,  # not Ray's start-up notes on stderr
+    # Ray writes nothing to the run's terminal: not its start-up notes (logging_level), not its processes' logs
+    # (log_to_driver: the raylet's notes, a worker's output). The run reports a worker's failure in one line.
+    opts = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
                 runtime_env={"py_modules": [str(SYSTEM_DIR / p) for p in PACKAGES]})
     if address:
         check_address(address)
@@ -149,6 +168,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, device_ids
                 opts["num_gpus"] = len(device_ids)
         try:
             ray.init(**{**opts, **kwargs})
+            quiet_notes()
         except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
             while _session:
                 fileio.remove_made(_session.pop())
@@ -166,15 +186,30 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, device_ids
 
 
 def shutdown_ray() -> None:
-    """``ray.shutdown``, then the watcher of a local cluster ends whatever Ray left running, and the
-    cluster's session folder is removed (``fileio.remove_made``: only the folder ``session_folder`` made)."""
+    """``ray.shutdown``, then the watcher of a local cluster ends whatever Ray left running, the cluster's
+    session folder is removed (``fileio.remove_made``: only the folder ``session_folder`` made) and Ray's
+    printer of its raylet's notes is put back (``quiet_notes``)."""
     from runtime import reaper
 
     import_ray().shutdown()
+    if _printer:
+        from ray._private import worker
+
+        worker.print_to_stdstream = _printer[0]
+        _printer.clear()
     while _watcher:
         reaper.stop(_watcher.pop())
     while _session:
         fileio.remove_made(_session.pop())
+
+
+def died_because(error: Exception) -> str:
+    """Ray's reason for a dead actor, as ``: <reason>``, or ``""`` where its error gives none: the last line of
+    the error ("The actor is dead because ..."; Ray's notes no longer reach the terminal, ``quiet_notes``),
+    without the list of common causes Ray appends to it."""
+    lines = str(error).strip().splitlines()
+    reason = lines[-1].split(" Some common causes")[0].strip() if lines else ""
+    return f": {reason}" if reason else ""
 
 
 class RayExecutor(PoolExecutor):
@@ -235,7 +270,7 @@ class RayExecutor(PoolExecutor):
         try:
             answers = self.ray.get(tickets)
         except exc.RayActorError as e:
-            raise WorkerLost(f"a Ray worker died ({type(e).__name__})") from None
+            raise WorkerLost(f"a Ray worker died ({type(e).__name__}{died_because(e)})") from None
         except exc.RayTaskError as e:
             if isinstance(e.cause, (FLError, ModuleNotFoundError)):
                 hint = ("" if isinstance(e.cause, FLError) else "; start Ray through runtime.raypool.init_ray "
