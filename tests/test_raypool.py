@@ -297,6 +297,13 @@ def test_ray_already_running_keeps_its_printer_and_a_failed_start_does_not_repla
     assert ray_worker.print_to_stdstream is original and raypool._printer == []
 
 
+def test_a_ray_without_the_printer_is_started_as_it_is(started, monkeypatch):
+    monkeypatch.delattr(ray_worker, "print_to_stdstream")
+    assert raypool.init_ray(num_cpus=1) is True and raypool._printer == []
+    raypool.shutdown_ray()
+    assert not hasattr(ray_worker, "print_to_stdstream")
+
+
 @pytest.mark.parametrize("message, said", [
     ("gone", "a Ray worker died (RayActorError: gone)"),
     ("", "a Ray worker died (RayActorError)"),

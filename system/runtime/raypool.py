@@ -95,8 +95,10 @@ def quiet_notes() -> None:
         for line in data.get("lines", ()):
             logging.getLogger("ray").debug("(%s) %s", data.get("pid"), line)
 
-    _printer.append(worker.print_to_stdstream)
-    worker.print_to_stdstream = to_log
+    printer = getattr(worker, "print_to_stdstream", None)
+    if printer is not None:  # a Ray other than RAY_PIN without it prints its notes as it does
+        _printer.append(printer)
+        worker.print_to_stdstream = to_log
 
 
 def check_address(address: str) -> None:
