@@ -430,9 +430,10 @@ def forked_pytest(root: Path, argv: list[str], timeout: float, log: Path, plugin
                   cover: Path | None = None, allowed: dict[str, float] | None = None) -> tuple[int | None, float]:
     """Run pytest on ``argv`` in ``root``, in a child forked from this process (torch already imported), its
     output in ``log`` and its temporary files in ``log``'s folder (``--basetemp``, emptied by each run: a
-    child stopped at its time limit cannot leave them in the system's temporary folder); under coverage.py with the configuration ``cover`` when given, each test its own context
-    (``TestContexts``), and the processes it starts measured too. (exit code or None after ``timeout``, or
-    after one test ran past its own limit in ``allowed`` (``Deadlines``), seconds)."""
+    child stopped at its time limit cannot leave them in the system's temporary folder); under coverage.py
+    with the configuration ``cover`` when given, each test its own context (``TestContexts``), and the
+    processes it starts measured too. (exit code or None after ``timeout``, or after one test ran past its own
+    limit in ``allowed`` (``Deadlines``), seconds)."""
     read, write = os.pipe() if allowed else (None, None)
     pid = os.fork()
     if pid == 0:
