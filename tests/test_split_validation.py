@@ -245,6 +245,14 @@ def config_refusal(folder, config) -> str:
     return str(e.value)
 
 
+def config_accepted(folder, config: dict) -> dict:
+    """The configuration ``read_config`` reads from ``config`` written as JSON in ``folder``."""
+    from utils.data_utils import read_config
+
+    (folder / "config.json").write_text(json.dumps(config))
+    return read_config("Digits", folder)[0]
+
+
 def test_each_config_refusal_is_one_exact_line_naming_the_split_and_its_generator(digits_tiny_root, tmp_path):
     cfg = config_of(digits_tiny_root)
     assert config_refusal(tmp_path, "[1]") == "split 'Digits': config.json does not hold a JSON object" + REGENERATE
@@ -393,14 +401,11 @@ def test_inputs_become_tensors_by_hand():
 
 
 def test_an_input_shape_holds_one_to_four_sizes(digits_tiny_root, tmp_path):
-    from utils.data_utils import read_config
-
     for shape, ok in (([2], True), ([1, 1, 1, 2], True), ([], False), ([1, 1, 1, 1, 2], False)):
         cfg = config_of(digits_tiny_root)
         cfg["input_shape"] = shape
         if ok:
-            (tmp_path / "config.json").write_text(json.dumps(cfg))
-            assert read_config("Digits", tmp_path)[0]["input_shape"] == shape
+            assert config_accepted(tmp_path, cfg)["input_shape"] == shape
         else:
             assert "key 'input_shape' must be a list of 1 to 4 integers" in config_refusal(tmp_path, cfg)
 
@@ -409,13 +414,10 @@ def test_an_input_shape_holds_one_to_four_sizes(digits_tiny_root, tmp_path):
 def test_each_optional_config_key_may_be_absent(digits_tiny_root, tmp_path, key):
     """A split written before a key existed (or by hand) is read without it; only the three keys a run
     cannot do without (num_clients, num_classes, input_shape) are required."""
-    from utils.data_utils import read_config
-
     cfg = config_of(digits_tiny_root)
     assert key in cfg  # the generator writes every key: the test removes one
     del cfg[key]
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert key not in read_config("Digits", tmp_path)[0]
+    assert key not in config_accepted(tmp_path, cfg)
 
 
 @pytest.mark.parametrize("value", [5, None, ["uint8"]])
@@ -539,12 +541,9 @@ def test_validation_holds_out_round_rn_at_least_one_and_leaves_one(tmp_path, rat
     ("default_model", "x" * 65, False), ("default_model", 5, False)])
 def test_the_optional_modality_and_default_model_are_checked_at_their_bounds(digits_tiny_root, tmp_path, key, value,
                                                                                ok):
-    from utils.data_utils import read_config
-
     cfg = {**config_of(digits_tiny_root), key: value}
     if ok:
-        (tmp_path / "config.json").write_text(json.dumps(cfg))
-        assert read_config("Digits", tmp_path)[0][key] == value
+        assert config_accepted(tmp_path, cfg)[key] == value
         return
     what = "one of image, text, vector, series" if key == "modality" else "a model name"
     shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:60] + "..."
